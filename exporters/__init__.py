@@ -1,0 +1,1 @@
+"""Outputs of ibmon: Prometheus exposition, MQTT, JSON API."""

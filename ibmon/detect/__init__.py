@@ -1,0 +1,1 @@
+"""Detectors: one module per family, each turning port views into edge-triggered events."""

@@ -1,0 +1,193 @@
+"""Plain data shared by sources, tracker, detectors and exporters.
+
+Hot-path types are slotted dataclasses (thousands of ports every second); pydantic is used only at
+the boundaries (config, events, API). Every port is keyed by ``(guid, port)``: the node GUID as
+``0x`` + 16 lowercase hex digits and the port number as a decimal string, for every source.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+__all__ = [
+    "GUID_RE",
+    "LinkInfo",
+    "PhysState",
+    "PortIdentity",
+    "PortKey",
+    "PortSample",
+    "PortState",
+    "PortView",
+    "Snapshot",
+    "SourceError",
+    "Topology",
+    "normalize_guid",
+]
+
+PortKey = tuple[str, str]
+"""``(guid, port)``: ``("0x0002c90300a1b2c3", "1")``."""
+
+GUID_RE = re.compile(r"^0x[0-9a-f]{16}$")
+
+
+def normalize_guid(raw: str) -> str:
+    """Turn any GUID spelling (``0002:c903:00a1:b2c3``, ``0x2c90300a1b2c3``) into the key form.
+
+    Raises ValueError for anything that is not 1-16 hex digits, so untrusted text never becomes
+    a key, a label or an MQTT topic level.
+    """
+    text = raw.strip().lower()
+    if text.startswith("0x"):
+        text = text[2:]
+    text = text.replace(":", "")
+    if not 0 < len(text) <= 16 or any(ch not in "0123456789abcdef" for ch in text):
+        raise ValueError(f"not a GUID: {raw!r}")
+    return "0x" + text.rjust(16, "0")
+
+
+class PortState(IntEnum):
+    """IBA PortInfo.PortState."""
+
+    NOP = 0
+    DOWN = 1
+    INIT = 2
+    ARMED = 3
+    ACTIVE = 4
+    ACTIVE_DEFER = 5
+
+
+class PhysState(IntEnum):
+    """IBA PortInfo.PortPhysicalState."""
+
+    NOP = 0
+    SLEEP = 1
+    POLLING = 2
+    DISABLED = 3
+    PORT_CONFIGURATION_TRAINING = 4
+    LINK_UP = 5
+    LINK_ERROR_RECOVERY = 6
+    PHY_TEST = 7
+
+
+@dataclass(frozen=True, slots=True)
+class PortIdentity:
+    """Who a port is. Descriptive strings are untrusted and only ever appear as label values."""
+
+    guid: str
+    port: str
+    device: str = ""
+    node_desc: str = ""
+    node_type: str = "ca"  # ca | switch | router
+    lid: int | None = None
+    link_layer: str = "InfiniBand"  # InfiniBand | Ethernet
+    source: str = ""
+    fw_ver: str = ""
+    hca_type: str = ""
+    board_id: str = ""
+    sm_lid: int | None = None
+
+    @property
+    def key(self) -> PortKey:
+        return (self.guid, self.port)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkInfo:
+    """The far end of a link and the link's active versus best possible width and speed."""
+
+    remote_guid: str
+    remote_port: str
+    remote_node_desc: str = ""
+    active_width: str = ""  # "4X"
+    active_speed: str = ""  # "EDR"
+    max_width: str = ""
+    max_speed: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SourceError:
+    """One value a source could not read. It costs that value, never the port or the poll."""
+
+    reason: str  # no_pma | einval | eacces | missing | empty | garbage | bad_rate | timeout | ...
+    detail: str  # path, node or command: for the log, never a label
+    key: PortKey | None = None
+
+
+@dataclass(slots=True)
+class PortSample:
+    """Raw values of one port at one instant, exactly as the hardware reported them.
+
+    ``counters`` maps catalogue names to raw values (data counters still in 4-octet words).
+    ``wide`` names the counters that were read from a 64-bit field; all others are taken to
+    have the catalogue's narrow width and to saturate there.
+    """
+
+    identity: PortIdentity
+    state: int | None = None
+    phys_state: int | None = None
+    rate_bps: float | None = None  # effective data rate in bits/s (sysfs "100 Gb/sec")
+    active_width: str = ""
+    active_speed: str = ""
+    counters: dict[str, int] = field(default_factory=dict)
+    wide: frozenset[str] = frozenset()
+    hw_counters: dict[str, int] = field(default_factory=dict)
+    link: LinkInfo | None = None
+
+    @property
+    def key(self) -> PortKey:
+        return self.identity.key
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """One poll of one source: every port it could read plus what it could not."""
+
+    source: str
+    monotonic: float
+    wall: float
+    ports: dict[PortKey, PortSample] = field(default_factory=dict)
+    errors: list[SourceError] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Topology:
+    """Ports and links a source discovered; diffed between refreshes."""
+
+    source: str
+    ports: dict[PortKey, PortIdentity] = field(default_factory=dict)
+    links: dict[PortKey, LinkInfo] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class PortView:
+    """What ibmon knows about a port after the tracker: totals, rates, health.
+
+    ``totals`` are software-accumulated (bytes for data counters) and never decrease. ``rates``
+    are per second and absent for a counter that is saturated or has no previous sample.
+    ``resets`` lists only counters that were reset at least once.
+    """
+
+    identity: PortIdentity
+    state: int | None = None
+    phys_state: int | None = None
+    rate_bytes_per_second: float | None = None
+    active_width: str = ""
+    active_speed: str = ""
+    link: LinkInfo | None = None
+    totals: dict[str, int] = field(default_factory=dict)
+    rates: dict[str, float] = field(default_factory=dict)
+    saturated: frozenset[str] = frozenset()
+    resets: dict[str, int] = field(default_factory=dict)
+    hw_totals: dict[str, int] = field(default_factory=dict)
+    hw_rates: dict[str, float] = field(default_factory=dict)
+    utilization_tx: float | None = None
+    utilization_rx: float | None = None
+    xmit_wait_ratio: float | None = None
+    symbol_error_ber: float | None = None
+    conditions: frozenset[str] = frozenset()
+
+    @property
+    def key(self) -> PortKey:
+        return self.identity.key

@@ -1,0 +1,59 @@
+"""ibmon's own health metrics, kept in a private prometheus_client registry.
+
+These are few series, so the stock client is fine here; the port series (hundreds of thousands)
+go through the fast renderer in ``exporters.prometheus`` instead.
+"""
+
+from __future__ import annotations
+
+import platform
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.exposition import generate_latest
+
+from ibmon import __version__
+
+__all__ = ["SelfMetrics"]
+
+# ``_created`` series double the output and no alert or dashboard of ours uses them.
+disable_created_metrics()
+
+POLL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class SelfMetrics:
+    """The ``ibmon_source_*``, ``ibmon_events_total`` and ``ibmon_build_info`` series."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.build_info = Gauge(
+            "ibmon_build_info", "ibmon version and Python runtime; always 1.",
+            ["version", "python"], registry=r,
+        )
+        self.build_info.labels(__version__, platform.python_version()).set(1)
+        self.source_up = Gauge(
+            "ibmon_source_up", "1 if the source's latest poll succeeded.", ["source"], registry=r
+        )
+        self.poll_duration = Histogram(
+            "ibmon_source_poll_duration_seconds", "Wall time of one poll of a source.",
+            ["source"], buckets=POLL_BUCKETS, registry=r,
+        )
+        self.poll_errors = Counter(
+            "ibmon_source_poll_errors", "Values or polls a source could not read, by reason.",
+            ["source", "reason"], registry=r,
+        )
+        self.last_success = Gauge(
+            "ibmon_source_last_success_timestamp_seconds",
+            "Unix time of the source's latest successful poll.", ["source"], registry=r,
+        )
+        self.source_ports = Gauge(
+            "ibmon_source_ports", "Ports the source reported in its latest poll.",
+            ["source"], registry=r,
+        )
+        self.events = Counter(
+            "ibmon_events", "Events emitted by the detectors.", ["type", "severity"], registry=r
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,1 @@
+"""The simulated fabric: topology, traffic, faults and renderers for real collectors."""
