@@ -1,0 +1,236 @@
+"""Configuration: a TOML file, overridden by ``IBMON_*`` environment variables, overridden by CLI flags.
+
+Validation happens once, here, at the boundary; everything downstream gets typed, checked values.
+A bad value becomes a ``ConfigError`` whose message names the field and the problem in one line,
+which the CLI prints before exiting 2.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+__all__ = [
+    "ConfigError",
+    "DetectConfig",
+    "DiagsSourceConfig",
+    "MadSourceConfig",
+    "MockSourceConfig",
+    "PrometheusConfig",
+    "Settings",
+    "SourceConfig",
+    "SysfsSourceConfig",
+    "load_settings",
+    "parse_duration",
+    "parse_listen",
+]
+
+
+class ConfigError(Exception):
+    """A configuration problem, phrased for the operator who has to fix it."""
+
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(value: Any) -> float:
+    """Accept ``10s``, ``500ms``, ``5m``, ``1h``, ``2d`` or a bare number of seconds."""
+    if isinstance(value, bool):
+        raise ValueError("a duration, not a boolean")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and (m := _DURATION_RE.match(value)):
+        seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+    else:
+        raise ValueError(f"invalid duration {value!r} (use e.g. 500ms, 10s, 5m, 1h)")
+    if seconds <= 0:
+        raise ValueError(f"duration must be positive, got {value!r}")
+    return seconds
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """Split ``host:port`` or ``[v6addr]:port`` into host and port."""
+    m = re.fullmatch(r"\[([0-9a-fA-F:.%a-zA-Z]+)\]:(\d+)|([^:\[\]]+):(\d+)", listen.strip())
+    if not m:
+        raise ValueError(f"listen address {listen!r} must be host:port or [ipv6]:port")
+    host = m.group(1) or m.group(3)
+    port = int(m.group(2) or m.group(4))
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port {port} out of range 0-65535")
+    return host, port
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PrometheusConfig(_Section):
+    listen: str = "127.0.0.1:9683"
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    basic_auth_file: Path | None = None
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, v: str) -> str:
+        parse_listen(v)
+        return v
+
+
+class _SourceBase(_Section):
+    name: str | None = Field(default=None, pattern=r"^[a-zA-Z0-9_.-]{1,64}$")
+    interval: Duration = 10.0
+
+    @property
+    def label(self) -> str:
+        """The ``source`` label value: the configured name, else the type."""
+        return self.name or str(getattr(self, "type", "source"))
+
+
+class SysfsSourceConfig(_SourceBase):
+    type: Literal["sysfs"] = "sysfs"
+    interval: Duration = 1.0
+    root: Path = Path("/sys")
+    include: list[str] = Field(default_factory=list)
+    exclude: list[str] = Field(default_factory=list)
+
+
+class _FabricSourceBase(_SourceBase):
+    ca: str | None = None
+    port: int = Field(default=1, ge=1, le=254)
+    topology_interval: Duration = 300.0
+    concurrency: int = Field(default=8, ge=1, le=256)
+    timeout: Duration = 1.0
+    retries: int = Field(default=2, ge=0, le=10)
+    include: list[str] = Field(default_factory=list)
+    exclude: list[str] = Field(default_factory=list)
+    shard: str | None = Field(default=None, pattern=r"^\d+/\d+$")
+
+
+class MadSourceConfig(_FabricSourceBase):
+    type: Literal["mad"] = "mad"
+
+
+class DiagsSourceConfig(_FabricSourceBase):
+    type: Literal["diags"] = "diags"
+
+
+class MockSourceConfig(_SourceBase):
+    type: Literal["mock"] = "mock"
+    interval: Duration = 1.0
+    scenario: str = "demo"
+    hosts: int | None = Field(default=None, ge=1, le=200_000)
+    speed: float = Field(default=1.0, gt=0, le=10_000)
+    seed: int = 0
+
+
+SourceConfig = Annotated[
+    SysfsSourceConfig | MadSourceConfig | DiagsSourceConfig | MockSourceConfig,
+    Field(discriminator="type"),
+]
+
+
+class DetectConfig(_Section):
+    """Detector settings; each detector validates its own table (see ibmon.detect)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    tick_seconds: float = Field(default=64e-9, gt=0)
+
+
+class StateConfig(_Section):
+    path: Path = Path("/var/lib/ibmon/state.json")
+
+
+class LogConfig(_Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["auto", "json", "console"] = "auto"
+
+
+_toml_data: ContextVar[dict[str, Any]] = ContextVar("_toml_data", default={})
+
+
+class Settings(BaseSettings):
+    """The whole daemon configuration. See deploy/ibmon.toml for an annotated example."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="IBMON_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    fabric: str = Field(default="main", pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    prometheus: PrometheusConfig = PrometheusConfig()
+    sources: list[SourceConfig] = Field(default_factory=list)
+    detect: DetectConfig = DetectConfig()
+    state: StateConfig = StateConfig()
+    log: LogConfig = LogConfig()
+
+    @field_validator("sources")
+    @classmethod
+    def _unique_labels(cls, v: list[Any]) -> list[Any]:
+        labels = [s.label for s in v]
+        dupes = sorted({x for x in labels if labels.count(x) > 1})
+        if dupes:
+            raise ValueError(f"two sources share the name {dupes[0]!r}; give each a unique name")
+        return v
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml = InitSettingsSource(settings_cls, init_kwargs=_toml_data.get())
+        return (init_settings, env_settings, toml)
+
+
+def _format_validation_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"] if not _is_union_tag(p)) or "config"
+    msg = err["msg"].removeprefix("Value error, ")
+    more = f" (and {len(exc.errors()) - 1} more problem(s))" if len(exc.errors()) > 1 else ""
+    return f"{loc}: {msg}{more}"
+
+
+def _is_union_tag(part: object) -> bool:
+    return part in ("sysfs", "mad", "diags", "mock")
+
+
+def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
+    """Build Settings from an optional TOML file, the environment and explicit overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such config file") from None
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: TOML syntax error: {exc}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path}: config file is not UTF-8 text") from None
+    token = _toml_data.set(data)
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        where = f"{path}: " if path else ""
+        raise ConfigError(f"{where}{_format_validation_error(exc)}") from None
+    finally:
+        _toml_data.reset(token)
