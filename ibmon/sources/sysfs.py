@@ -1,0 +1,584 @@
+"""Node-local source: the ports of this host's RDMA devices, read from ``/sys/class/infiniband``.
+
+Real sysfs trees are messy (see DOMAIN.md section 2), so every file costs at most its own value:
+a bad file becomes one ``SourceError`` in the snapshot and one log line per (path, reason), never
+an exception, a lost port or a lost device. Reasons:
+
+``no_pma``      the driver has no performance-management agent (``N/A (no PMA)``, iWARP)
+``einval``      read() failed with EINVAL (ConnectX-7 in switch mode, node_exporter#3265)
+``eacces``      EACCES / EPERM
+``missing``     the file was listed at discovery and is gone now; or ``node_guid`` is absent
+``empty``       nothing but whitespace
+``garbage``     not a non-negative decimal integer (or not a parsable state / lid)
+``bad_rate``    ``rate`` text that is not ``<n> Gb/sec (<width> <speed>)``
+``unsupported`` EOPNOTSUPP; ``io`` any other OSError
+``unassigned`` / ``duplicate``  ``node_guid`` is all zeros / already used by another device
+
+Decisions a user can rely on:
+
+- Device ``include`` / ``exclude`` globs are applied to the names in ``class/infiniband`` before
+  any file (or sub-directory) of a device is opened: on some NVIDIA hosts merely reading counters
+  triggers firmware errors (procfs PR#854).
+- A device without a usable ``node_guid`` (missing, unreadable, all zeros or shared with another
+  device) still gets a stable key: ``0x`` + the first 16 hex digits of
+  ``sha1("sysfs:" + device name)``. The problem is reported once per discovery, not every poll.
+- ``rate``: ``100 Gb/sec (4X EDR)`` gives 100e9 bits/s, width ``4X``, speed ``EDR``;
+  ``10 Gb/sec (4X)`` (old kernels print no speed for SDR) gives the width only. A rate of zero
+  (``0 GB/sec``: no cable, procfs#361) is valid and means "no rate" (``None``), not an error.
+- Counter width: the kernel fills ``counters/port_{xmit,rcv}_{data,packets}`` from the 64-bit
+  PortCountersExtended table exactly when the device advertises extended width, and only then
+  does it create the ``unicast_*`` / ``multicast_*`` files. So their presence marks the data and
+  packet counters as ``wide``. A value above the catalogue's narrow maximum also marks a counter
+  wide (it cannot have come from the narrow field). Legacy ``counters_ext/`` (mlx4, kernels before
+  4.5) values are 64-bit and preferred over the same counter in ``counters/``; if the legacy file
+  is unreadable the ``counters/`` value is kept.
+- ``hw_counters/`` of each port are read generically (name -> int), except ``lifespan``, which is
+  the driver's cache lifetime setting in milliseconds, not a counter. Device-level
+  ``hw_counters/`` are not read yet (``PortSample`` has no place for them).
+- ``node_type`` ``2`` is a switch, ``3`` a router; every other type (CA, RNIC, usNIC) is ``ca``.
+- Directory listings are cached at discovery; each poll only lists ``class/infiniband`` and each
+  device's ``ports/`` to notice a device or port that appeared or vanished, and re-discovers then.
+  Identity files (``node_guid``, ``fw_ver``, ``link_layer``...) are read at discovery;
+  ``node_desc``, ``lid``, ``sm_lid``, ``state``, ``phys_state`` and ``rate`` on every poll.
+- A file that was never there (``hca_type`` on hfi1, ``node_desc`` in a capture, ``rate``...) is
+  not an error: its value is empty / None. ``no_pma`` is logged at info level (a property of
+  the hardware), every other reason at warning.
+- No device at all (or no ``class/infiniband``) gives an empty ``Snapshot``, not an exception;
+  the CLI asks ``has_devices(root)`` to decide whether sysfs is the default source.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import errno
+import fnmatch
+import hashlib
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from ibmon.counters import BY_NAME, BY_SYSFS, BY_SYSFS_EXT
+from ibmon.model import (
+    PortIdentity,
+    PortKey,
+    PortSample,
+    Snapshot,
+    SourceError,
+    Topology,
+    normalize_guid,
+)
+
+__all__ = [
+    "SysfsSource",
+    "has_devices",
+    "parse_enum_prefix",
+    "parse_lid",
+    "parse_node_type",
+    "parse_rate",
+    "read_sysfs",
+    "synthetic_guid",
+]
+
+log = structlog.get_logger(__name__)
+
+_CLASS_DIR = ("class", "infiniband")
+_READ_SIZE = 4096
+_O_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+
+#: Counters the kernel takes from PortCountersExtended when the device has extended width.
+_EXT_TABLE_COUNTERS = frozenset(
+    {
+        "transmit_data",
+        "receive_data",
+        "transmit_packets",
+        "receive_packets",
+        "unicast_transmit_packets",
+        "unicast_receive_packets",
+        "multicast_transmit_packets",
+        "multicast_receive_packets",
+    }
+)
+#: Files that exist in ``counters/`` only when the kernel chose the extended-width table.
+_EXT_TABLE_MARKERS = frozenset(
+    BY_NAME[n].sysfs or ""
+    for n in (
+        "unicast_transmit_packets",
+        "unicast_receive_packets",
+        "multicast_transmit_packets",
+        "multicast_receive_packets",
+    )
+)
+_HW_NOT_COUNTERS = frozenset({"lifespan"})
+_NODE_TYPES = {2: "switch", 3: "router"}
+_RATE_RE = re.compile(
+    r"^(?P<num>\d+(?:\.\d+)?)\s*G[bB](?:/sec|/s|ps)(?:\s*\((?P<detail>[^)]*)\))?$"
+)
+_WIDTH_RE = re.compile(r"^\d+X$")
+_ZERO_GUID = "0x" + "0" * 16
+
+
+def read_sysfs(path: str) -> bytes:
+    """Read an attribute with a single read(), as sysfs expects.
+
+    Module-level on purpose: tests replace it to simulate EINVAL / EACCES, which plain files
+    cannot produce for root.
+    """
+    fd = os.open(path, _O_FLAGS)
+    try:
+        return os.read(fd, _READ_SIZE)
+    finally:
+        os.close(fd)
+
+
+def has_devices(root: str | Path = "/sys") -> bool:
+    """Whether ``<root>/class/infiniband`` lists any device (the CLI's default-source choice)."""
+    try:
+        return bool(os.listdir(os.path.join(os.fspath(root), *_CLASS_DIR)))
+    except OSError:
+        return False
+
+
+def synthetic_guid(device: str) -> str:
+    """A stable key for a device that has no usable node GUID."""
+    return "0x" + hashlib.sha1(f"sysfs:{device}".encode(), usedforsecurity=False).hexdigest()[:16]
+
+
+def parse_enum_prefix(text: str) -> int | None:
+    """``4: ACTIVE`` -> 4 (also ``4: ACTIVE`` in ``phys_state``, as a real mlx5 prints)."""
+    head = text.strip().split(":", 1)[0].strip()
+    return int(head) if head.isdecimal() else None
+
+
+def parse_node_type(text: str) -> str | None:
+    """``1: CA`` -> ``ca``, ``2: switch`` -> ``switch``, ``3: router`` -> ``router``."""
+    number = parse_enum_prefix(text)
+    if number is None:
+        return None
+    return _NODE_TYPES.get(number, "ca")
+
+
+def parse_lid(text: str) -> int | None:
+    """The kernel prints LIDs in hex (``0x12``); bare digits are taken as decimal."""
+    t = text.strip().lower()
+    try:
+        return int(t[2:], 16) if t.startswith("0x") else int(t, 10)
+    except ValueError:
+        return None
+
+
+def parse_rate(text: str) -> tuple[float | None, str, str] | None:
+    """``100 Gb/sec (4X EDR)`` -> ``(100e9, "4X", "EDR")``; None when the text is unparsable.
+
+    A zero rate (``0 GB/sec``, no cable) is valid and gives ``(None, width, speed)``.
+    """
+    m = _RATE_RE.match(text.strip())
+    if m is None:
+        return None
+    width = ""
+    speed: list[str] = []
+    for part in (m.group("detail") or "").split():
+        if not width and _WIDTH_RE.match(part):
+            width = part
+        else:
+            speed.append(part)
+    gbps = float(m.group("num"))
+    return (gbps * 1e9 if gbps > 0 else None), width, " ".join(speed)
+
+
+def _oserror_reason(exc: OSError) -> str:
+    code = exc.errno
+    if code == errno.EINVAL:
+        return "einval"
+    if code in (errno.EACCES, errno.EPERM):
+        return "eacces"
+    if code in (errno.ENOENT, errno.ENOTDIR):
+        return "missing"
+    if code in (errno.EOPNOTSUPP, errno.ENOTSUP):
+        return "unsupported"
+    return "io"
+
+
+def _text_reason(stripped: bytes) -> str:
+    if not stripped:
+        return "empty"
+    if stripped.startswith(b"N/A"):
+        return "no_pma"
+    return "garbage"
+
+
+def _quiet(path: str | None, parse: Callable[[str], int | None]) -> int | None:
+    """A parsed value or None, without reporting: for discovery-time previews only."""
+    if path is None:
+        return None
+    try:
+        return parse(read_sysfs(path).decode("ascii", "replace"))
+    except OSError:
+        return None
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+@dataclass(slots=True)
+class _Port:
+    """What to read for one port, decided once at discovery."""
+
+    key: PortKey
+    device: str
+    port: str
+    # (catalogue name, path, narrow maximum, wide whenever read)
+    counters: list[tuple[str, str, int, bool]]
+    hw: list[tuple[str, str]]
+    lid: str | None
+    sm_lid: str | None
+    state: str | None
+    phys_state: str | None
+    rate: str | None
+    identity: PortIdentity
+
+
+@dataclass(slots=True)
+class _Device:
+    name: str
+    guid: str
+    node_desc_path: str | None
+    node_desc: str
+    ports: list[_Port] = field(default_factory=list)
+    port_names: frozenset[str] = frozenset()
+
+
+@dataclass(slots=True)
+class _Plan:
+    devices: list[_Device]
+    names: frozenset[str]
+
+
+class SysfsSource:
+    """Polls ``<root>/class/infiniband``; see the module docstring for every decision."""
+
+    def __init__(
+        self,
+        *,
+        root: str | Path = "/sys",
+        include: Sequence[str] = (),
+        exclude: Sequence[str] = (),
+        name: str = "sysfs",
+    ) -> None:
+        self.name = name
+        self.root = Path(root)
+        self.include = tuple(include)
+        self.exclude = tuple(exclude)
+        self._class_dir = os.path.join(os.fspath(root), *_CLASS_DIR)
+        self._plan: _Plan | None = None
+        self._pending: list[SourceError] = []
+        self._logged: set[tuple[str, str]] = set()
+        self._unknown_logged: set[str] = set()
+        self._lock = threading.Lock()
+
+    # -- Source protocol -------------------------------------------------------------------
+
+    async def discover(self) -> Topology:
+        return await asyncio.to_thread(self._discover_sync)
+
+    async def sample(self) -> Snapshot:
+        return await asyncio.to_thread(self._sample_sync)
+
+    async def close(self) -> None:
+        with self._lock:
+            self._plan = None
+            self._pending = []
+
+    # -- discovery ---------------------------------------------------------------------------
+
+    def wanted(self, device: str) -> bool:
+        """The include/exclude decision, made on the name alone."""
+        if self.include and not any(fnmatch.fnmatchcase(device, g) for g in self.include):
+            return False
+        return not any(fnmatch.fnmatchcase(device, g) for g in self.exclude)
+
+    def _device_names(self) -> frozenset[str]:
+        return frozenset(d for d in _listdir(self._class_dir) if self.wanted(d))
+
+    def _discover_sync(self) -> Topology:
+        with self._lock:
+            plan = self._build_plan()
+            self._plan = plan
+        topo = Topology(source=self.name)
+        for dev in plan.devices:
+            for p in dev.ports:
+                topo.ports[p.key] = p.identity
+        return topo
+
+    def _build_plan(self) -> _Plan:
+        self._pending = []  # only the latest discovery's problems are reported
+        names = self._device_names()
+        devices: list[_Device] = []
+        used: set[str] = set()
+        for name in sorted(names):
+            devices.append(self._discover_device(name, used))
+        return _Plan(devices=devices, names=names)
+
+    def _discover_device(self, name: str, used: set[str]) -> _Device:
+        ddir = os.path.join(self._class_dir, name)
+        present = set(_listdir(ddir))
+
+        def text(attr: str) -> str:
+            raw = self._read(os.path.join(ddir, attr), None, self._pending, attr in present)
+            return raw.decode("utf-8", "replace").strip() if raw is not None else ""
+
+        guid = self._device_guid(name, ddir, present, used)
+        used.add(guid)
+        node_type_text = text("node_type")
+        node_type = parse_node_type(node_type_text)
+        if node_type_text and node_type is None:
+            self._fail(self._pending, "garbage", os.path.join(ddir, "node_type"), None)
+        desc_path = os.path.join(ddir, "node_desc") if "node_desc" in present else None
+        dev = _Device(name=name, guid=guid, node_desc_path=desc_path, node_desc=text("node_desc"))
+        template = PortIdentity(
+            guid=guid,
+            port="",
+            device=name,
+            node_desc=dev.node_desc,
+            node_type=node_type or "ca",
+            source=self.name,
+            fw_ver=text("fw_ver"),
+            hca_type=text("hca_type"),
+            board_id=text("board_id"),
+        )
+        pdir = os.path.join(ddir, "ports")
+        port_names = [p for p in _listdir(pdir) if p.isdecimal()]
+        dev.port_names = frozenset(port_names)
+        for port in sorted(port_names, key=int):
+            dev.ports.append(self._discover_port(os.path.join(pdir, port), template, port))
+        return dev
+
+    def _discover_port(self, base: str, template: PortIdentity, port: str) -> _Port:
+        attrs = set(_listdir(base))
+        key = (template.guid, str(int(port)))
+
+        def attr(a: str) -> str | None:
+            return os.path.join(base, a) if a in attrs else None
+
+        ll_raw = self._read(os.path.join(base, "link_layer"), key, self._pending,
+                            "link_layer" in attrs)
+        link_layer = ll_raw.decode("ascii", "replace").strip() if ll_raw else ""
+        lid, sm_lid = attr("lid"), attr("sm_lid")
+        identity = dataclasses.replace(
+            template,
+            port=key[1],
+            link_layer=link_layer or "InfiniBand",
+            # problems with these surface (once) in the next sample, which re-reads them
+            lid=_quiet(lid, parse_lid),
+            sm_lid=_quiet(sm_lid, parse_lid),
+        )
+        return _Port(
+            key=key,
+            device=template.device,
+            port=key[1],
+            counters=self._counter_plan(base),
+            hw=[
+                (h, os.path.join(base, "hw_counters", h))
+                for h in sorted(_listdir(os.path.join(base, "hw_counters")))
+                if h not in _HW_NOT_COUNTERS
+            ],
+            lid=lid,
+            sm_lid=sm_lid,
+            state=attr("state"),
+            phys_state=attr("phys_state"),
+            rate=attr("rate"),
+            identity=identity,
+        )
+
+    def _device_guid(self, name: str, ddir: str, present: set[str], used: set[str]) -> str:
+        path = os.path.join(ddir, "node_guid")
+        reason: str | None = None
+        guid = ""
+        if "node_guid" not in present:
+            reason = "missing"
+        else:
+            try:
+                raw = read_sysfs(path)
+            except OSError as exc:
+                reason = _oserror_reason(exc)
+            else:
+                try:
+                    guid = normalize_guid(raw.decode("ascii", "replace"))
+                except ValueError:
+                    reason = _text_reason(raw.strip())
+        if not reason and guid == _ZERO_GUID:
+            reason = "unassigned"
+        elif not reason and guid in used:
+            reason = "duplicate"
+        if reason:
+            self._fail(self._pending, reason, path, None)
+            guid = synthetic_guid(name)
+        return guid
+
+    def _counter_plan(self, base: str) -> list[tuple[str, str, int, bool]]:
+        plan: list[tuple[str, str, int, bool]] = []
+        cdir = os.path.join(base, "counters")
+        files = sorted(_listdir(cdir))
+        ext_table = not _EXT_TABLE_MARKERS.isdisjoint(files)
+        for f in files:
+            spec = BY_SYSFS.get(f)
+            if spec is None:
+                self._unknown(os.path.join(cdir, f))
+                continue
+            wide = ext_table and spec.name in _EXT_TABLE_COUNTERS
+            plan.append((spec.name, os.path.join(cdir, f), spec.max_value, wide))
+        edir = os.path.join(base, "counters_ext")
+        for f in sorted(_listdir(edir)):  # after counters/: a legacy 64-bit value wins
+            spec = BY_SYSFS_EXT.get(f)
+            if spec is None:
+                self._unknown(os.path.join(edir, f))
+                continue
+            plan.append((spec.name, os.path.join(edir, f), spec.max_value, True))
+        return plan
+
+    def _unknown(self, path: str) -> None:
+        if path not in self._unknown_logged:
+            self._unknown_logged.add(path)
+            log.debug("sysfs_counter_unknown", path=path)
+
+    # -- sampling ------------------------------------------------------------------------------
+
+    def _layout_changed(self, plan: _Plan) -> bool:
+        if self._device_names() != plan.names:
+            return True
+        for dev in plan.devices:
+            pdir = os.path.join(self._class_dir, dev.name, "ports")
+            if frozenset(p for p in _listdir(pdir) if p.isdecimal()) != dev.port_names:
+                return True
+        return False
+
+    def _sample_sync(self) -> Snapshot:
+        with self._lock:
+            plan = self._plan
+            if plan is None or self._layout_changed(plan):
+                plan = self._plan = self._build_plan()
+            errors, self._pending = self._pending, []
+            snap = Snapshot(source=self.name, monotonic=time.monotonic(), wall=time.time(),
+                            errors=errors)
+            for dev in plan.devices:
+                if dev.node_desc_path is not None:
+                    raw = self._read(dev.node_desc_path, None, errors, True)
+                    if raw is not None:
+                        dev.node_desc = raw.decode("utf-8", "replace").strip()
+                for p in dev.ports:
+                    snap.ports[p.key] = self._sample_port(p, dev.node_desc, errors)
+            return snap
+
+    def _sample_port(self, p: _Port, node_desc: str, errors: list[SourceError]) -> PortSample:
+        key = p.key
+        rd = read_sysfs
+        values: dict[str, int] = {}
+        wide: set[str] = set()
+        for cname, path, narrow_max, always_wide in p.counters:
+            try:
+                raw = rd(path)
+            except OSError as exc:
+                self._fail(errors, _oserror_reason(exc), path, key)
+                continue
+            s = raw.strip()
+            if s.isdigit():
+                v = int(s)
+                values[cname] = v
+                if always_wide or v > narrow_max:
+                    wide.add(cname)
+            else:
+                self._fail(errors, _text_reason(s), path, key)
+        hw: dict[str, int] = {}
+        for hname, path in p.hw:
+            try:
+                raw = rd(path)
+            except OSError as exc:
+                self._fail(errors, _oserror_reason(exc), path, key)
+                continue
+            s = raw.strip()
+            if s.isdigit():
+                hw[hname] = int(s)
+            else:
+                self._fail(errors, _text_reason(s), path, key)
+
+        lid = self._parsed(p.lid, key, errors, parse_lid)
+        sm_lid = self._parsed(p.sm_lid, key, errors, parse_lid)
+        ident = p.identity
+        if ident.lid != lid or ident.sm_lid != sm_lid or ident.node_desc != node_desc:
+            ident = p.identity = PortIdentity(
+                guid=ident.guid, port=ident.port, device=ident.device, node_desc=node_desc,
+                node_type=ident.node_type, lid=lid, link_layer=ident.link_layer,
+                source=ident.source, fw_ver=ident.fw_ver, hca_type=ident.hca_type,
+                board_id=ident.board_id, sm_lid=sm_lid,
+            )
+        sample = PortSample(
+            identity=ident,
+            state=self._parsed(p.state, key, errors, parse_enum_prefix),
+            phys_state=self._parsed(p.phys_state, key, errors, parse_enum_prefix),
+            counters=values,
+            wide=frozenset(wide),
+            hw_counters=hw,
+        )
+        if p.rate is not None:
+            rate_raw = self._read(p.rate, key, errors, True)
+            if rate_raw is not None:
+                rate = parse_rate(rate_raw.decode("ascii", "replace"))
+                if rate is None:
+                    self._fail(errors, "bad_rate", p.rate, key)
+                else:
+                    sample.rate_bps, sample.active_width, sample.active_speed = rate
+        return sample
+
+    # -- file helpers ---------------------------------------------------------------------------
+
+    def _read(
+        self, path: str, key: PortKey | None, errors: list[SourceError], listed: bool
+    ) -> bytes | None:
+        """The raw bytes, or None after recording why not. Unlisted files are simply absent."""
+        if not listed:
+            return None
+        try:
+            return read_sysfs(path)
+        except OSError as exc:
+            self._fail(errors, _oserror_reason(exc), path, key)
+            return None
+
+    def _parsed(
+        self,
+        path: str | None,
+        key: PortKey,
+        errors: list[SourceError],
+        parse: Callable[[str], int | None],
+    ) -> int | None:
+        if path is None:
+            return None
+        raw = self._read(path, key, errors, True)
+        if raw is None:
+            return None
+        text = raw.decode("ascii", "replace")
+        value = parse(text)
+        if value is None:
+            self._fail(errors, _text_reason(raw.strip()), path, key)
+        return value
+
+    def _fail(
+        self, errors: list[SourceError], reason: str, path: str, key: PortKey | None
+    ) -> None:
+        errors.append(SourceError(reason, path, key))
+        if (path, reason) not in self._logged:
+            self._logged.add((path, reason))
+            # A device without a PMA is a property of the hardware, not a fault.
+            emit = log.info if reason == "no_pma" else log.warning
+            emit("sysfs_value_unreadable", path=path, reason=reason,
+                 guid=key[0] if key else None, port=key[1] if key else None)
+

@@ -1,0 +1,205 @@
+"""node_exporter, run for real on the same sysfs tree, is the oracle for byte and packet totals.
+
+On its first sample ibmon's totals are the hardware values (x4 for data), so they must equal what
+node_exporter's infiniband collector exports for every port. Where a port has legacy
+``counters_ext/`` files, ibmon prefers those 64-bit values and node_exporter exports them as
+``node_infiniband_legacy_*``; the comparison uses that series then.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from ibmon.sources.sysfs import SysfsSource
+from ibmon.tracker import Tracker
+from tests.sysfs_tree import FULL_COUNTERS, write_device, write_port
+from tests.syspkg import require_binary
+
+pytestmark = pytest.mark.system
+
+REAL = Path(__file__).resolve().parents[2] / ".." / "shared" / "real-fixtures"
+REAL_TREES = {
+    "procfs": REAL / "procfs" / "testdata" / "fixtures.ttar.d" / "fixtures" / "sys",
+    "node_exporter": REAL / "node_exporter" / "collector" / "fixtures" / "sys.ttar.d" / "sys",
+}
+
+#: node_exporter series (without ``node_infiniband_``) -> ibmon counter.
+NE_COUNTERS = {
+    "port_data_transmitted_bytes_total": "transmit_data",
+    "port_data_received_bytes_total": "receive_data",
+    "port_packets_transmitted_total": "transmit_packets",
+    "port_packets_received_total": "receive_packets",
+    "unicast_packets_transmitted_total": "unicast_transmit_packets",
+    "unicast_packets_received_total": "unicast_receive_packets",
+    "multicast_packets_transmitted_total": "multicast_transmit_packets",
+    "multicast_packets_received_total": "multicast_receive_packets",
+}
+NE_LEGACY = {
+    "legacy_data_transmitted_bytes_total": "transmit_data",
+    "legacy_data_received_bytes_total": "receive_data",
+    "legacy_packets_transmitted_total": "transmit_packets",
+    "legacy_packets_received_total": "receive_packets",
+    "legacy_unicast_packets_transmitted_total": "unicast_transmit_packets",
+    "legacy_unicast_packets_received_total": "unicast_receive_packets",
+    "legacy_multicast_packets_transmitted_total": "multicast_transmit_packets",
+    "legacy_multicast_packets_received_total": "multicast_receive_packets",
+}
+
+Values = dict[tuple[str, str], dict[str, float]]  # (device, port) -> ibmon counter -> value
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        body: bytes = resp.read()
+    return body.decode()
+
+
+@contextmanager
+def node_exporter(sysfs: Path, log: Path) -> Iterator[str]:
+    """A node_exporter with only the infiniband collector; yields its /metrics URL."""
+    binary = require_binary("prometheus-node-exporter")
+    url = ""
+    with log.open("wb") as err:
+        for _attempt in range(3):  # the free port may be taken between probe and bind
+            port = _free_port()
+            proc = subprocess.Popen(
+                [binary, f"--path.sysfs={sysfs}", "--collector.disable-defaults",
+                 "--collector.infiniband", f"--web.listen-address=127.0.0.1:{port}"],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                start_new_session=True,
+            )
+            try:
+                url = f"http://127.0.0.1:{port}/metrics"
+                deadline = time.monotonic() + 15
+                while proc.poll() is None and time.monotonic() < deadline:
+                    try:
+                        _get(url)
+                        break
+                    except (urllib.error.URLError, ConnectionError):
+                        time.sleep(0.05)
+                if proc.poll() is None:
+                    yield url
+                    return
+            finally:
+                _stop(proc)
+    pytest.fail(f"node_exporter did not start: {log.read_text()[-2000:]}")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+
+
+def node_exporter_values(text: str) -> Values:
+    """Per port, the counters node_exporter exports; a legacy (counters_ext) series wins."""
+    plain: Values = {}
+    legacy: Values = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            short = s.name.removeprefix("node_infiniband_")
+            key = (s.labels.get("device", ""), s.labels.get("port", ""))
+            if short in NE_COUNTERS:
+                plain.setdefault(key, {})[NE_COUNTERS[short]] = s.value
+            elif short in NE_LEGACY:
+                legacy.setdefault(key, {})[NE_LEGACY[short]] = s.value
+    for key, values in legacy.items():
+        plain.setdefault(key, {}).update(values)
+    return plain
+
+
+async def ibmon_values(sysfs: Path) -> Values:
+    snap = await SysfsSource(root=sysfs).sample()
+    views = Tracker().update(snap)
+    wanted = set(NE_COUNTERS.values())
+    out: Values = {}
+    for view in views.values():
+        totals = {k: float(v) for k, v in view.totals.items() if k in wanted}
+        if totals:
+            out[(view.identity.device, view.key[1])] = totals
+    return out
+
+
+async def assert_same_totals(sysfs: Path, log: Path) -> int:
+    with node_exporter(sysfs, log) as url:
+        expected = node_exporter_values(_get(url))
+    got = await ibmon_values(sysfs)
+    assert expected, "node_exporter exported no infiniband byte/packet counters"
+    assert got.keys() == expected.keys()
+    compared = 0
+    for key, values in expected.items():
+        for counter, value in values.items():
+            assert got[key].get(counter) == value, (key, counter, got[key].get(counter), value)
+            compared += 1
+    return compared
+
+
+@pytest.mark.parametrize("tree", sorted(REAL_TREES))
+async def test_real_tree_totals_match_node_exporter(tree: str, tmp_path: Path) -> None:
+    root = REAL_TREES[tree]
+    if not root.is_dir():
+        pytest.skip(f"real fixtures absent: {root}")
+    assert await assert_same_totals(root, tmp_path / "node_exporter.log") >= 8
+
+
+def write_generated_tree(root: Path) -> None:
+    """Several devices and ports with 64-bit values, a plain-table port and a legacy mlx4."""
+    write_device(root, "mlx5_0", node_guid="0002:c903:00a1:0001")
+    write_port(root, "mlx5_0", 1, counters={
+        **FULL_COUNTERS,
+        "port_xmit_data": 2**61 - 12345,  # x4 still fits in node_exporter's uint64
+        "port_rcv_data": 123_456_789_012_345,  # exact as a float64 after x4
+        "port_xmit_packets": 2**63 + 5,
+        "port_rcv_packets": 9_007_199_254_740_000,
+        "unicast_xmit_packets": 2**64 - 1,
+        "unicast_rcv_packets": 4_294_967_296,
+        "multicast_xmit_packets": 17,
+        "multicast_rcv_packets": 0,
+    })
+    write_port(root, "mlx5_0", 2, counters={**FULL_COUNTERS, "port_xmit_data": 5_000_000_000})
+    write_device(root, "mlx5_1", node_guid="0002:c903:00a1:0002")
+    write_port(root, "mlx5_1", 1, link_layer="Ethernet\n", rate="25 Gb/sec (1X EDR)\n",
+               counters={**FULL_COUNTERS, "port_rcv_data": 3_999_999_999_999})
+    plain = {k: v for k, v in FULL_COUNTERS.items() if not k.startswith(("unicast", "multicast"))}
+    write_device(root, "qib0", node_guid="0011:7500:0070:0003")
+    write_port(root, "qib0", 1, counters={**plain, "port_xmit_data": 4294967295})
+    write_device(root, "mlx4_0", node_guid=None)
+    write_port(root, "mlx4_0", 1,
+               counters={"port_xmit_data": 7, "port_rcv_data": 8, "port_xmit_packets": 9,
+                         "port_rcv_packets": 10},
+               counters_ext={"port_xmit_data_64": 2**50 + 3, "port_rcv_data_64": 2**40,
+                             "port_xmit_packets_64": 2**45, "port_rcv_packets_64": 11,
+                             "port_unicast_xmit_packets": 12, "port_unicast_rcv_packets": 13,
+                             "port_multicast_xmit_packets": 14,
+                             "port_multicast_rcv_packets": 15})
+
+
+async def test_generated_tree_totals_match_node_exporter(tmp_path: Path) -> None:
+    root = tmp_path / "sys"
+    write_generated_tree(root)
+    compared = await assert_same_totals(root, tmp_path / "node_exporter.log")
+    # 3 extended-table ports x 8 + 1 plain port x 4 + the legacy port x 8
+    assert compared == 36

@@ -1,0 +1,588 @@
+"""The sysfs source on real captured trees and on trees that break one file at a time."""
+
+from __future__ import annotations
+
+import errno
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from ibmon.model import GUID_RE, PortSample, Snapshot
+from ibmon.sources import Source
+from ibmon.sources import sysfs as sysfs_mod
+from ibmon.sources.sysfs import (
+    SysfsSource,
+    has_devices,
+    parse_enum_prefix,
+    parse_lid,
+    parse_node_type,
+    parse_rate,
+    synthetic_guid,
+)
+from tests.sysfs_tree import FULL_COUNTERS, class_dir, write_device, write_file, write_port
+
+REAL = Path(__file__).resolve().parents[2] / ".." / "shared" / "real-fixtures"
+PROCFS_SYS = REAL / "procfs" / "testdata" / "fixtures.ttar.d" / "fixtures" / "sys"
+NODE_EXPORTER_SYS = REAL / "node_exporter" / "collector" / "fixtures" / "sys.ttar.d" / "sys"
+REAL_TREES = {"procfs": PROCFS_SYS, "node_exporter": NODE_EXPORTER_SYS}
+KNOWN_REASONS = {
+    "no_pma", "einval", "eacces", "missing", "empty", "garbage", "bad_rate",
+    "unsupported", "io", "unassigned", "duplicate",
+}
+GUID = "0x0002c90300a1b2c3"
+
+
+def real_tree(name: str) -> Path:
+    root = REAL_TREES[name]
+    if not root.is_dir():
+        pytest.skip(f"real fixtures absent: {root}")
+    return root
+
+
+async def sample(root: Path, **kw: object) -> Snapshot:
+    src = SysfsSource(root=root, **kw)  # type: ignore[arg-type]
+    return await src.sample()
+
+
+def port(snap: Snapshot, device: str, number: str) -> PortSample:
+    found = [p for p in snap.ports.values() if p.identity.device == device and p.key[1] == number]
+    assert len(found) == 1, sorted(snap.ports)
+    return found[0]
+
+
+def reasons_for(snap: Snapshot, needle: str) -> list[str]:
+    return [e.reason for e in snap.errors if needle in e.detail]
+
+
+# -- real captures ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tree", sorted(REAL_TREES))
+async def test_every_real_port_is_sampled(tree: str) -> None:
+    root = real_tree(tree)
+    snap = await sample(root)
+    dirs = sorted(
+        (d.name, p.name) for d in class_dir(root).iterdir() for p in (d / "ports").iterdir()
+    )
+    assert sorted((p.identity.device, p.key[1]) for p in snap.ports.values()) == dirs
+    assert snap.source == "sysfs"
+    for key, p in snap.ports.items():
+        assert GUID_RE.match(key[0])
+        assert p.identity.source == "sysfs"
+        assert p.state == 4
+        assert p.rate_bps is not None
+    assert {e.reason for e in snap.errors} <= KNOWN_REASONS
+
+
+async def test_real_mlx5_values_and_identity() -> None:
+    snap = await sample(real_tree("procfs"))
+    p = port(snap, "mlx5_0", "1")
+    # node_guid has no trailing newline in this capture
+    assert p.key == ("0x0a7fbc1245efd23b", "1")
+    assert p.counters["transmit_data"] == 2880761508848
+    assert p.counters["receive_data"] == 18126345378
+    assert p.counters["unicast_transmit_packets"] == 10907922116
+    assert p.counters["transmit_wait"] == 0
+    # unicast/multicast files exist, so the kernel used the extended table for data and packets
+    assert {"transmit_data", "receive_data", "transmit_packets", "receive_packets"} <= p.wide
+    assert "symbol_errors" not in p.wide
+    assert p.state == 4
+    assert p.phys_state == 4  # this capture really has "4: ACTIVE" in phys_state
+    assert (p.rate_bps, p.active_width, p.active_speed) == (25e9, "1X", "EDR")
+    assert p.identity.fw_ver == "14.28.2006"
+    assert p.identity.hca_type == "MT4118"
+    assert p.identity.board_id == "SM_2001000001034"
+    assert p.identity.link_layer == "InfiniBand"
+    assert p.identity.node_type == "ca"
+    assert p.hw_counters["rx_read_requests"] == 175528982
+    assert p.hw_counters["req_cqe_error"] == 3481
+    assert "lifespan" not in p.hw_counters  # a cache setting in ms, not a counter
+    assert len(p.hw_counters) == 24
+
+
+async def test_real_mlx4_without_guid_gets_stable_key_and_one_error() -> None:
+    root = real_tree("procfs")
+    src = SysfsSource(root=root)
+    first = await src.sample()
+    p1, p2 = port(first, "mlx4_0", "1"), port(first, "mlx4_0", "2")
+    assert p1.key == (synthetic_guid("mlx4_0"), "1")
+    assert p2.key[0] == p1.key[0]
+    assert reasons_for(first, "mlx4_0/node_guid") == ["missing"]
+    assert p1.counters["transmit_wait"] == 3599
+    assert p2.counters["transmit_wait"] == 3846
+    # above 2**32 -1: cannot be the narrow field; below: taken as narrow
+    assert p1.counters["transmit_data"] == 26509113295
+    assert "transmit_data" in p1.wide
+    assert p1.counters["receive_data"] == 2221223609
+    assert "receive_data" not in p1.wide
+    assert p2.identity.link_layer == "InfiniBand"  # file ends with an extra blank line
+    second = await src.sample()
+    assert reasons_for(second, "node_guid") == []  # reported once per discovery
+    assert second.ports.keys() == first.ports.keys()
+    hfi = port(first, "hfi1_0", "1")
+    assert hfi.identity.hca_type == ""  # absent file is not an error
+    assert reasons_for(first, "hfi1_0/hca_type") == []
+    assert (hfi.rate_bps, hfi.active_width, hfi.active_speed) == (100e9, "4X", "EDR")
+
+
+async def test_real_mlx4_legacy_counters_ext_and_saturated_wait() -> None:
+    snap = await sample(real_tree("node_exporter"))
+    p = port(snap, "mlx4_0", "1")
+    assert p.counters["transmit_wait"] == 4294967295
+    assert "transmit_wait" not in p.wide  # saturated narrow counter, the tracker must see it
+    assert p.counters["transmit_discards"] == 5
+    # counters_ext/port_rcv_packets_64 (0) wins over counters/port_rcv_packets (6825908347)
+    assert p.counters["receive_packets"] == 0
+    assert p.counters["transmit_data"] == 3733440
+    assert p.counters["unicast_receive_packets"] == 61148
+    assert p.counters["multicast_transmit_packets"] == 16
+    assert {"receive_packets", "transmit_data", "unicast_receive_packets"} <= p.wide
+    assert reasons_for(snap, "port_rcv_discards") == []  # unknown file: ignored
+    p2 = port(snap, "mlx4_0", "2")
+    assert p2.counters["receive_data"] == 4631917  # from counters_ext, counters/ says 0
+
+
+async def test_real_iwarp_without_pma_keeps_port() -> None:
+    root = real_tree("node_exporter")
+    snap = await sample(root)
+    p = port(snap, "i40iw0", "1")
+    assert p.counters == {}
+    assert p.state == 4
+    assert p.phys_state == 5
+    assert (p.rate_bps, p.active_width, p.active_speed) == (10e9, "4X", "")
+    errs = [e for e in snap.errors if "i40iw0/ports/1/counters/" in e.detail]
+    files = list((class_dir(root) / "i40iw0" / "ports" / "1" / "counters").iterdir())
+    assert len(errs) == len(files) == 17
+    assert {e.reason for e in errs} == {"no_pma"}
+    assert {e.key for e in errs} == {p.key}
+
+
+# -- parsers ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("100 Gb/sec (4X EDR)\n", (100e9, "4X", "EDR")),
+        ("200 Gb/sec (4X HDR)", (200e9, "4X", "HDR")),
+        ("2.5 Gb/sec (1X SDR)\n", (2.5e9, "1X", "SDR")),
+        ("40 Gb/sec (4X FDR10)\n", (40e9, "4X", "FDR10")),
+        ("10 Gb/sec (4X)\n", (10e9, "4X", "")),
+        ("0 GB/sec\n", (None, "", "")),
+        ("25 Gb/sec (1X EDR)\n\n", (25e9, "1X", "EDR")),
+        ("fast\n", None),
+        ("", None),
+        ("Gb/sec", None),
+    ],
+)
+def test_parse_rate(text: str, expected: tuple[float | None, str, str] | None) -> None:
+    assert parse_rate(text) == expected
+
+
+def test_small_parsers() -> None:
+    assert parse_enum_prefix("4: ACTIVE\n") == 4
+    assert parse_enum_prefix("5: LinkUp") == 5
+    assert parse_enum_prefix("ACTIVE") is None
+    assert parse_lid("0x12\n") == 18
+    assert parse_lid("0xffff") == 65535
+    assert parse_lid("7") == 7
+    assert parse_lid("zz") is None
+    assert parse_node_type("1: CA\n") == "ca"
+    assert parse_node_type("2: switch") == "switch"
+    assert parse_node_type("3: router") == "router"
+    assert parse_node_type("4: RNIC") == "ca"
+    assert parse_node_type("nonsense") is None
+
+
+def test_synthetic_guid_is_stable_and_valid() -> None:
+    assert synthetic_guid("mlx5_0") == synthetic_guid("mlx5_0")
+    assert synthetic_guid("mlx5_0") != synthetic_guid("mlx5_1")
+    assert GUID_RE.match(synthetic_guid("mlx5_0"))
+
+
+# -- written trees: identity -------------------------------------------------------------------
+
+
+async def test_identity_from_written_tree(tmp_path: Path) -> None:
+    write_device(tmp_path, "mlx5_0", node_desc="leaf01 HCA-1", node_type="2: switch\n")
+    write_port(tmp_path, "mlx5_0", 1, lid="0x1a\n", sm_lid="0x3\n")
+    src = SysfsSource(root=tmp_path, name="local")
+    assert isinstance(src, Source)
+    topo = await src.discover()
+    assert list(topo.ports) == [(GUID, "1")]
+    assert (topo.ports[(GUID, "1")].lid, topo.ports[(GUID, "1")].node_type) == (0x1A, "switch")
+    assert topo.source == "local"
+    assert topo.links == {}
+    snap = await src.sample()
+    ident = snap.ports[(GUID, "1")].identity
+    assert ident.lid == 0x1A
+    assert ident.sm_lid == 3
+    assert ident.node_desc == "leaf01 HCA-1"
+    assert ident.node_type == "switch"
+    assert ident.device == "mlx5_0"
+    assert ident.source == "local"
+    assert snap.errors == []
+    # node_desc and lid are re-read every poll
+    write_file(class_dir(tmp_path) / "mlx5_0" / "node_desc", "renamed\n")
+    write_file(class_dir(tmp_path) / "mlx5_0" / "ports" / "1" / "lid", "0x2b\n")
+    ident2 = (await src.sample()).ports[(GUID, "1")].identity
+    assert (ident2.node_desc, ident2.lid) == ("renamed", 0x2B)
+
+
+async def test_counters_and_hw_counters(tmp_path: Path) -> None:
+    write_device(tmp_path, "mlx5_0", hw_counters={"dev_level": 99})
+    write_port(tmp_path, "mlx5_0", 1,
+               hw_counters={"out_of_buffer": 12, "np_cnp_sent": 3, "lifespan": 10})
+    snap = await sample(tmp_path)
+    p = snap.ports[(GUID, "1")]
+    assert p.counters == {
+        "symbol_errors": 8, "link_error_recovery": 2, "link_downed": 1, "receive_errors": 5,
+        "receive_remote_physical_errors": 0, "receive_switch_relay_errors": 0,
+        "transmit_discards": 6, "transmit_constraint_errors": 0, "receive_constraint_errors": 0,
+        "local_link_integrity_errors": 0, "excessive_buffer_overrun_errors": 0,
+        "vl15_dropped": 0, "transmit_wait": 7, "transmit_data": 2000, "receive_data": 1000,
+        "transmit_packets": 200, "receive_packets": 100, "unicast_transmit_packets": 196,
+        "unicast_receive_packets": 97, "multicast_transmit_packets": 4,
+        "multicast_receive_packets": 3,
+    }
+    assert len(p.counters) == len(FULL_COUNTERS)
+    assert p.hw_counters == {"out_of_buffer": 12, "np_cnp_sent": 3}
+    assert (p.rate_bps, p.active_width, p.active_speed) == (100e9, "4X", "EDR")
+    assert (p.state, p.phys_state) == (4, 5)
+
+
+async def test_roce_port_is_read_the_same_way(tmp_path: Path) -> None:
+    write_device(tmp_path, "mlx5_2", node_guid="b859:9f03:00d4:0e8a")
+    write_port(tmp_path, "mlx5_2", 1, link_layer="Ethernet\n", lid="0x0\n",
+               rate="25 Gb/sec (1X EDR)\n", hw_counters={"np_ecn_marked_roce_packets": 4})
+    p = (await sample(tmp_path)).ports[("0xb8599f0300d40e8a", "1")]
+    assert p.identity.link_layer == "Ethernet"
+    assert p.counters["transmit_data"] == 2000
+    assert p.hw_counters == {"np_ecn_marked_roce_packets": 4}
+
+
+@pytest.mark.parametrize(
+    ("guid_text", "reason"),
+    [(None, "missing"), ("0000:0000:0000:0000", "unassigned"), ("not-a-guid", "garbage"),
+     ("", "empty")],
+)
+async def test_unusable_guid_is_synthesized(
+    tmp_path: Path, guid_text: str | None, reason: str
+) -> None:
+    write_device(tmp_path, "mlx5_0", node_guid=guid_text)
+    write_port(tmp_path, "mlx5_0", 1)
+    snap = await sample(tmp_path)
+    assert list(snap.ports) == [(synthetic_guid("mlx5_0"), "1")]
+    assert [(e.reason, e.key) for e in snap.errors] == [(reason, None)]
+    assert snap.errors[0].detail.endswith("mlx5_0/node_guid")
+
+
+async def test_duplicate_guid_does_not_merge_devices(tmp_path: Path) -> None:
+    for dev in ("mlx5_0", "mlx5_1"):
+        write_device(tmp_path, dev)
+        write_port(tmp_path, dev, 1)
+    snap = await sample(tmp_path)
+    assert sorted(snap.ports) == sorted([(GUID, "1"), (synthetic_guid("mlx5_1"), "1")])
+    assert reasons_for(snap, "mlx5_1/node_guid") == ["duplicate"]
+
+
+# -- written trees: one bad file costs one value -----------------------------------------------
+
+
+def counter_path(root: Path, name: str, device: str = "mlx5_0", sub: str = "counters") -> Path:
+    return class_dir(root) / device / "ports" / "1" / sub / name
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        ("N/A (no PMA)\n", "no_pma"),
+        ("", "empty"),
+        ("\n\n", "empty"),
+        ("12abc\n", "garbage"),
+        ("-5\n", "garbage"),
+        ("1_000\n", "garbage"),
+        ("0x10\n", "garbage"),
+    ],
+)
+async def test_bad_counter_text_costs_one_value(tmp_path: Path, content: str, reason: str) -> None:
+    write_device(tmp_path, "mlx5_0")
+    write_port(tmp_path, "mlx5_0", 1, counters={**FULL_COUNTERS, "symbol_error": content})
+    snap = await sample(tmp_path)
+    p = snap.ports[(GUID, "1")]
+    assert "symbol_errors" not in p.counters
+    assert len(p.counters) == len(FULL_COUNTERS) - 1
+    assert [(e.reason, e.detail, e.key) for e in snap.errors] == [
+        (reason, str(counter_path(tmp_path, "symbol_error")), (GUID, "1"))
+    ]
+
+
+@pytest.mark.parametrize("content", ["123", "123\n\n\n", "  123  \n", "123\r\n"])
+async def test_whitespace_variants_parse(tmp_path: Path, content: str) -> None:
+    write_device(tmp_path, "mlx5_0")
+    write_port(tmp_path, "mlx5_0", 1, counters={"symbol_error": content})
+    snap = await sample(tmp_path)
+    assert snap.ports[(GUID, "1")].counters == {"symbol_errors": 123}
+    assert snap.errors == []
+
+
+def failing_reader(bad: dict[str, OSError]) -> Callable[[str], bytes]:
+    real = sysfs_mod.read_sysfs
+
+    def read(path: str) -> bytes:
+        for suffix, exc in bad.items():
+            if path.endswith(suffix):
+                raise exc
+        return real(path)
+
+    return read
+
+
+@pytest.mark.parametrize(
+    ("exc", "reason"),
+    [
+        (OSError(errno.EINVAL, "Invalid argument"), "einval"),
+        (PermissionError(errno.EACCES, "Permission denied"), "eacces"),
+        (PermissionError(errno.EPERM, "Operation not permitted"), "eacces"),
+        (OSError(errno.EOPNOTSUPP, "Operation not supported"), "unsupported"),
+        (OSError(errno.EIO, "Input/output error"), "io"),
+    ],
+)
+async def test_read_errors_cost_one_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exc: OSError, reason: str
+) -> None:
+    write_device(tmp_path, "mlx5_0")
+    write_port(tmp_path, "mlx5_0", 1, hw_counters={"out_of_buffer": 1, "np_cnp_sent": 2})
+    monkeypatch.setattr(sysfs_mod, "read_sysfs", failing_reader(
+        {"counters/port_xmit_wait": exc, "hw_counters/np_cnp_sent": exc}))
+    snap = await sample(tmp_path)
+    p = snap.ports[(GUID, "1")]
+    assert "transmit_wait" not in p.counters
+    assert len(p.counters) == len(FULL_COUNTERS) - 1
+    assert p.hw_counters == {"out_of_buffer": 1}
+    assert sorted((e.reason, Path(e.detail).name) for e in snap.errors) == [
+        (reason, "np_cnp_sent"), (reason, "port_xmit_wait")
+    ]
+
+
+async def test_directory_in_place_of_file_costs_one_value(tmp_path: Path) -> None:
+    write_device(tmp_path, "mlx5_0")
+    write_port(tmp_path, "mlx5_0", 1)
+    path = counter_path(tmp_path, "link_downed")
+    path.unlink()
+    path.mkdir()
+    snap = await sample(tmp_path)
+    assert "link_downed" not in snap.ports[(GUID, "1")].counters
+    assert [(e.reason, e.detail) for e in snap.errors] == [("io", str(path))]
+
+
+async def test_file_gone_after_discovery_is_missing(tmp_path: Path) -> None:
+    write_device(tmp_path, "mlx5_0")
+    write_port(tmp_path, "mlx5_0", 1)
+    src = SysfsSource(root=tmp_path)
+    await src.discover()
+    counter_path(tmp_path, "port_rcv_errors").unlink()
+    (class_dir(tmp_path) / "mlx5_0" / "ports" / "1" / "rate").unlink()
+    snap = await src.sample()
+    p = snap.ports[(GUID, "1")]
+    assert "receive_errors" not in p.counters
+    assert p.rate_bps is None
+    assert sorted((e.reason, Path(e.detail).name) for e in snap.errors) == [
+        ("missing", "port_rcv_errors"), ("missing", "rate")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("rate", "expected", "errors"),
+    [
+        ("0 GB/sec\n", (None, "", ""), []),
+        ("10 Gb/sec (4X)\n", (10e9, "4X", ""), []),
+        ("unknown\n", (None, "", ""), ["bad_rate"]),
+    ],
+)
+async def test_rate_file(
+    tmp_path: Path, rate: str, expected: tuple[float | None, str, str], errors: list[str]
+) -> None:
+    write_device(tmp_path, "mlx5_0")
+    write_port(tmp_path, "mlx5_0", 1, rate=rate)
+    snap = await sample(tmp_path)
+    p = snap.ports[(GUID, "1")]
+    assert (p.rate_bps, p.active_width, p.active_speed) == expected
+    assert [e.reason for e in snap.errors] == errors
+    assert len(p.counters) == len(FULL_COUNTERS)
+
+
+async def test_garbage_state_and_lid_cost_one_value(tmp_path: Path) -> None:
+    write_device(tmp_path, "mlx5_0")
+    write_port(tmp_path, "mlx5_0", 1, state="ACTIVE\n", lid="\n", phys_state="5: LinkUp")
+    snap = await sample(tmp_path)
+    p = snap.ports[(GUID, "1")]
+    assert (p.state, p.phys_state, p.identity.lid) == (None, 5, None)
+    assert sorted((e.reason, Path(e.detail).name) for e in snap.errors) == [
+        ("empty", "lid"), ("garbage", "state")
+    ]
+
+
+async def test_garbage_node_type_is_reported_and_defaults_to_ca(tmp_path: Path) -> None:
+    write_device(tmp_path, "mlx5_0", node_type="CA\n")
+    write_port(tmp_path, "mlx5_0", 1)
+    snap = await sample(tmp_path)
+    assert snap.ports[(GUID, "1")].identity.node_type == "ca"
+    assert [(e.reason, Path(e.detail).name) for e in snap.errors] == [("garbage", "node_type")]
+
+
+async def test_absent_optional_files_are_not_errors(tmp_path: Path) -> None:
+    write_device(tmp_path, "mlx5_0", node_desc=None, node_type=None, fw_ver=None,
+                 hca_type=None, board_id=None)
+    write_port(tmp_path, "mlx5_0", 1, lid=None, sm_lid=None, rate=None, link_layer=None,
+               counters={})
+    snap = await sample(tmp_path)
+    p = snap.ports[(GUID, "1")]
+    assert snap.errors == []
+    assert (p.rate_bps, p.identity.lid, p.identity.node_type, p.identity.link_layer) == (
+        None, None, "ca", "InfiniBand")
+    assert p.counters == {}
+
+
+async def test_each_problem_is_logged_once(tmp_path: Path) -> None:
+    write_device(tmp_path, "mlx5_0")
+    write_port(tmp_path, "mlx5_0", 1, counters={**FULL_COUNTERS, "symbol_error": "junk\n"})
+    src = SysfsSource(root=tmp_path)
+    with capture_logs() as logs:
+        first = await src.sample()
+        second = await src.sample()
+    # every poll reports the value it could not read ...
+    assert [e.reason for e in first.errors] == [e.reason for e in second.errors] == ["garbage"]
+    # ... but the log says it once
+    events = [e for e in logs if e["event"] == "sysfs_value_unreadable"]
+    assert len(events) == 1
+    assert events[0]["reason"] == "garbage"
+    assert events[0]["path"] == str(counter_path(tmp_path, "symbol_error"))
+    assert events[0]["log_level"] == "warning"
+
+
+# -- width -----------------------------------------------------------------------------------
+
+
+async def test_width_without_extended_table(tmp_path: Path) -> None:
+    plain = {k: v for k, v in FULL_COUNTERS.items() if not k.startswith(("unicast", "multicast"))}
+    plain |= {"port_xmit_data": 4294967295, "port_rcv_data": 5_000_000_000, "symbol_error": 70000}
+    write_device(tmp_path, "mlx5_0")
+    write_port(tmp_path, "mlx5_0", 1, counters=plain)
+    p = (await sample(tmp_path)).ports[(GUID, "1")]
+    assert p.counters["transmit_data"] == 4294967295
+    assert p.wide == {"receive_data", "symbol_errors"}
+
+
+async def test_counters_ext_preferred_and_fallback(tmp_path: Path) -> None:
+    write_device(tmp_path, "mlx4_0")
+    write_port(
+        tmp_path, "mlx4_0", 1,
+        counters={"port_xmit_data": 100, "port_rcv_data": 200, "port_xmit_packets": 7},
+        counters_ext={"port_xmit_data_64": 2**40, "port_rcv_data_64": "garbage\n",
+                      "port_unicast_xmit_packets": 5, "mystery_64": 1},
+    )
+    snap = await sample(tmp_path)
+    p = snap.ports[(GUID, "1")]
+    assert p.counters == {"transmit_data": 2**40, "receive_data": 200, "transmit_packets": 7,
+                          "unicast_transmit_packets": 5}
+    assert p.wide == {"transmit_data", "unicast_transmit_packets"}
+    assert [(e.reason, Path(e.detail).name) for e in snap.errors] == [
+        ("garbage", "port_rcv_data_64")]
+
+
+# -- filters, discovery, lifecycle ---------------------------------------------------------------
+
+
+@pytest.fixture
+def recorded_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    paths: list[str] = []
+    real = sysfs_mod.read_sysfs
+
+    def read(path: str) -> bytes:
+        paths.append(path)
+        return real(path)
+
+    monkeypatch.setattr(sysfs_mod, "read_sysfs", read)
+    return paths
+
+
+def write_poisoned_device(root: Path, device: str) -> None:
+    """A device whose every file would produce an error if it were read."""
+    write_device(root, device, node_guid="garbage", node_type="junk\n",
+                 hw_counters={"x": "junk"})
+    write_port(root, device, 1, counters=dict.fromkeys(FULL_COUNTERS, "junk\n"),
+               state="junk\n", rate="junk\n", lid="junk\n", hw_counters={"y": "junk"})
+
+
+@pytest.mark.parametrize(
+    ("include", "exclude"),
+    [(["mlx5_*"], ["mlx5_1"]), ([], ["mlx4_*", "mlx5_1"]), (["mlx5_0"], [])],
+)
+async def test_filters_read_no_file_of_an_excluded_device(
+    tmp_path: Path, recorded_reads: list[str], include: list[str], exclude: list[str]
+) -> None:
+    write_device(tmp_path, "mlx5_0")
+    write_port(tmp_path, "mlx5_0", 1)
+    write_poisoned_device(tmp_path, "mlx5_1")
+    write_poisoned_device(tmp_path, "mlx4_0")
+    src = SysfsSource(root=tmp_path, include=include, exclude=exclude)
+    await src.discover()
+    snap = await src.sample()
+    assert [p.identity.device for p in snap.ports.values()] == ["mlx5_0"]
+    assert snap.errors == []
+    assert recorded_reads
+    assert not [p for p in recorded_reads if "/mlx5_1/" in p or "/mlx4_0/" in p]
+
+
+async def test_devices_and_ports_appear_and_vanish(tmp_path: Path) -> None:
+    src = SysfsSource(root=tmp_path)
+    assert not has_devices(tmp_path)
+    empty = await src.sample()
+    assert (empty.ports, empty.errors) == ({}, [])
+    write_device(tmp_path, "mlx5_0")
+    write_port(tmp_path, "mlx5_0", 1)
+    assert has_devices(tmp_path)
+    assert list((await src.sample()).ports) == [(GUID, "1")]
+    write_port(tmp_path, "mlx5_0", 2)
+    write_device(tmp_path, "mlx5_1", node_guid="0002:c903:00a1:b2c4")
+    write_port(tmp_path, "mlx5_1", 1)
+    snap = await src.sample()
+    assert sorted(snap.ports) == [(GUID, "1"), (GUID, "2"), ("0x0002c90300a1b2c4", "1")]
+    assert snap.errors == []
+    shutil.rmtree(class_dir(tmp_path) / "mlx5_0" / "ports" / "2")
+    shutil.rmtree(class_dir(tmp_path) / "mlx5_1")
+    snap = await src.sample()
+    assert list(snap.ports) == [(GUID, "1")]
+    assert snap.errors == []
+    await src.close()
+    assert list((await src.sample()).ports) == [(GUID, "1")]
+
+
+async def test_sample_reads_off_the_event_loop(
+    tmp_path: Path, recorded_reads: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_device(tmp_path, "mlx5_0")
+    write_port(tmp_path, "mlx5_0", 1)
+    threads: set[int] = set()
+    recorder = sysfs_mod.read_sysfs
+
+    def read(path: str) -> bytes:
+        threads.add(threading.get_ident())
+        return recorder(path)
+
+    monkeypatch.setattr(sysfs_mod, "read_sysfs", read)
+    await SysfsSource(root=tmp_path).sample()
+    assert threads
+    assert threading.get_ident() not in threads
+
+
+def test_has_devices_on_missing_root(tmp_path: Path) -> None:
+    assert not has_devices(tmp_path / "nope")
+    real = PROCFS_SYS
+    if real.is_dir():
+        assert has_devices(real)
