@@ -1,0 +1,167 @@
+"""The daemon end to end with an in-test source: polling, scraping, reload, stop, bad sources."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from ibmon.config import Settings, SourceConfig, SysfsSourceConfig, load_settings
+from ibmon.daemon import Daemon
+from ibmon.model import PortIdentity, PortSample, Snapshot, Topology
+from ibmon.sources import Source
+
+GUID = "0x0002c90300a1b2c3"
+
+
+class CountingSource:
+    """Data counter grows by 1000 words a poll; fails on demand to prove a failure costs one poll."""
+
+    def __init__(self, name: str, *, fail: bool = False) -> None:
+        self.name = name
+        self.polls = 0
+        self.fail = fail
+        self.closed = False
+
+    async def discover(self) -> Topology:
+        return Topology(source=self.name)
+
+    async def sample(self) -> Snapshot:
+        self.polls += 1
+        if self.fail:
+            raise RuntimeError("hardware on fire")
+        ident = PortIdentity(guid=GUID, port="1", device="mlx5_0", node_desc="host1", source=self.name)
+        sample = PortSample(
+            identity=ident, state=4, phys_state=5, rate_bps=100e9,
+            counters={"transmit_data": 1000 * self.polls, "symbol_errors": 0},
+        )
+        return Snapshot(
+            source=self.name, monotonic=time.monotonic(), wall=time.time(),
+            ports={ident.key: sample},
+        )
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        return str(resp.read().decode())
+
+
+def settings(*sources: SourceConfig) -> Settings:
+    return load_settings(None, prometheus={"listen": "127.0.0.1:0"}, sources=[s.model_dump() for s in sources])
+
+
+async def wait_for(pred: object, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if callable(pred) and pred():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not reached")
+
+
+async def test_polls_scrapes_and_survives_a_failing_source() -> None:
+    made: dict[str, CountingSource] = {}
+
+    def factory(cfg: SourceConfig) -> Source:
+        src = CountingSource(cfg.label, fail=cfg.label == "broken")
+        made[cfg.label] = src
+        return src
+
+    cfg_ok = SysfsSourceConfig(name="good", interval=0.05)
+    cfg_bad = SysfsSourceConfig(name="broken", interval=0.05)
+    daemon = Daemon(settings(cfg_ok, cfg_bad), source_factory=factory)
+    task = asyncio.create_task(daemon.run())
+    await daemon.ready.wait()
+    await wait_for(lambda: made["good"].polls >= 3 and made["broken"].polls >= 3)
+    assert daemon.exporter is not None
+    body = await asyncio.to_thread(scrape, daemon.exporter.port)
+    assert f'ibmon_port_transmit_data_bytes_total{{guid="{GUID}",port="1"}}' in body
+    assert 'ibmon_source_up{source="good"} 1.0' in body
+    assert 'ibmon_source_up{source="broken"} 0.0' in body
+    assert 'ibmon_source_poll_errors_total{reason="poll_failed",source="broken"}' in body
+    started = time.monotonic()
+    daemon.stop()
+    await asyncio.wait_for(task, 2.0)
+    assert time.monotonic() - started < 2.0
+    assert made["good"].closed
+
+
+async def test_totals_survive_reload_and_bad_reload_is_rejected(tmp_path: Path) -> None:
+    cfg_file = tmp_path / "ibmon.toml"
+    cfg_file.write_text(
+        '[prometheus]\nlisten = "127.0.0.1:0"\n[[sources]]\ntype = "sysfs"\nname = "good"\ninterval = "50ms"\n'
+    )
+    made: list[CountingSource] = []
+
+    def factory(cfg: SourceConfig) -> Source:
+        src = CountingSource(cfg.label)
+        src.polls = sum(s.polls for s in made)  # same hardware counter keeps counting
+        made.append(src)
+        return src
+
+    daemon = Daemon(load_settings(cfg_file), config_path=cfg_file, source_factory=factory)
+    task = asyncio.create_task(daemon.run())
+    await daemon.ready.wait()
+    await wait_for(lambda: sum(s.polls for s in made) >= 3)
+    cfg_file.write_text("[prometheus\n")  # broken: must be rejected, old config keeps running
+    daemon.reload()
+    await wait_for(lambda: len(made) == 2)
+    before = daemon.state.ports[(GUID, "1")].totals["transmit_data"]
+    await wait_for(lambda: made[-1].polls >= made[0].polls + 3)
+    after = daemon.state.ports[(GUID, "1")].totals["transmit_data"]
+    assert after > before  # the tracker (and its totals) survived the reload
+    assert daemon.settings.sources[0].label == "good"
+    daemon.stop()
+    await asyncio.wait_for(task, 2.0)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_process_within_two_seconds(tmp_path: Path, sig: signal.Signals) -> None:
+    """A real `ibmon run` process on a generated sysfs tree stops cleanly on SIGTERM/SIGINT."""
+    root = tmp_path / "sys"
+    port_dir = root / "class" / "infiniband" / "mlx5_0" / "ports" / "1"
+    (port_dir / "counters").mkdir(parents=True)
+    (root / "class" / "infiniband" / "mlx5_0" / "node_guid").write_text("0002:c903:00a1:b2c3\n")
+    (port_dir / "state").write_text("4: ACTIVE\n")
+    (port_dir / "rate").write_text("100 Gb/sec (4X EDR)\n")
+    (port_dir / "counters" / "port_xmit_data").write_text("123\n")
+    cfg = tmp_path / "ibmon.toml"
+    cfg.write_text(
+        f'[prometheus]\nlisten = "127.0.0.1:0"\n[[sources]]\ntype = "sysfs"\nroot = "{root}"\n'
+        'interval = "100ms"\n'
+    )
+    with subprocess.Popen(
+        [sys.executable, "-m", "ibmon", "run", "--config", str(cfg)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    ) as proc:
+        _stop_and_check(proc, sig)
+
+
+def _stop_and_check(proc: subprocess.Popen[str], sig: signal.Signals) -> None:
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 20
+        seen = ""
+        while time.monotonic() < deadline and '"listening"' not in seen:
+            seen += proc.stderr.readline()
+        assert '"listening"' in seen, seen
+        time.sleep(0.3)
+        started = time.monotonic()
+        os.kill(proc.pid, sig)
+        rc = proc.wait(timeout=5)
+        assert time.monotonic() - started < 2.0
+        assert rc == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
