@@ -7,16 +7,17 @@ go through the fast renderer in ``exporters.prometheus`` instead.
 from __future__ import annotations
 
 import platform
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.exposition import generate_latest
 
 from ibmon import __version__
 
-__all__ = ["SelfMetrics"]
+__all__ = ["MqttMetrics", "SelfMetrics"]
 
 # ``_created`` series double the output and no alert or dashboard of ours uses them.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 POLL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -54,6 +55,43 @@ class SelfMetrics:
         self.events = Counter(
             "ibmon_events", "Events emitted by the detectors.", ["type", "severity"], registry=r
         )
+        self.mqtt: MqttMetrics | None = None
+
+    def enable_mqtt(self) -> MqttMetrics:
+        """Create the ``ibmon_mqtt_*`` series on first use only.
+
+        A daemon without ``[mqtt]`` must not export ``ibmon_mqtt_connected 0``: an alert on a
+        disconnected broker would fire on every host that never had one.
+        """
+        if self.mqtt is None:
+            r = self.registry
+            self.mqtt = MqttMetrics(
+                connected=Gauge(
+                    "ibmon_mqtt_connected", "1 while ibmon is connected to the MQTT broker.",
+                    registry=r,
+                ),
+                published=Counter(
+                    "ibmon_mqtt_published",
+                    "MQTT messages (events, port state, status) the broker accepted.",
+                    registry=r,
+                ),
+                dropped=Counter(
+                    "ibmon_mqtt_dropped",
+                    "Events never delivered to MQTT: queue overflow while the broker was away,"
+                    " or still queued at shutdown.",
+                    registry=r,
+                ),
+            )
+        return self.mqtt
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+@dataclass(frozen=True, slots=True)
+class MqttMetrics:
+    """The MQTT publisher's series; exist only when ``[mqtt]`` is configured."""
+
+    connected: Gauge
+    published: Counter
+    dropped: Counter

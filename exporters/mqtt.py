@@ -1,0 +1,499 @@
+"""MQTT publisher: events, retained port state and availability, over aiomqtt.
+
+Automation (ticketing, schedulers that drain nodes, chat bots) wants events pushed. The contract
+(DESIGN.md, "MQTT topics"):
+
+- ``{prefix}/{fabric}/status``: retained ``online`` while connected; the broker publishes the
+  retained Last Will ``offline`` if ibmon dies, and ibmon publishes it itself on a clean stop.
+- ``{prefix}/{fabric}/events/{type}``: one JSON event per message, QoS from config (default 1).
+- ``{prefix}/{fabric}/ports/{guid}/{port}``: retained current state of a port, published only
+  when it changes and cleared (empty retained message) when the port disappears.
+
+Topic levels are built from validated values only: the prefix and fabric are checked by the
+config, the GUID against ``GUID_RE``, the port as 1-3 digits and the event type against a fixed
+set. Node descriptions are user-controlled text; they travel in payloads, never in topics.
+
+The broker is never on the polling path: ``submit`` and ``publish_state`` are O(1) and never
+block or raise. A background task owns the connection, reconnects with jittered exponential
+backoff and keeps events in a bounded queue while the broker is away (oldest dropped first,
+counted in ``ibmon_mqtt_dropped_total``), delivering them in order after reconnect. An event
+leaves the queue only once the broker acknowledged it, so delivery is at least once. aiomqtt is
+imported only in this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import re
+import ssl
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import aiomqtt
+import structlog
+
+from ibmon.config import MqttConfig
+from ibmon.events import EVENT_TYPES, Event, EventBus, Subscription
+from ibmon.model import GUID_RE, PhysState, PortKey, PortState, PortView
+from ibmon.selfmetrics import MqttMetrics, SelfMetrics
+from ibmon.state import FabricState
+
+__all__ = [
+    "MqttPublisher",
+    "Topics",
+    "port_state_payload",
+]
+
+log = structlog.get_logger("ibmon.mqtt")
+
+#: Event types that may become a topic level are ``ibmon.events.EVENT_TYPES``; anything else
+#: goes to ``events/other``, so an unexpected type can never inject topic syntax.
+OTHER_EVENT_TYPE = "other"
+
+_PORT_RE = re.compile(r"^[0-9]{1,3}$")
+_PREFIX_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}(/[a-zA-Z0-9_-]{1,64}){0,3}$")
+_FABRIC_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+#: Publishes awaited together; paho keeps them in order on the one connection.
+BATCH = 100
+#: Ports diffed between yields to the event loop, so 100k ports never stall polling.
+STATE_CHUNK = 500
+
+
+class Topics:
+    """Topic names for one prefix and fabric; every level is validated here or in the config."""
+
+    __slots__ = ("base",)
+
+    def __init__(self, prefix: str, fabric: str) -> None:
+        if not _PREFIX_RE.fullmatch(prefix):
+            raise ValueError(f"invalid MQTT prefix {prefix!r}")
+        if not _FABRIC_RE.fullmatch(fabric):
+            raise ValueError(f"invalid fabric name {fabric!r}")
+        self.base = f"{prefix}/{fabric}"
+
+    @property
+    def status(self) -> str:
+        return f"{self.base}/status"
+
+    def event(self, event_type: str) -> str:
+        kind = str(event_type)
+        return f"{self.base}/events/{kind if kind in EVENT_TYPES else OTHER_EVENT_TYPE}"
+
+    def port(self, key: PortKey) -> str | None:
+        """``None`` for a key that is not a clean GUID and port number: no topic, no publish."""
+        guid, port = key
+        if not GUID_RE.fullmatch(guid) or not _PORT_RE.fullmatch(port):
+            return None
+        return f"{self.base}/ports/{guid}/{port}"
+
+
+def _enum_name(enum: type[PortState] | type[PhysState], value: int | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return enum(value).name
+    except ValueError:
+        return str(value)
+
+
+def _signature(view: PortView) -> tuple[Any, ...]:
+    """Everything the retained state shows; rates and totals are left out on purpose, so a
+    busy port does not republish every poll and the retained message changes only on news."""
+    ident = view.identity
+    link = view.link
+    return (
+        ident.node_desc, ident.device, ident.node_type, ident.lid, ident.link_layer,
+        ident.source, view.state, view.phys_state, view.rate_bytes_per_second,
+        view.active_width, view.active_speed,
+        None if link is None else (link.remote_guid, link.remote_port, link.remote_node_desc),
+        view.conditions,
+    )
+
+
+def port_state_payload(view: PortView, *, fabric: str, changed: float) -> bytes:
+    """The retained JSON for one port (compact, NULs and non-ASCII escaped by json)."""
+    ident = view.identity
+    link = view.link
+    doc = {
+        "fabric": fabric,
+        "guid": ident.guid,
+        "port": ident.port,
+        "node_desc": ident.node_desc,
+        "device": ident.device,
+        "node_type": ident.node_type,
+        "lid": ident.lid,
+        "link_layer": ident.link_layer,
+        "source": ident.source,
+        "state": _enum_name(PortState, view.state),
+        "phys_state": _enum_name(PhysState, view.phys_state),
+        "rate_bytes_per_second": view.rate_bytes_per_second,
+        "active_width": view.active_width,
+        "active_speed": view.active_speed,
+        "peer": None if link is None else {
+            "guid": link.remote_guid,
+            "port": link.remote_port,
+            "node_desc": link.remote_node_desc,
+        },
+        "conditions": sorted(view.conditions),
+        "changed": datetime.fromtimestamp(changed, UTC).isoformat().replace("+00:00", "Z"),
+    }
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _close_socket(client: aiomqtt.Client) -> None:
+    """Close the socket a failed connection attempt leaves behind.
+
+    aiomqtt 2.x raises from ``__aenter__`` when the broker refuses the CONNACK (bad password,
+    not authorised) but leaves paho's socket open; with a retry every few seconds that leaks one
+    descriptor per attempt until the garbage collector runs. paho's ``_sock_close`` also
+    unregisters the socket from the event loop through aiomqtt's callbacks, so no stale reader
+    stays behind on a reused descriptor.
+    """
+    paho = getattr(client, "_client", None)
+    close = getattr(paho, "_sock_close", None)
+    if callable(close):
+        with contextlib.suppress(Exception):
+            close()
+
+
+class MqttPublisher:
+    """Owns one broker connection for the daemon's lifetime (across config reloads)."""
+
+    def __init__(
+        self,
+        config: MqttConfig,
+        *,
+        fabric: str,
+        metrics: SelfMetrics,
+        backoff_min: float = 0.5,
+        backoff_max: float = 30.0,
+        flush_timeout: float = 3.0,
+    ) -> None:
+        self.config = config
+        self.fabric = fabric
+        self.topics = Topics(config.prefix, fabric)
+        self._metrics: MqttMetrics = metrics.enable_mqtt()
+        self._backoff_min = backoff_min
+        self._backoff_max = backoff_max
+        self._flush_timeout = flush_timeout
+        self._queue: deque[Event] = deque()
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._connected = False
+        self._task: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._bus: EventBus | None = None
+        self._sub: Subscription | None = None
+        self._bus_task: asyncio.Task[None] | None = None
+        self._state: FabricState | None = None
+        self._state_dirty = False
+        # What the broker holds per port topic: a signature, or None when it must be resent.
+        self._sent: dict[PortKey, tuple[Any, ...] | None] = {}
+        self._bad_keys: set[PortKey] = set()
+        self._metrics.connected.set(0)
+
+    # -- public API (called from the poll loop / event bus: O(1), never raises) --------------
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    @property
+    def queued(self) -> int:
+        """Events waiting for the broker."""
+        return len(self._queue)
+
+    def submit(self, event: Event) -> None:
+        """Queue one event; when the queue is full the oldest event is dropped and counted."""
+        if len(self._queue) >= self.config.queue_size:
+            self._queue.popleft()
+            self._metrics.dropped.inc()
+        self._queue.append(event)
+        self._wake.set()
+
+    def submit_many(self, events: Iterable[Event]) -> None:
+        for event in events:
+            self.submit(event)
+
+    def attach(self, bus: EventBus) -> None:
+        """Receive every event the bus publishes from now on, until ``stop``."""
+        if self._bus_task is not None:
+            return
+        self._bus, self._sub = bus, bus.subscribe("mqtt", maxsize=self.config.queue_size)
+        self._bus_task = asyncio.create_task(self._consume(self._sub), name="mqtt-events")
+
+    async def _consume(self, sub: Subscription) -> None:
+        while True:
+            first = await sub.queue.get()
+            self.submit_many([first, *sub.drain(BATCH * 10)])
+
+    def publish_state(self, state: FabricState) -> None:
+        """Remember the newest fabric state; the sender diffs it against what it published."""
+        self._state = state
+        self._state_dirty = True
+        self._wake.set()
+
+    async def start(self) -> None:
+        """Start the connection task; a broker that is down is retried, never an error here."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="mqtt")
+
+    async def stop(self) -> None:
+        """Flush what fits in ``flush_timeout``, publish ``offline`` and disconnect."""
+        if self._bus_task is not None:
+            self._bus_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._bus_task
+            self._bus_task = None
+        if self._bus is not None and self._sub is not None:
+            self._bus.unsubscribe(self._sub)
+            self.submit_many(self._sub.drain(self._sub.queue.qsize()))
+            self._bus = self._sub = None
+        task, self._task = self._task, None
+        self._stopping = True
+        self._wake.set()
+        if task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(task), self._flush_timeout + 2.0)
+            except TimeoutError:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            except Exception as exc:  # _run never raises; belt and braces for shutdown
+                log.error("mqtt_stop_failed", error=str(exc))
+        if self._queue:
+            log.warning("mqtt_events_dropped_at_shutdown", count=len(self._queue))
+            self._metrics.dropped.inc(len(self._queue))
+            self._queue.clear()
+        self._set_connected(False)
+
+    # -- connection management ---------------------------------------------------------------
+
+    def _set_connected(self, value: bool) -> None:
+        self._connected = value
+        self._metrics.connected.set(1 if value else 0)
+
+    def _client(self) -> aiomqtt.Client:
+        cfg = self.config
+        password: str | None = None
+        if cfg.password_file is not None:
+            # Read at every connect so a rotated secret is picked up; never logged.
+            password = cfg.password_file.read_text(encoding="utf-8").rstrip("\r\n")
+        return aiomqtt.Client(
+            cfg.host,
+            cfg.port,
+            username=cfg.username,
+            password=password,
+            identifier=cfg.client_id,
+            will=aiomqtt.Will(self.topics.status, b"offline", qos=1, retain=True),
+            clean_session=True,
+            keepalive=max(1, round(cfg.keepalive)),
+            tls_context=self._tls_context(),
+            max_inflight_messages=BATCH,
+            timeout=max(10.0, cfg.keepalive * 1.5),
+        )
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        tls = self.config.tls
+        if tls is None:
+            return None
+        ctx = ssl.create_default_context(
+            cafile=str(tls.ca_file) if tls.ca_file is not None else None
+        )
+        if tls.cert_file is not None:
+            ctx.load_cert_chain(
+                str(tls.cert_file), str(tls.key_file) if tls.key_file is not None else None
+            )
+        if not tls.verify:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+
+    async def _run(self) -> None:
+        """Connect, publish, reconnect; returns only when stopping. Never raises."""
+        attempt = 0
+        while not self._stopping:
+            client: aiomqtt.Client | None = None
+            try:
+                client = self._client()
+                async with client:
+                    attempt = 0
+                    self._set_connected(True)
+                    log.info("mqtt_connected", host=self.config.host, port=self.config.port)
+                    await self._session(client)
+                    return  # _session returns only after a graceful stop
+            except (aiomqtt.MqttError, OSError, ssl.SSLError, ValueError) as exc:
+                error = str(exc) or type(exc).__name__
+            except Exception as exc:  # a publisher bug must not take the daemon down
+                error = f"{type(exc).__name__}: {exc}"
+                log.exception("mqtt_unexpected_error", error=error)
+            finally:
+                was_connected = self._connected
+                self._set_connected(False)
+                if client is not None:
+                    _close_socket(client)
+            if self._stopping:
+                return
+            delay = min(self._backoff_max, self._backoff_min * 2**attempt)
+            delay *= 0.5 + random.random() / 2  # noqa: S311 - jitter, not cryptography
+            attempt = min(attempt + 1, 32)
+            log.warning(
+                "mqtt_disconnected" if was_connected else "mqtt_connect_failed",
+                host=self.config.host, port=self.config.port, error=error,
+                retry_in=round(delay, 2),
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wait_stopping(), delay)
+
+    async def _wait_stopping(self) -> None:
+        while not self._stopping:
+            self._wake.clear()
+            await self._wake.wait()
+
+    async def _session(self, client: aiomqtt.Client) -> None:
+        watcher = asyncio.create_task(self._watch(client), name="mqtt-watch")
+        self._watcher = watcher
+        try:
+            await self._publish(client, [(self.topics.status, b"online", 1, True)])
+            # The broker may have restarted without persistence: resend every port's state,
+            # and clear ports we published that are gone now.
+            for key in self._sent:
+                self._sent[key] = None
+            self._state_dirty = self._state is not None or bool(self._sent)
+            await self._pump(client, watcher)
+            await self._shutdown(client)
+        finally:
+            self._watcher = None
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
+                await watcher
+
+    @staticmethod
+    async def _watch(client: aiomqtt.Client) -> None:
+        """Raise MqttError when the connection drops (we never subscribe, so no messages)."""
+        async for _ in client.messages:
+            pass
+        raise aiomqtt.MqttError("connection closed")
+
+    async def _pump(self, client: aiomqtt.Client, watcher: asyncio.Task[None]) -> None:
+        while True:
+            if watcher.done():
+                watcher.result()  # raises the disconnect
+            if self._queue:
+                await self._send_events(client)
+            elif self._state_dirty:
+                await self._send_state(client)
+            elif self._stopping:
+                return
+            else:
+                self._wake.clear()
+                waiter = asyncio.create_task(self._wake.wait())
+                try:
+                    await asyncio.wait({waiter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waiter.cancel()
+
+    async def _shutdown(self, client: aiomqtt.Client) -> None:
+        with contextlib.suppress(aiomqtt.MqttError, TimeoutError):
+            async with asyncio.timeout(min(2.0, self._flush_timeout)):
+                await self._publish(client, [(self.topics.status, b"offline", 1, True)])
+
+    async def _publish(
+        self, client: aiomqtt.Client, messages: Sequence[tuple[str, bytes, int, bool]]
+    ) -> int:
+        """Publish in order; return how many leading messages the broker accepted.
+
+        aiomqtt leaves a QoS 1 publish waiting for its PUBACK until its timeout even after the
+        connection dropped, so the wait also ends when the disconnect watcher fires. Raises the
+        first error after counting, so the caller requeues the rest.
+        """
+        tasks = [
+            asyncio.create_task(client.publish(t, p, qos=q, retain=r)) for t, p, q, r in messages
+        ]
+        watcher = self._watcher
+        try:
+            everything = asyncio.gather(*tasks, return_exceptions=True)
+            waits: set[asyncio.Future[Any]] = {everything}
+            if watcher is not None:
+                waits.add(watcher)
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+        ok = 0
+        for task in tasks:
+            if not task.done() or task.cancelled() or task.exception() is not None:
+                break
+            ok += 1
+        if ok:
+            self._metrics.published.inc(ok)
+        if ok < len(tasks):
+            for task in tasks[ok:]:
+                if task.done() and not task.cancelled() and (exc := task.exception()):
+                    raise exc
+            if watcher is not None and watcher.done():
+                watcher.result()
+            raise aiomqtt.MqttError("publish interrupted")
+        return ok
+
+    async def _send_events(self, client: aiomqtt.Client) -> None:
+        batch = [self._queue.popleft() for _ in range(min(BATCH, len(self._queue)))]
+        qos = self.config.qos
+        messages = [
+            (self.topics.event(e.type), e.model_dump_json().encode(), qos, False) for e in batch
+        ]
+        ok = 0
+        try:
+            ok = await self._publish(client, messages)
+        finally:
+            if ok < len(batch):  # not acknowledged: back to the front, in order
+                self._queue.extendleft(reversed(batch[ok:]))
+                overflow = len(self._queue) - self.config.queue_size
+                for _ in range(max(0, overflow)):
+                    self._queue.popleft()
+                    self._metrics.dropped.inc()
+
+    async def _send_state(self, client: aiomqtt.Client) -> None:
+        self._state_dirty = False
+        state = self._state
+        ports: Mapping[PortKey, PortView] = state.ports if state is not None else {}
+        now = time.time()
+        pending: list[tuple[PortKey, tuple[Any, ...] | None, tuple[str, bytes, int, bool]]] = []
+        for i, (key, view) in enumerate(ports.items()):
+            if i % STATE_CHUNK == STATE_CHUNK - 1:
+                await asyncio.sleep(0)
+            sig = _signature(view)
+            if key in self._sent and self._sent[key] == sig:
+                continue
+            topic = self.topics.port(key)
+            if topic is None:
+                if key not in self._bad_keys:
+                    self._bad_keys.add(key)
+                    log.warning("mqtt_port_skipped", reason="key is not a GUID and port number")
+                continue
+            payload = port_state_payload(view, fabric=self.fabric, changed=now)
+            pending.append((key, sig, (topic, payload, self.config.qos, True)))
+        for key in [k for k in self._sent if k not in ports]:
+            topic = self.topics.port(key)
+            if topic is not None:
+                pending.append((key, None, (topic, b"", self.config.qos, True)))
+        for start in range(0, len(pending), BATCH):
+            chunk = pending[start : start + BATCH]
+            ok = 0
+            try:
+                ok = await self._publish(client, [m for _, _, m in chunk])
+            finally:
+                for key, new_sig, _ in chunk[:ok]:
+                    if new_sig is None:
+                        self._sent.pop(key, None)
+                    else:
+                        self._sent[key] = new_sig
+                if ok < len(chunk):
+                    self._state_dirty = True
