@@ -1,0 +1,140 @@
+"""InfiniBand link width and speed: PortInfo code tables, rates, and the best common link.
+
+A link is degraded when it runs below the highest width or speed that *both* ends support *and*
+have enabled (DOMAIN.md section 3). rdma-core's iblinkinfo uses the supported masks only, which
+flags links an administrator limited on purpose (and every ibsim link); ibmon intersects the
+enabled masks too. Both fabric sources compute ``max_width``/``max_speed`` here.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+__all__ = [
+    "EXT_SPEED_BITS",
+    "LANE_EFFECTIVE_GBPS",
+    "LANE_SIGNAL_GBPS",
+    "SPEED_BITS",
+    "SPEED_ORDER",
+    "WIDTH_BITS",
+    "WIDTH_LANES",
+    "LinkCaps",
+    "active_speed",
+    "active_width",
+    "effective_rate_bps",
+    "enabled_speeds",
+    "enabled_widths",
+    "is_degraded",
+    "max_common",
+    "speed_names",
+    "width_names",
+]
+
+#: PortInfo LinkWidth{Active,Enabled,Supported} bits.
+WIDTH_BITS: dict[int, str] = {1: "1X", 2: "4X", 4: "8X", 8: "12X", 16: "2X"}
+WIDTH_LANES: dict[str, int] = {"1X": 1, "2X": 2, "4X": 4, "8X": 8, "12X": 12}
+#: PortInfo LinkSpeed{Active,Enabled,Supported} bits (the original speeds).
+SPEED_BITS: dict[int, str] = {1: "SDR", 2: "DDR", 4: "QDR"}
+#: PortInfo LinkSpeedExt{Active,Enabled,Supported} bits (IBA 1.3+; NDR since 1.5, XDR 1.7).
+EXT_SPEED_BITS: dict[int, str] = {1: "FDR", 2: "EDR", 4: "HDR", 8: "NDR", 16: "XDR"}
+#: Slowest to fastest. FDR10 is Mellanox-specific (vendor ExtendedPortInfo), never in PortInfo.
+SPEED_ORDER: tuple[str, ...] = ("SDR", "DDR", "QDR", "FDR10", "FDR", "EDR", "HDR", "NDR", "XDR")
+#: Per-lane signalling rate in Gb/s.
+LANE_SIGNAL_GBPS: dict[str, float] = {
+    "SDR": 2.5,
+    "DDR": 5.0,
+    "QDR": 10.0,
+    "FDR10": 10.3125,
+    "FDR": 14.0625,
+    "EDR": 25.78125,
+    "HDR": 53.125,
+    "NDR": 106.25,
+    "XDR": 212.5,
+}
+#: Per-lane data rate after line encoding (8b/10b up to QDR, 64b/66b after): 4X = 8..800 Gb/s.
+LANE_EFFECTIVE_GBPS: dict[str, float] = {
+    "SDR": 2.0,
+    "DDR": 4.0,
+    "QDR": 8.0,
+    "FDR10": 10.0,
+    "FDR": 13.625,
+    "EDR": 25.0,
+    "HDR": 50.0,
+    "NDR": 100.0,
+    "XDR": 200.0,
+}
+_SPEED_RANK = {s: i for i, s in enumerate(SPEED_ORDER)}
+
+
+class LinkCaps(Protocol):
+    """The PortInfo masks of one port (``ibmon.sources.parse.PortInfo`` has them)."""
+
+    @property
+    def width_supported(self) -> int: ...
+    @property
+    def width_enabled(self) -> int: ...
+    @property
+    def speed_supported(self) -> int: ...
+    @property
+    def speed_enabled(self) -> int: ...
+    @property
+    def speed_ext_supported(self) -> int: ...
+    @property
+    def speed_ext_enabled(self) -> int: ...
+
+
+def width_names(mask: int) -> list[str]:
+    """Width names in a mask, narrowest first."""
+    return sorted((n for b, n in WIDTH_BITS.items() if mask & b), key=WIDTH_LANES.__getitem__)
+
+
+def speed_names(mask: int, ext_mask: int = 0) -> list[str]:
+    """Speed names in the base and extended masks, slowest first."""
+    names = [n for b, n in SPEED_BITS.items() if mask & b]
+    names += [n for b, n in EXT_SPEED_BITS.items() if ext_mask & b]
+    return sorted(names, key=_SPEED_RANK.__getitem__)
+
+
+def active_width(code: int) -> str:
+    """LinkWidthActive -> "4X"; "" for 0 or an unknown code."""
+    return WIDTH_BITS.get(code, "")
+
+
+def active_speed(speed_active: int, speed_ext_active: int = 0) -> str:
+    """LinkSpeedActive/LinkSpeedExtActive -> "EDR"; an extended speed, when set, wins."""
+    if speed_ext_active:
+        return EXT_SPEED_BITS.get(speed_ext_active, "")
+    return SPEED_BITS.get(speed_active, "")
+
+
+def enabled_widths(p: LinkCaps) -> int:
+    return p.width_supported & p.width_enabled
+
+
+def enabled_speeds(p: LinkCaps) -> tuple[int, int]:
+    return p.speed_supported & p.speed_enabled, p.speed_ext_supported & p.speed_ext_enabled
+
+
+def max_common(a: LinkCaps, b: LinkCaps) -> tuple[str, str]:
+    """Highest width and speed that both ends support and have enabled ("" when none)."""
+    widths = width_names(enabled_widths(a) & enabled_widths(b))
+    sa, ea = enabled_speeds(a)
+    sb, eb = enabled_speeds(b)
+    speeds = speed_names(sa & sb, ea & eb)
+    return (widths[-1] if widths else "", speeds[-1] if speeds else "")
+
+
+def effective_rate_bps(width: str, speed: str) -> float | None:
+    """Data rate of a link in bits/s (4X EDR = 100e9); None when either part is unknown."""
+    lanes = WIDTH_LANES.get(width.upper())
+    lane = LANE_EFFECTIVE_GBPS.get(speed.upper())
+    if lanes is None or lane is None:
+        return None
+    return lanes * lane * 1e9
+
+
+def is_degraded(active_w: str, active_s: str, max_w: str, max_s: str) -> bool:
+    """True when the link runs narrower or slower than its best common setting."""
+    if active_w and max_w and WIDTH_LANES.get(active_w, 0) < WIDTH_LANES.get(max_w, 0):
+        return True
+    return bool(active_s and max_s and _SPEED_RANK.get(active_s, 0) < _SPEED_RANK.get(max_s, 0))

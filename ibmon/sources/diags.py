@@ -1,0 +1,436 @@
+"""The ``diags`` source: infiniband-diags subprocesses, the portable reference path.
+
+Topology comes from one ``ibnetdiscover -p --cache FILE`` run on the daemon's topology timer:
+the text gives the ports and links, the libibnetdisc cache gives every port's raw PortInfo
+(state, enabled/supported widths and speeds) for the max-common link rule. Counters come from
+``perfquery -x -l <lid> <ports>``, one process per LID (a switch and all its ports, or one CA
+port), plus ``perfquery -l`` when the port has no 64-bit error counters (CapMask2 bit 1).
+
+Every command goes through an injectable ``CommandRunner``. The default one runs argv lists
+(never a shell) in their own session, bounded by a semaphore, with a per-call timeout after
+which the whole process group is SIGKILLed and reaped; the group is swept even after a normal
+exit so no child survives (treydock/infiniband_exporter#38). A node that hangs or prints garbage
+costs that node's counters for that poll, reported as SourceErrors, never the sweep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from ibmon.model import PortIdentity, PortKey, Snapshot, SourceError, Topology
+from ibmon.sources.fabric import FabricPort, FabricView, NodeFilter, link_of, make_sample
+from ibmon.sources.parse import (
+    CPI_CAP2_ADDL_EXT,
+    PortCounterValues,
+    parse_ibnd_cache,
+    parse_ibnetdiscover_ports,
+    parse_node_name_map,
+    parse_perfquery,
+    parse_perfquery_blocks,
+)
+from ibmon.sources.shard import filter_topology, parse_shard
+
+if TYPE_CHECKING:
+    from ibmon.config import DiagsSourceConfig
+
+__all__ = [
+    "CommandResult",
+    "CommandRunner",
+    "DiagsSource",
+    "DiagsUnavailableError",
+    "SubprocessRunner",
+    "classify",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    """What one command did. ``rc`` is None when it was killed on timeout."""
+
+    rc: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    duration: float = 0.0
+
+
+class CommandRunner(Protocol):
+    async def run(self, argv: list[str], timeout: float) -> CommandResult: ...
+
+
+class DiagsUnavailableError(RuntimeError):
+    """The diags source cannot work at all (tool missing, no permission): the whole poll fails."""
+
+
+def _killpg(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+class SubprocessRunner:
+    """asyncio subprocesses: own session, bounded concurrency, process-group kill on timeout."""
+
+    def __init__(
+        self,
+        *,
+        concurrency: int = 4,
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self._sem = asyncio.Semaphore(max(1, concurrency))
+        self._env = dict(env) if env is not None else None
+        self._cwd = cwd
+
+    async def run(self, argv: list[str], timeout: float) -> CommandResult:
+        async with self._sem:
+            return await self._run(argv, timeout)
+
+    async def _run(self, argv: list[str], timeout: float) -> CommandResult:
+        start = time.monotonic()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+                env=self._env,
+                cwd=self._cwd,
+            )
+        except FileNotFoundError:
+            return CommandResult(127, "", f"{argv[0]}: command not found", False, 0.0)
+        except PermissionError as exc:
+            return CommandResult(126, "", f"{argv[0]}: {exc}", False, 0.0)
+        try:
+            async with asyncio.timeout(timeout):
+                out, err = await proc.communicate()
+        except TimeoutError:
+            _killpg(proc.pid)
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            return CommandResult(None, "", "", True, time.monotonic() - start)
+        except BaseException:
+            _killpg(proc.pid)
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(proc.wait())
+            raise
+        # A well-behaved tool leaves nothing behind; a misbehaving one must not either.
+        _killpg(proc.pid)
+        return CommandResult(
+            proc.returncode,
+            out.decode("utf-8", "replace"),
+            err.decode("utf-8", "replace"),
+            False,
+            time.monotonic() - start,
+        )
+
+
+_MAD_TIMEOUT_HINTS = ("timed out", "timeout", "_do_madrpc failed", "mad_rpc")
+_NO_LID_HINTS = (
+    "can't resolve",
+    "unable to resolve",
+    "invalid lid",
+    "no such",
+    "bad lid",
+    "can't find",
+    "not found in",
+)
+_PERM_HINTS = (
+    "permission denied",
+    "can't open umad",
+    "operation not permitted",
+    "can't open",
+    "eacces",
+)
+
+
+def classify(res: CommandResult) -> str | None:
+    """None when the command succeeded, else the ``reason`` of its SourceError.
+
+    timeout (we killed it), tool_missing, permission, crashed (killed by a signal), mad_timeout
+    (the tool gave up on a MAD), no_such_lid, failed (any other non-zero exit).
+    """
+    if res.timed_out:
+        return "timeout"
+    if res.rc == 0:
+        return None
+    if res.rc == 127:
+        return "tool_missing"
+    if res.rc is not None and res.rc < 0:
+        return "crashed"
+    err = res.stderr.lower()
+    if any(h in err for h in _PERM_HINTS):
+        return "permission"
+    if any(h in err for h in _MAD_TIMEOUT_HINTS):
+        return "mad_timeout"
+    if any(h in err for h in _NO_LID_HINTS):
+        return "no_such_lid"
+    if res.rc == 126:
+        return "permission"
+    return "failed"
+
+
+def _first_line(text: str) -> str:
+    for line in text.splitlines():
+        s = line.strip()
+        if s and "sim_connect" not in s:
+            return s[:200]
+    return ""
+
+
+@dataclass(slots=True)
+class _Group:
+    """Ports polled by one perfquery process: one LID, its port numbers."""
+
+    lid: int
+    keys: list[PortKey]
+
+
+class DiagsSource:
+    """Fabric-wide source over ibnetdiscover + perfquery (see module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        name: str = "diags",
+        runner: CommandRunner | None = None,
+        ca: str | None = None,
+        port: int | None = None,
+        timeout: float = 1.0,
+        retries: int = 2,
+        concurrency: int = 8,
+        include: Sequence[str] = (),
+        exclude: Sequence[str] = (),
+        shard: str | None = None,
+        node_name_map: str | os.PathLike[str] | None = None,
+        discover_timeout: float = 300.0,
+        ibnetdiscover: str = "ibnetdiscover",
+        perfquery: str = "perfquery",
+        command_timeout: float | None = None,
+    ) -> None:
+        self.name = name
+        self._runner: CommandRunner = runner or SubprocessRunner(concurrency=concurrency)
+        self._ca_args = (["-C", ca] if ca else []) + (["-P", str(port)] if port else [])
+        self._timeout = timeout
+        self._retries = retries
+        self._filter = NodeFilter(include, exclude)
+        self._shard = parse_shard(shard) if shard else None
+        self._names: dict[str, str] = {}
+        if node_name_map is not None:
+            self._names, _bad = parse_node_name_map(
+                Path(node_name_map).read_text(encoding="utf-8", errors="replace")
+            )
+        self._discover_timeout = discover_timeout
+        self._ibnetdiscover = ibnetdiscover
+        self._perfquery = perfquery
+        self._command_timeout = command_timeout
+        self._tmp = Path(tempfile.mkdtemp(prefix="ibmon-diags-"))
+        self._view: FabricView | None = None
+        self._groups: list[_Group] = []
+        self._need_narrow: dict[int, bool] = {}
+        self.last_discover_errors: list[SourceError] = []
+
+    @classmethod
+    def from_config(cls, cfg: DiagsSourceConfig) -> DiagsSource:
+        return cls(
+            name=cfg.label,
+            ca=cfg.ca,
+            port=cfg.port,
+            timeout=cfg.timeout,
+            retries=cfg.retries,
+            concurrency=cfg.concurrency,
+            include=cfg.include,
+            exclude=cfg.exclude,
+            shard=cfg.shard,
+        )
+
+    # ----------------------------------------------------------------- per-command timeout
+
+    @property
+    def command_timeout(self) -> float:
+        """Wall-clock budget of one perfquery: every MAD may time out and be retried."""
+        if self._command_timeout is not None:
+            return self._command_timeout
+        return max(2.0, self._timeout * (self._retries + 1) * 4 + 1.0)
+
+    # ----------------------------------------------------------------- discovery
+
+    async def discover(self) -> Topology:
+        cache = self._tmp / "fabric.cache"
+        with contextlib.suppress(FileNotFoundError):
+            cache.unlink()
+        argv = [
+            self._ibnetdiscover,
+            *self._ca_args,
+            "-t",
+            str(int(self._timeout * 1000)),
+            "-p",
+            "--cache",
+            str(cache),
+        ]
+        res = await self._runner.run(argv, self._discover_timeout)
+        reason = classify(res)
+        errors: list[SourceError] = []
+        if reason in ("tool_missing", "permission"):
+            raise DiagsUnavailableError(f"ibnetdiscover: {reason}: {_first_line(res.stderr)}")
+        ports, stray = parse_ibnetdiscover_ports(res.stdout)
+        if not ports:
+            raise DiagsUnavailableError(
+                f"ibnetdiscover found no ports ({reason or 'empty'}: {_first_line(res.stderr)})"
+            )
+        if reason is not None:
+            errors.append(SourceError(reason, f"ibnetdiscover: {_first_line(res.stderr)}"))
+        for line in stray:
+            if "sim_connect" not in line:
+                errors.append(SourceError("parse_error", f"ibnetdiscover: {line[:200]}"))
+        fab = None
+        try:
+            fab = parse_ibnd_cache(cache.read_bytes())
+        except (OSError, ValueError) as exc:
+            errors.append(SourceError("cache_unreadable", f"ibnetdiscover cache: {exc}"))
+        if fab is not None:
+            # -p prints CA *port* GUIDs; the cache knows which node owns each port.
+            own = fab.owner
+            ports = [
+                replace(
+                    p,
+                    guid=own.get(p.guid, p.guid),
+                    remote_guid=own.get(p.remote_guid, p.remote_guid) if p.remote_guid else None,
+                )
+                for p in ports
+            ]
+        view = FabricView(source=self.name)
+        for p in ports:
+            if not self._filter.keep(p.guid, p.desc):
+                continue
+            key = (p.guid, str(p.port))
+            ident = PortIdentity(
+                guid=p.guid,
+                port=str(p.port),
+                node_desc=self._names.get(p.guid, p.desc),
+                node_type=p.node_type,
+                lid=p.lid,
+                source=self.name,
+            )
+            fp = FabricPort(identity=ident, lid=p.lid, active_width=p.width, active_speed=p.speed)
+            if p.remote_guid is not None and p.remote_port is not None:
+                fp.remote = (p.remote_guid, p.remote_port)
+            view.ports[key] = fp
+            if fab is not None:
+                info = fab.ports.get((p.guid, p.port))
+                if info is not None:
+                    view.apply_port_info(key, info)
+        remote_desc = {
+            p.remote_guid: self._names.get(p.remote_guid, p.remote_desc or "")
+            for p in ports
+            if p.remote_guid is not None
+        }
+        for fp in view.ports.values():
+            if fp.remote is not None and fp.remote[0] not in {k[0] for k in view.ports}:
+                # peer filtered out: keep its description from the text for the link label
+                fp.link = link_of(
+                    fp, (fp.remote[0], str(fp.remote[1])), remote_desc.get(fp.remote[0], ""), "", ""
+                )
+        view.finish_links()
+        if self._shard is not None:
+            keep = filter_topology(view.topology(), *self._shard).ports
+            view.ports = {k: v for k, v in view.ports.items() if k in keep}
+        self._view = view
+        self._groups = self._plan(view)
+        self.last_discover_errors = errors
+        return view.topology()
+
+    @staticmethod
+    def _plan(view: FabricView) -> list[_Group]:
+        by_lid: dict[int, list[PortKey]] = {}
+        for key, fp in view.ports.items():
+            if fp.lid:
+                by_lid.setdefault(fp.lid, []).append(key)
+        return [
+            _Group(lid, sorted(keys, key=lambda k: int(k[1])))
+            for lid, keys in sorted(by_lid.items())
+        ]
+
+    # ----------------------------------------------------------------- counters
+
+    async def sample(self) -> Snapshot:
+        if self._view is None:
+            await self.discover()
+        view = self._view
+        assert view is not None
+        snap = Snapshot(source=self.name, monotonic=time.monotonic(), wall=time.time())
+        snap.errors.extend(self.last_discover_errors)
+        self.last_discover_errors = []
+        results = await asyncio.gather(*(self._poll_group(g) for g in self._groups))
+        for group, (values, errors) in zip(self._groups, results, strict=True):
+            snap.errors.extend(errors)
+            for key in group.keys:
+                port_values = values.get(int(key[1]))
+                if port_values is None:
+                    continue
+                snap.ports[key] = make_sample(view.ports[key], port_values)
+        # Ports without a LID (down CA ports) still exist: report their state, no counters.
+        for key, fp in view.ports.items():
+            if not fp.lid and key not in snap.ports:
+                snap.ports[key] = make_sample(fp, None)
+        return snap
+
+    async def _bounded(self, argv: list[str]) -> CommandResult:
+        """Run one command; a runner that never returns still costs only this command."""
+        try:
+            async with asyncio.timeout(self.command_timeout + 1.0):
+                return await self._runner.run(argv, self.command_timeout)
+        except TimeoutError:
+            return CommandResult(None, "", "", True, self.command_timeout + 1.0)
+
+    async def _poll_group(
+        self, g: _Group
+    ) -> tuple[dict[int, PortCounterValues], list[SourceError]]:
+        ports = ",".join(k[1] for k in g.keys)
+        base = [self._perfquery, *self._ca_args, "-t", str(int(self._timeout * 1000))]
+        need_narrow = self._need_narrow.get(g.lid, True)
+        cmds = [[*base, "-x", "-l", str(g.lid), ports]]
+        if need_narrow:
+            cmds.append([*base, "-l", str(g.lid), ports])
+        results = await asyncio.gather(*(self._bounded(c) for c in cmds))
+        errors: list[SourceError] = []
+        text = []
+        for argv, res in zip(cmds, results, strict=True):
+            reason = classify(res)
+            if reason in ("tool_missing", "permission"):
+                raise DiagsUnavailableError(f"perfquery: {reason}: {_first_line(res.stderr)}")
+            if reason is not None:
+                detail = f"lid {g.lid}: {' '.join(argv[-3:])}: {_first_line(res.stderr)}"
+                errors.extend(SourceError(reason, detail, key) for key in g.keys)
+                return {}, errors
+            text.append(res.stdout)
+        joined = "\n".join(text)
+        values, stray = parse_perfquery(joined)
+        wanted = {int(k[1]) for k in g.keys}
+        if not wanted <= set(values) or stray:
+            detail = f"lid {g.lid}: unexpected perfquery output ({len(stray)} stray lines)"
+            missing = [k for k in g.keys if int(k[1]) not in values]
+            errors.extend(SourceError("parse_error", detail, k) for k in (missing or g.keys[:1]))
+            values = {p: v for p, v in values.items() if p in wanted}
+        # Learn whether the 64-bit error copies exist, so later polls skip the narrow query.
+        blocks, _ = parse_perfquery_blocks(text[0])
+        caps2 = [b.cap_mask2 for b in blocks if b.kind == "extended" and b.cap_mask2 is not None]
+        if caps2 and len(blocks) >= len(wanted):
+            self._need_narrow[g.lid] = not all(c & CPI_CAP2_ADDL_EXT for c in caps2)
+        return values, errors
+
+    async def close(self) -> None:
+        shutil.rmtree(self._tmp, ignore_errors=True)

@@ -1,0 +1,431 @@
+"""The ``mad`` source: in-process MADs through rdma-core's libibmad (ctypes, no extension).
+
+Topology is a directed-route SMP sweep from the local port, breadth first, one batch of MADs
+per hop level: NodeInfo for every neighbour, then NodeDescription and PortInfo (every switch
+port, the CA ports we arrived on) for every new node. Counters are LID-routed PMA Gets:
+ClassPortInfo once per LID per topology refresh (its CapMask/CapMask2 say which fields are
+valid), then PortCountersExtended and, when the 64-bit error copies are missing, PortCounters
+for every port. The same decoding and the same rules as the ``diags`` source (``parse`` and
+``fabric`` modules) make both report identical topologies and snapshots.
+
+MADs run on worker threads (one ``MadEngine`` = one umad port each, ``mad_ports`` of them),
+bridged to asyncio with ``run_in_executor``; each engine keeps ``window`` MADs in flight. A MAD
+that is not answered within ``timeout`` is retried ``retries`` times and then reported as a
+SourceError with reason "timeout" for that port only: a dead switch costs its own ports one
+timeout, never the sweep.
+
+Note on simulation: umad2sim (ibsim's LD_PRELOAD shim) routes responses by management class to
+one file descriptor per process, so under ibsim only ``mad_ports = 1`` works; the window gives
+the concurrency there. Real hardware (the kernel's umad) has no such limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ibmon.model import PortIdentity, PortKey, Snapshot, SourceError, Topology
+from ibmon.sources.fabric import FabricPort, FabricView, NodeFilter, make_sample
+from ibmon.sources.libibmad import (
+    ATTR_CLASS_PORT_INFO,
+    ATTR_NODE_DESC,
+    ATTR_NODE_INFO,
+    ATTR_PORT_COUNTERS,
+    ATTR_PORT_COUNTERS_EXT,
+    ATTR_PORT_INFO,
+    CLASS_PMA,
+    CLASS_SMI,
+    MadEngine,
+    MadError,
+    MadRequest,
+    MadResult,
+)
+from ibmon.sources.parse import (
+    CPI_CAP2_ADDL_EXT,
+    CPI_CAP_EXT_WIDTH,
+    CPI_CAP_EXT_WIDTH_NOIETF,
+    ClassPortInfo,
+    NodeInfo,
+    PortInfo,
+    decode_class_port_info,
+    decode_node_desc,
+    decode_node_info,
+    decode_port_counters,
+    decode_port_counters_ext,
+    decode_port_info,
+    merge_counters,
+    parse_node_name_map,
+)
+from ibmon.sources.shard import filter_topology, parse_shard
+
+if TYPE_CHECKING:
+    from ibmon.config import MadSourceConfig
+
+__all__ = ["MadSource", "SweepResult"]
+
+_MAX_HOPS = 63
+
+
+@dataclass(slots=True)
+class _Node:
+    info: NodeInfo
+    path: tuple[int, ...]
+    desc: str = ""
+    ports: dict[int, PortInfo] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class SweepResult:
+    """Raw result of a DR sweep: nodes by GUID, links by (guid, port) both ways, failures."""
+
+    nodes: dict[str, _Node] = field(default_factory=dict)
+    links: dict[tuple[str, int], tuple[str, int]] = field(default_factory=dict)
+    errors: list[SourceError] = field(default_factory=list)
+    mads: int = 0
+
+
+class MadSource:
+    """Fabric-wide source over in-process MADs (see module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        name: str = "mad",
+        ca: str | None = None,
+        port: int | None = None,
+        timeout: float = 1.0,
+        retries: int = 2,
+        window: int = 64,
+        mad_ports: int = 1,
+        include: Sequence[str] = (),
+        exclude: Sequence[str] = (),
+        shard: str | None = None,
+        node_name_map: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.name = name
+        self._ca = ca
+        self._port = port or 0
+        self._timeout = timeout
+        self._retries = retries
+        self._window = window
+        self._n_ports = max(1, mad_ports)
+        self._filter = NodeFilter(include, exclude)
+        self._shard = parse_shard(shard) if shard else None
+        self._names: dict[str, str] = {}
+        if node_name_map is not None:
+            with open(node_name_map, encoding="utf-8", errors="replace") as fh:
+                self._names, _bad = parse_node_name_map(fh.read())
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=self._n_ports, thread_name_prefix="ibmon-mad"
+        )
+        self._engines: list[MadEngine] = []
+        self._engine_ids = itertools.count()
+        self._view: FabricView | None = None
+        self._cpi: dict[int, ClassPortInfo] = {}
+        self._discover_errors: list[SourceError] = []
+        self.last_sweep_mads = 0
+
+    @classmethod
+    def from_config(cls, cfg: MadSourceConfig) -> MadSource:
+        return cls(
+            name=cfg.label,
+            ca=cfg.ca,
+            port=cfg.port,
+            timeout=cfg.timeout,
+            retries=cfg.retries,
+            window=max(8, cfg.concurrency),
+            include=cfg.include,
+            exclude=cfg.exclude,
+            shard=cfg.shard,
+        )
+
+    # ------------------------------------------------------------------ MAD plumbing
+
+    def _open_engines(self) -> None:
+        if not self._engines:
+            self._engines = [
+                MadEngine(
+                    ca=self._ca,
+                    port=self._port,
+                    timeout=self._timeout,
+                    retries=self._retries,
+                    window=self._window,
+                )
+                for _ in range(self._n_ports)
+            ]
+
+    def _run_sync(self, reqs: Sequence[MadRequest]) -> list[MadResult]:
+        """Blocking: split ``reqs`` over the engines (each used by one thread at a time)."""
+        self._open_engines()
+        if len(self._engines) == 1 or len(reqs) < 64:
+            return self._engines[0].run(reqs)
+        n = len(self._engines)
+        chunks = [list(reqs[i::n]) for i in range(n)]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=n) as pool:
+            parts = list(
+                pool.map(lambda ec: ec[0].run(ec[1]), zip(self._engines, chunks, strict=True))
+            )
+        out: list[MadResult] = [MadResult(None, "timeout")] * len(reqs)
+        for i, part in enumerate(parts):
+            out[i::n] = part
+        return out
+
+    async def _in_thread(self, fn: object, *args: object) -> object:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, fn, *args)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ discovery
+
+    def sweep_sync(self) -> SweepResult:
+        """The directed-route sweep (blocking; runs on the MAD thread)."""
+        res = SweepResult()
+        first = self._run_sync([MadRequest(CLASS_SMI, ATTR_NODE_INFO, path=())])[0]
+        res.mads += 1
+        if first.data is None:
+            raise MadError(f"local NodeInfo failed: {first.error}")
+        local = decode_node_info(first.data)
+        new: list[tuple[NodeInfo, tuple[int, ...], int]] = [(local, (), local.local_port)]
+        while new:
+            # 1. NodeDescription + PortInfo for new nodes / newly reached CA ports
+            reqs: list[MadRequest] = []
+            targets: list[tuple[str, int | None]] = []
+            for info, path, entry in new:
+                node = res.nodes.get(info.node_guid)
+                if node is None:
+                    node = res.nodes[info.node_guid] = _Node(info=info, path=path)
+                    reqs.append(MadRequest(CLASS_SMI, ATTR_NODE_DESC, path=path))
+                    targets.append((info.node_guid, None))
+                    ports: list[int] = (
+                        list(range(info.num_ports + 1)) if info.node_type == "switch" else [entry]
+                    )
+                else:
+                    ports = [entry] if entry not in node.ports else []
+                for p in ports:
+                    reqs.append(MadRequest(CLASS_SMI, ATTR_PORT_INFO, attr_mod=p, path=path))
+                    targets.append((info.node_guid, p))
+            results = self._run_sync(reqs)
+            res.mads += len(reqs)
+            for (guid, pnum), r in zip(targets, results, strict=True):
+                node = res.nodes[guid]
+                if r.data is None:
+                    what = "NodeDescription" if pnum is None else f"PortInfo port {pnum}"
+                    res.errors.append(SourceError(r.error or "timeout", f"{guid}: {what}"))
+                elif pnum is None:
+                    node.desc = decode_node_desc(r.data)
+                else:
+                    node.ports[pnum] = decode_port_info(r.data)
+            # 2. NodeInfo through every live port of the new switches (and the local CA port)
+            reqs, hops = [], []
+            for info, path, entry in new:
+                node = res.nodes[info.node_guid]
+                if info.node_type == "switch":
+                    outs = [p for p in range(1, info.num_ports + 1) if p != entry or not path]
+                elif not path:
+                    outs = [entry]
+                else:
+                    continue
+                if len(path) >= _MAX_HOPS:
+                    continue
+                for p in outs:
+                    pi = node.ports.get(p)
+                    if pi is None or pi.phys_state != 5 or pi.state < 2:
+                        continue
+                    if (info.node_guid, p) in res.links:
+                        continue
+                    reqs.append(MadRequest(CLASS_SMI, ATTR_NODE_INFO, path=(*path, p)))
+                    hops.append((info.node_guid, p, (*path, p)))
+            results = self._run_sync(reqs)
+            res.mads += len(reqs)
+            new = []
+            for (guid, p, path), r in zip(hops, results, strict=True):
+                if r.data is None:
+                    res.errors.append(
+                        SourceError(r.error or "timeout", f"{guid} port {p}: NodeInfo of the peer")
+                    )
+                    continue
+                peer = decode_node_info(r.data)
+                res.links[(guid, p)] = (peer.node_guid, peer.local_port)
+                res.links[(peer.node_guid, peer.local_port)] = (guid, p)
+                known = res.nodes.get(peer.node_guid)
+                unseen = known is None or (
+                    peer.node_type != "switch" and peer.local_port not in known.ports
+                )
+                if unseen and all(
+                    n[0].node_guid != peer.node_guid or n[2] != peer.local_port for n in new
+                ):
+                    new.append((peer, path, peer.local_port))
+        return res
+
+    def _view_from(self, sweep: SweepResult) -> FabricView:
+        view = FabricView(source=self.name)
+        for guid, node in sweep.nodes.items():
+            desc = self._names.get(guid, node.desc)
+            if not self._filter.keep(guid, node.desc):
+                continue
+            is_switch = node.info.node_type == "switch"
+            if is_switch:
+                port0 = node.ports.get(0)
+                lid: int | None = port0.lid if port0 is not None else None
+                numbers: list[int] = list(range(1, node.info.num_ports + 1))
+            else:
+                lid = None
+                numbers = sorted(p for p in node.ports if p > 0)
+            for p in numbers:
+                pi = node.ports.get(p)
+                if pi is None:
+                    continue
+                plid = lid if is_switch else pi.lid
+                key = (guid, str(p))
+                ident = PortIdentity(
+                    guid=guid,
+                    port=str(p),
+                    node_desc=desc,
+                    node_type=node.info.node_type
+                    if node.info.node_type in ("ca", "switch", "router")
+                    else "ca",
+                    lid=plid,
+                    source=self.name,
+                )
+                view.ports[key] = FabricPort(identity=ident, lid=plid)
+                view.apply_port_info(key, pi)
+                view.ports[key].remote = sweep.links.get((guid, p))
+        # links to nodes outside the filter keep the peer's description
+        for fp in view.ports.values():
+            if fp.remote is not None and (fp.remote[0], str(fp.remote[1])) not in view.ports:
+                peer = sweep.nodes.get(fp.remote[0])
+                if peer is not None:
+                    from ibmon.sources.fabric import link_of
+
+                    fp.link = link_of(
+                        fp,
+                        (fp.remote[0], str(fp.remote[1])),
+                        self._names.get(fp.remote[0], peer.desc),
+                        "",
+                        "",
+                    )
+        view.finish_links()
+        return view
+
+    async def discover(self) -> Topology:
+        sweep = await self._in_thread(self.sweep_sync)
+        assert isinstance(sweep, SweepResult)
+        view = self._view_from(sweep)
+        if self._shard is not None:
+            keep = filter_topology(view.topology(), *self._shard).ports
+            view.ports = {k: v for k, v in view.ports.items() if k in keep}
+        self._view = view
+        self._cpi = {}
+        self._discover_errors = sweep.errors
+        self.last_sweep_mads = sweep.mads
+        return view.topology()
+
+    # ------------------------------------------------------------------ counters
+
+    def _counters_sync(
+        self, view: FabricView
+    ) -> tuple[dict[PortKey, object], list[SourceError], int]:
+        errors: list[SourceError] = []
+        by_lid: dict[int, list[PortKey]] = {}
+        for key, fp in view.ports.items():
+            if fp.lid:
+                by_lid.setdefault(fp.lid, []).append(key)
+        mads = 0
+        missing = [lid for lid in by_lid if lid not in self._cpi]
+        if missing:
+            results = self._run_sync(
+                [MadRequest(CLASS_PMA, ATTR_CLASS_PORT_INFO, lid=lid) for lid in missing]
+            )
+            mads += len(missing)
+            for lid, r in zip(missing, results, strict=True):
+                if r.data is not None:
+                    self._cpi[lid] = decode_class_port_info(r.data)
+                else:
+                    errors.extend(
+                        SourceError(r.error or "timeout", f"lid {lid}: ClassPortInfo", key)
+                        for key in by_lid[lid]
+                    )
+        reqs: list[MadRequest] = []
+        plan: list[tuple[PortKey, str]] = []
+        for lid, keys in by_lid.items():
+            cpi = self._cpi.get(lid)
+            if cpi is None:
+                continue
+            ext = bool(cpi.cap_mask & (CPI_CAP_EXT_WIDTH | CPI_CAP_EXT_WIDTH_NOIETF))
+            narrow = not cpi.cap_mask2 & CPI_CAP2_ADDL_EXT
+            for key in keys:
+                sel = int(key[1])
+                if ext:
+                    reqs.append(
+                        MadRequest(CLASS_PMA, ATTR_PORT_COUNTERS_EXT, lid=lid, port_select=sel)
+                    )
+                    plan.append((key, "ext"))
+                if narrow or not ext:
+                    reqs.append(MadRequest(CLASS_PMA, ATTR_PORT_COUNTERS, lid=lid, port_select=sel))
+                    plan.append((key, "narrow"))
+        results = self._run_sync(reqs)
+        mads += len(reqs)
+        raw: dict[PortKey, dict[str, bytes]] = {}
+        failed: dict[PortKey, str] = {}
+        for (key, kind), r in zip(plan, results, strict=True):
+            if r.data is None:
+                failed.setdefault(key, r.error or "timeout")
+            else:
+                raw.setdefault(key, {})[kind] = r.data
+        out: dict[PortKey, object] = {}
+        for key, reason in failed.items():
+            errors.append(SourceError(reason, f"{key[0]} port {key[1]}: PMA", key))
+        for key, parts in raw.items():
+            if key in failed:
+                continue
+            plid = view.ports[key].lid
+            assert plid is not None
+            cpi = self._cpi[plid]
+            narrow_vals = (
+                decode_port_counters(parts["narrow"], cpi.cap_mask) if "narrow" in parts else None
+            )
+            ext_vals = (
+                decode_port_counters_ext(parts["ext"], cpi.cap_mask, cpi.cap_mask2)
+                if "ext" in parts
+                else None
+            )
+            out[key] = merge_counters(narrow_vals, ext_vals, cpi.cap_mask)
+        return out, errors, mads
+
+    async def sample(self) -> Snapshot:
+        if self._view is None:
+            await self.discover()
+        view = self._view
+        assert view is not None
+        snap = Snapshot(source=self.name, monotonic=time.monotonic(), wall=time.time())
+        snap.errors.extend(self._discover_errors)
+        self._discover_errors = []
+        got = await self._in_thread(self._counters_sync, view)
+        assert isinstance(got, tuple)
+        values: dict[PortKey, object] = got[0]
+        errors: list[SourceError] = got[1]
+        mads: int = got[2]
+        self.last_sweep_mads = mads
+        snap.errors.extend(errors)
+        for key, fp in view.ports.items():
+            if key in values:
+                snap.ports[key] = make_sample(fp, values[key])  # type: ignore[arg-type]
+            elif not fp.lid:
+                snap.ports[key] = make_sample(fp, None)
+        return snap
+
+    async def close(self) -> None:
+        engines, self._engines = self._engines, []
+
+        def _close() -> None:
+            for e in engines:
+                e.close()
+
+        if engines:
+            await self._in_thread(_close)
+        self._executor.shutdown(wait=False)

@@ -1,0 +1,187 @@
+"""DiagsSource with a fake runner (hung, garbage, crashing nodes) and the real runner's kills."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ibmon.sources.diags import (
+    CommandResult,
+    DiagsSource,
+    DiagsUnavailableError,
+    SubprocessRunner,
+    classify,
+)
+
+TOPO = """\
+SW     1  1 0x0000000000200000 4x EDR - CA     2  1 0x0000000000100001 ( 'sw' - 'h1' )
+SW     1  2 0x0000000000200000 4x EDR - CA     3  1 0x0000000000100002 ( 'sw' - 'h2' )
+SW     1  3 0x0000000000200000 4x EDR - CA     4  1 0x0000000000100003 ( 'sw' - 'h3' )
+CA     2  1 0x0000000000100001 4x EDR - SW     1  1 0x0000000000200000 ( 'h1' - 'sw' )
+CA     3  1 0x0000000000100002 4x EDR - SW     1  2 0x0000000000200000 ( 'h2' - 'sw' )
+CA     4  1 0x0000000000100003 4x EDR - SW     1  3 0x0000000000200000 ( 'h3' - 'sw' )
+"""
+
+
+def _block(lid: int, port: int, value: int) -> str:
+    return (
+        f"# Port extended counters: Lid {lid} port {port} (CapMask: 0x1300 CapMask2: 0x0000002)\n"
+        f"PortSelect:......................{port}\nPortXmitData:....................{value}\n"
+        "PortRcvData:.....................1\nPortXmitPkts:....................2\n"
+        "PortRcvPkts:.....................3\nPortUnicastXmitPkts:.............4\n"
+        "PortUnicastRcvPkts:..............5\nPortMulticastXmitPkts:...........6\n"
+        "PortMulticastRcvPkts:............7\nCounterSelect2:..................0x00000000\n"
+        "SymbolErrorCounter:..............9\n"
+    )
+
+
+class FakeRunner:
+    """Answers like the tools would; lid 3 hangs forever, lid 4 prints garbage."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    async def run(self, argv: list[str], timeout: float) -> CommandResult:
+        self.calls.append(argv)
+        if "ibnetdiscover" in argv[0]:
+            return CommandResult(0, TOPO, "ibwarn: noise\n")
+        lid = int(argv[argv.index("-l") + 1])
+        ports = [int(p) for p in argv[-1].split(",")]
+        if lid == 3:
+            await asyncio.sleep(3600)  # a perfquery that never returns
+        if lid == 4:
+            return CommandResult(0, "\x00\x01garbage ### \n", "")
+        return CommandResult(0, "".join(_block(lid, p, 1000 * lid + p) for p in ports), "")
+
+
+async def test_hung_and_garbage_nodes_cost_only_their_ports() -> None:
+    runner = FakeRunner()
+    src = DiagsSource(runner=runner, command_timeout=0.3)
+    try:
+        topo = await src.discover()
+        assert len(topo.ports) == 6
+        t0 = time.monotonic()
+        snap = await src.sample()
+        elapsed = time.monotonic() - t0
+    finally:
+        await src.close()
+    assert elapsed < 3.0  # bounded by the command timeout, not by the hung node
+    got = set(snap.ports)
+    assert ("0x0000000000200000", "1") in got and ("0x0000000000100001", "1") in got
+    assert ("0x0000000000100002", "1") not in got  # lid 3 hung
+    assert ("0x0000000000100003", "1") not in got  # lid 4 garbage
+    reasons = {(e.reason, e.key) for e in snap.errors}
+    assert ("timeout", ("0x0000000000100002", "1")) in reasons
+    assert ("parse_error", ("0x0000000000100003", "1")) in reasons
+    sw = snap.ports[("0x0000000000200000", "2")]
+    assert sw.counters["transmit_data"] == 1002 and "transmit_data" in sw.wide
+    assert sw.counters["symbol_errors"] == 9 and "symbol_errors" in sw.wide
+    # one process per LID (switch: all its ports at once), not per port
+    pq = [c for c in runner.calls if "perfquery" in c[0]]
+    assert any(c[-1] == "1,2,3" for c in pq)
+
+
+async def test_capmask2_learned_skips_narrow_query() -> None:
+    runner = FakeRunner()
+    src = DiagsSource(runner=runner, command_timeout=0.3)
+    try:
+        await src.discover()
+        await src.sample()
+        first = len([c for c in runner.calls if "perfquery" in c[0] and "-x" not in c])
+        runner.calls.clear()
+        await src.sample()
+        second = len([c for c in runner.calls if "perfquery" in c[0] and "-x" not in c])
+    finally:
+        await src.close()
+    assert first == 4 and second == 2  # only the hung and the garbage lid still need both
+
+
+def test_classify() -> None:
+    assert classify(CommandResult(0, "", "")) is None
+    assert classify(CommandResult(None, "", "", True)) == "timeout"
+    assert classify(CommandResult(127, "", "")) == "tool_missing"
+    assert classify(CommandResult(-11, "", "")) == "crashed"
+    assert (
+        classify(
+            CommandResult(
+                1,
+                "",
+                "ibwarn: [1] mad_rpc: _do_madrpc failed; dport (Lid 9)"
+                "\nperfquery: iberror: failed: classportinfo query",
+            )
+        )
+        == "mad_timeout"
+    )
+    assert classify(CommandResult(1, "", "ibwarn: can't open UMAD port (ibsim0:1)")) == "permission"
+    assert classify(CommandResult(2, "", "something else")) == "failed"
+
+
+async def test_missing_tool_fails_the_source() -> None:
+    src = DiagsSource(runner=SubprocessRunner(), ibnetdiscover="/nonexistent/ibnetdiscover")
+    try:
+        with pytest.raises(DiagsUnavailableError, match="tool_missing"):
+            await src.discover()
+    finally:
+        await src.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purpose
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+async def test_real_runner_kills_whole_group_on_timeout(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    script = (
+        f"import subprocess, sys, time\n"
+        f"c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)'])\n"
+        f"open({str(pidfile)!r}, 'w').write(str(c.pid))\n"
+        f"time.sleep(3600)\n"
+    )
+    runner = SubprocessRunner(concurrency=2)
+    t0 = time.monotonic()
+    res = await runner.run([sys.executable, "-c", script], timeout=1.5)
+    assert res.timed_out and res.rc is None and classify(res) == "timeout"
+    assert time.monotonic() - t0 < 5
+    child = int(pidfile.read_text())
+    for _ in range(50):
+        if not _alive(child):
+            break
+        await asyncio.sleep(0.05)
+    assert not _alive(child), "grandchild survived the timeout"
+
+
+async def test_real_runner_sweeps_children_left_by_a_tool_that_exits(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    script = (
+        f"import subprocess, sys\n"
+        f"c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)'],"
+        f" stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        f"open({str(pidfile)!r}, 'w').write(str(c.pid))\nprint('done')\n"
+    )
+    res = await SubprocessRunner().run([sys.executable, "-c", script], timeout=10)
+    assert res.rc == 0 and res.stdout.strip() == "done"
+    child = int(pidfile.read_text())
+    for _ in range(50):
+        if not _alive(child):
+            break
+        await asyncio.sleep(0.05)
+    assert not _alive(child)
+
+
+async def test_real_runner_reports_a_crash() -> None:
+    res = await SubprocessRunner().run(
+        [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"], 10
+    )
+    assert classify(res) == "crashed"

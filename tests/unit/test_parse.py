@@ -1,0 +1,536 @@
+"""Parsers on real captures, hostile input, and the binary decoders against libibmad itself."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import random
+import struct
+from pathlib import Path
+
+import pytest
+
+from ibmon.linkspeed import effective_rate_bps, is_degraded, max_common
+from ibmon.model import Topology
+from ibmon.sources.parse import (
+    PortInfo,
+    clean_node_desc,
+    decode_class_port_info,
+    decode_node_info,
+    decode_port_counters,
+    decode_port_counters_ext,
+    decode_port_info,
+    parse_ibnd_cache,
+    parse_ibnetdiscover,
+    parse_ibnetdiscover_ports,
+    parse_node_name_map,
+    parse_perfquery,
+    parse_topology_file,
+    topology_from_ports,
+)
+from ibmon.sources.shard import assign_nodes, filter_topology, parse_shard
+from mocks.topology import fat_tree
+
+FIXTURES = Path(__file__).resolve().parents[2] / ".." / "shared" / "real-fixtures"
+IBX = FIXTURES / "infiniband_exporter" / "collectors" / "fixtures"
+TOPO = FIXTURES / "ibtopotool" / "tests"
+
+
+def _need(path: Path) -> Path:
+    if not path.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"real captures missing: {path}")
+        pytest.skip(f"real captures not present: {path}")
+    return path
+
+
+# ------------------------------------------------------------------ perfquery, real captures
+
+
+def test_perfquery_switch_two_ports_capmask2() -> None:
+    text = (_need(IBX) / "perfquery" / "0x7cfe9003009ce5b0.out").read_text()
+    ports, stray = parse_perfquery(text)
+    assert stray == []
+    assert sorted(ports) == [1, 2]
+    p1, p2 = ports[1], ports[2]
+    assert p1.counters["transmit_data"] == 36298026860928
+    assert p1.counters["receive_data"] == 12279028775751
+    assert p1.counters["multicast_receive_packets"] == 5584846741
+    assert p1.counters["transmit_wait"] == 22730501
+    assert p2.counters["receive_data"] == 39078804993378
+    assert p2.counters["transmit_wait"] == 36510964
+    # CapMask2 bit 1: the error counters are the 64-bit copies
+    assert {"symbol_errors", "transmit_wait", "link_downed", "transmit_data"} <= p1.wide
+
+
+def test_perfquery_capmask2_zero_error_fields_not_trusted() -> None:
+    # CapMask2 0: the bytes after CounterSelect2 are reserved; only a narrow query gives errors.
+    text = (_need(IBX) / "perfquery" / "0x7cfe9003003b4b96.out").read_text()
+    ports, _ = parse_perfquery(text)
+    c = ports[1]
+    assert c.counters["transmit_data"] == 37108676853855
+    assert c.counters["unicast_transmit_packets"] == 96916572630
+    assert "symbol_errors" not in c.counters
+    assert "symbol_errors" not in c.wide
+
+
+def test_perfquery_switch_errors_and_empty_file() -> None:
+    ports, _ = parse_perfquery((_need(IBX) / "perfquery" / "0x506b4b03005c2740.out").read_text())
+    assert ports[1].counters["transmit_discards"] == 20046
+    assert ports[1].counters["receive_switch_relay_errors"] == 7
+    assert ports[1].counters["link_downed"] == 1
+    empty, stray = parse_perfquery((IBX / "perfquery" / "0x506b4b0300cc02a6.out").read_text())
+    assert empty == {} and stray == []
+
+
+def test_perfquery_details_blocks_are_not_counters() -> None:
+    text = (_need(IBX) / "perfquery-rcv-error" / "0x7cfe9003009ce5b0-2.out").read_text()
+    ports, stray = parse_perfquery(text)
+    assert ports == {} and stray == []
+
+
+SIM_EXT = """ibwarn: [123] sim_connect: attached as client 1 at node "S-0002c90200000000"
+# Port extended counters: Lid 3 port 4 (CapMask: 0x1300 CapMask2: 0x0000000)
+PortSelect:......................4
+CounterSelect:...................0x0000
+PortXmitData:....................18446744073709551615
+PortRcvData:.....................12
+PortXmitPkts:....................13
+PortRcvPkts:.....................14
+PortUnicastXmitPkts:.............15
+PortUnicastRcvPkts:..............16
+PortMulticastXmitPkts:...........17
+PortMulticastRcvPkts:............0
+"""
+SIM_NARROW = """# Port counters: Lid 3 port 4 (CapMask: 0x1300)
+PortSelect:......................4
+CounterSelect:...................0x0000
+SymbolErrorCounter:..............100
+LinkErrorRecoveryCounter:........101
+LinkDownedCounter:...............102
+PortRcvErrors:...................103
+PortRcvRemotePhysicalErrors:.....104
+PortRcvSwitchRelayErrors:........105
+PortXmitDiscards:................106
+PortXmitConstraintErrors:........107
+PortRcvConstraintErrors:.........108
+CounterSelect2:..................0x00
+LocalLinkIntegrityErrors:........15
+ExcessiveBufferOverrunErrors:....15
+QP1Dropped:......................111
+VL15Dropped:.....................111
+PortXmitData:....................112
+PortRcvData:.....................113
+PortXmitPkts:....................114
+PortRcvPkts:.....................115
+PortXmitWait:....................116
+"""
+
+
+def test_perfquery_extended_plus_narrow_merge() -> None:
+    ports, stray = parse_perfquery(SIM_EXT + SIM_NARROW)
+    assert len(stray) == 1 and "sim_connect" in stray[0]
+    c = ports[4]
+    assert c.counters["transmit_data"] == 2**64 - 1  # the 64-bit copy wins over 112
+    assert c.counters["receive_data"] == 12
+    assert c.counters["symbol_errors"] == 100
+    assert c.counters["transmit_wait"] == 116  # CapMask bit 12 set
+    assert "transmit_data" in c.wide and "symbol_errors" not in c.wide
+
+
+def test_perfquery_xmit_wait_dropped_without_capmask_bit12() -> None:
+    ports, _ = parse_perfquery(SIM_NARROW.replace("0x1300", "0x0300"))
+    assert "transmit_wait" not in ports[4].counters
+
+
+def test_perfquery_garbage_lines_reported_not_raised() -> None:
+    ports, stray = parse_perfquery(SIM_NARROW + "PortXmitData:....................banana\n%%%\n")
+    assert ports[4].counters["symbol_errors"] == 100
+    assert len(stray) == 2
+
+
+# ------------------------------------------------------------------ ibnetdiscover captures
+
+
+def test_ibnetdiscover_ports_test_out() -> None:
+    ports, stray = parse_ibnetdiscover_ports(
+        (_need(IBX) / "ibnetdiscover" / "test.out").read_text()
+    )
+    assert stray == [] and len(ports) == 9
+    first = ports[0]
+    assert first.guid == "0x7cfe9003003b4bde" and first.port == 1 and first.node_type == "ca"
+    assert (first.lid, first.width, first.speed) == (134, "4X", "EDR")
+    assert (first.remote_guid, first.remote_port, first.remote_desc) == (
+        "0x7cfe9003009ce5b0",
+        10,
+        "ib-i1l1s01",
+    )
+    assert first.desc == "o0001 HCA-1"
+    unknown_rate = next(p for p in ports if p.port == 37)
+    assert unknown_rate.speed == "" and unknown_rate.remote_guid is None
+    assert unknown_rate.desc == "ib-i4l1s01"
+
+
+def test_ibnetdiscover_ports_sharp_and_spaces() -> None:
+    ports, _ = parse_ibnetdiscover_ports((_need(IBX) / "ibnetdiscover" / "test2.out").read_text())
+    sharp = ports[0]
+    assert sharp.desc == "Mellanox Technologies Aggregation Node" and sharp.node_type == "ca"
+    assert sharp.remote_desc == "5FB0405-leaf-IB01 "  # trailing space kept
+    assert ports[3].desc == " 5FB0406-spine-IB02 "
+    assert ports[4].remote_desc == "Mellanox Technologies Aggregation Node"
+
+
+def test_ibnetdiscover_ports_unquoted_desc() -> None:
+    ports, _ = parse_ibnetdiscover_ports((_need(IBX) / "ibnetdiscover" / "test3.out").read_text())
+    assert ports[0].desc == "Infiniscale-IV Mellanox Technologies"
+    assert (ports[0].lid, ports[0].port, ports[0].speed) == (479, 22, "QDR")
+
+
+def test_topology_files_from_ibtopotool() -> None:
+    one, stray = parse_topology_file((_need(TOPO) / "1.topo").read_text())
+    assert stray == [] and len(one) == 14
+    sw = next(p for p in one if p.guid == "0x0008f10400410015" and p.port == 1)
+    assert (sw.remote_guid, sw.remote_port, sw.width, sw.speed) == (
+        "0x005442ba00003080",
+        10,
+        "1X",
+        "SDR",
+    )  # the capture says 1xSDR
+    assert sw.lid == 3 and sw.desc == "SW-6IB4 Voltaire"
+    ca = next(p for p in one if p.guid == "0x0008f10403960558" and p.port == 2)
+    assert ca.lid == 14 and ca.remote_lid == 6 and ca.node_type == "ca"
+    three, stray3 = parse_ibnetdiscover((TOPO / "3.topo").read_text())
+    assert len(stray3) == 1 and stray3[0].startswith("src/query_smp.c")
+    fdr = next(p for p in three if p.guid == "0xe41d2d030003e470" and p.port == 3)
+    assert fdr.speed == "FDR" and fdr.remote_desc == "MF0;switch-de779e:SX6012/U1"
+    four, _ = parse_ibnetdiscover((TOPO / "4.topo").read_text())
+    assert {(p.guid, p.port) for p in four} == {
+        ("0x0021283a8389a0a0", 23),
+        ("0x0003ba000100e388", 2),
+    }
+
+
+def test_every_capture_parses_without_exception() -> None:
+    files = [*sorted((_need(IBX) / "ibnetdiscover").iterdir()), *sorted(TOPO.glob("*.topo"))]
+    for f in files:
+        ports, _ = parse_ibnetdiscover(f.read_text())
+        assert ports, f
+        topo = topology_from_ports(ports, "diags")
+        assert all(k[0].startswith("0x") and len(k[0]) == 18 for k in topo.ports)
+
+
+# ------------------------------------------------------------------ hostile descriptions
+
+
+def test_hostile_descriptions_in_ports_format() -> None:
+    text = (
+        "SW     3  1 0x0000000000200001 4x EDR - CA     4  1 0x0000000000100004 "
+        "( 'it's a - switch' - 'host ' - ' x\\y' )\n"
+        "CA     4  1 0x0000000000100004 4x EDR - SW     3  1 0x0000000000200001 "
+        "( 'host ' - ' x\\y' - 'it's a - switch' )\n"
+        "SW     3  2 0x0000000000200001 4x EDR                                    "
+        "'it's a - switch'\n"
+        "ibwarn: [1] mad_rpc: _do_madrpc failed; dport (Lid 9)\n"
+    )
+    ports, stray = parse_ibnetdiscover_ports(text)
+    assert len(stray) == 1
+    sw = ports[0]
+    assert sw.desc == "it's a - switch"
+    assert sw.remote_desc == "host ' - ' x\\y"
+    assert ports[1].desc == "host ' - ' x\\y" and ports[1].remote_desc == "it's a - switch"
+
+
+def test_clean_node_desc_like_infiniband_diags() -> None:
+    assert clean_node_desc("leaf ü01".encode()) == "leaf   01"
+    assert clean_node_desc(b"a\nb\tc\x7f" + b"\0garbage") == "a b c "
+    assert clean_node_desc(b'q"uo\\te' + b"\0" * 57) == 'q"uo\\te'
+    assert len(clean_node_desc(b"x" * 80)) == 64
+
+
+def test_node_name_map() -> None:
+    names, bad = parse_node_name_map(
+        '# comment\n\n0x0002c90300a1b2c3 "leaf 01 \\"a\\""\n'
+        '7cfe9003009ce5b0   "spine"\nnot a line\n'
+    )
+    assert names == {"0x0002c90300a1b2c3": 'leaf 01 \\"a\\"', "0x7cfe9003009ce5b0": "spine"}
+    assert bad == ["not a line"]
+    topo = topology_from_ports(
+        parse_ibnetdiscover_ports("SW  1719  1 0x7cfe9003009ce5b0 4x EDR                 'x'\n")[0],
+        "diags",
+        names,
+    )
+    assert topo.ports[("0x7cfe9003009ce5b0", "1")].node_desc == "spine"
+
+
+# ------------------------------------------------------------------ binary decoders vs libibmad
+
+
+def _libibmad() -> ctypes.CDLL:
+    try:
+        lib = ctypes.CDLL("libibmad.so.5")
+    except OSError:
+        if os.environ.get("CI"):
+            pytest.fail("libibmad.so.5 missing (apt package libibmad5)")
+        pytest.skip("libibmad.so.5 not installed (apt package libibmad5)")
+    lib.mad_field_name.restype = ctypes.c_char_p
+    lib.mad_decode_field.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    return lib
+
+
+def _names(lib: ctypes.CDLL) -> list[str]:
+    """Every field name up to IB_FIELD_LAST_ (the table ends with PortCounters QP1Dropped,
+    right after the extended error block's empty terminator)."""
+    out: list[str] = []
+    for i in range(2000):
+        name = (lib.mad_field_name(i) or b"").decode("ascii", "replace")
+        out.append(name)
+        if name == "QP1Dropped" and i > 0 and out[i - 1] == "":
+            return out
+    raise AssertionError("end of the libibmad field table not found")
+
+
+def _field_ids(lib: ctypes.CDLL, first: str, names: list[str]) -> dict[str, int]:
+    """Enum values of a run of fields, found by name in the installed library."""
+    all_names = _names(lib)
+    for start in range(len(all_names)):
+        if all_names[start] != first:
+            continue
+        got: dict[str, int] = {}
+        for i in range(start, min(start + 60, len(all_names))):
+            n = all_names[i]
+            if n in names and n not in got:
+                got[n] = i
+        if set(got) == set(names):
+            return got
+    raise AssertionError(f"fields {names} not found after {first}")
+
+
+def _decode(lib: ctypes.CDLL, buf: bytes, fid: int) -> int:
+    out = ctypes.c_uint64(0)
+    raw = ctypes.create_string_buffer(buf, 256)
+    lib.mad_decode_field(raw, fid, ctypes.byref(out))
+    return out.value
+
+
+def test_port_info_offsets_match_libibmad() -> None:
+    lib = _libibmad()
+    pairs = {
+        "Lid": "lid",
+        "SMLid": "sm_lid",
+        "CapMask": "cap_mask",
+        "LocalPort": "local_port",
+        "LinkWidthEnabled": "width_enabled",
+        "LinkWidthSupported": "width_supported",
+        "LinkWidthActive": "width_active",
+        "LinkSpeedSupported": "speed_supported",
+        "LinkState": "state",
+        "PhysLinkState": "phys_state",
+        "LMC": "lmc",
+        "LinkSpeedActive": "speed_active",
+        "LinkSpeedEnabled": "speed_enabled",
+    }
+    ids = _field_ids(lib, "Mkey", list(pairs))
+    ext = _field_ids(
+        lib,
+        "CapabilityMask2",
+        ["CapabilityMask2", "LinkSpeedExtActive", "LinkSpeedExtSupported", "LinkSpeedExtEnabled"],
+    )
+    rng = random.Random(7)
+    for _ in range(50):
+        data = bytes(rng.randrange(256) for _ in range(64))
+        pi = decode_port_info(data)
+        for fname, attr in pairs.items():
+            assert getattr(pi, attr) == _decode(lib, data, ids[fname]), fname
+        assert pi.cap_mask2 == _decode(lib, data, ext["CapabilityMask2"])
+        assert pi.speed_ext_active == _decode(lib, data, ext["LinkSpeedExtActive"])
+        assert pi.speed_ext_supported == _decode(lib, data, ext["LinkSpeedExtSupported"])
+        assert pi.speed_ext_enabled == _decode(lib, data, ext["LinkSpeedExtEnabled"])
+
+
+def test_counter_offsets_match_libibmad() -> None:
+    lib = _libibmad()
+    narrow = [
+        "SymbolErrorCounter",
+        "LinkErrorRecoveryCounter",
+        "LinkDownedCounter",
+        "PortRcvErrors",
+        "PortRcvRemotePhysicalErrors",
+        "PortRcvSwitchRelayErrors",
+        "PortXmitDiscards",
+        "PortXmitConstraintErrors",
+        "PortRcvConstraintErrors",
+        "LocalLinkIntegrityErrors",
+        "ExcessiveBufferOverrunErrors",
+        "VL15Dropped",
+        "PortXmitData",
+        "PortRcvData",
+        "PortXmitPkts",
+        "PortRcvPkts",
+        "PortXmitWait",
+    ]
+    ids = _field_ids(lib, "PortSelect", narrow)
+    ext_names = [
+        "PortXmitData",
+        "PortRcvData",
+        "PortXmitPkts",
+        "PortRcvPkts",
+        "PortUnicastXmitPkts",
+        "PortUnicastRcvPkts",
+        "PortMulticastXmitPkts",
+        "PortMulticastRcvPkts",
+    ]
+    all_names = _names(lib)
+    ext_start = next(
+        i
+        for i in range(len(all_names) - 3)
+        if all_names[i : i + 3] == ["PortSelect", "CounterSelect", "PortXmitData"]
+    )
+    ext_ids = {n: ext_start + 2 + k for k, n in enumerate(ext_names)}
+    err_start = next(
+        i
+        for i in range(len(all_names) - 1)
+        if all_names[i : i + 2] == ["CounterSelect2", "SymbolErrorCounter"]
+    )
+    err_names = [
+        "SymbolErrorCounter",
+        "LinkErrorRecoveryCounter",
+        "LinkDownedCounter",
+        "PortRcvErrors",
+        "PortRcvRemotePhysicalErrors",
+        "PortRcvSwitchRelayErrors",
+        "PortXmitDiscards",
+        "PortXmitConstraintErrors",
+        "PortRcvConstraintErrors",
+        "LocalLinkIntegrityErrors",
+        "ExcessiveBufferOverrunErrors",
+        "VL15Dropped",
+        "PortXmitWait",
+        "QP1Dropped",
+    ]
+    err_ids = {n: err_start + 1 + k for k, n in enumerate(err_names)}
+    qp1 = max(i for i, n in enumerate(all_names) if n == "QP1Dropped")
+    rng = random.Random(11)
+    for _ in range(30):
+        data = bytes(rng.randrange(256) for _ in range(192))
+        pc = decode_port_counters(data, cap_mask=0x1000)
+        for n in narrow:
+            assert pc[n] == _decode(lib, data, ids[n]), n
+        # IBA: QP1Dropped is bytes 20-21. libibmad 44 declares it {160, 16} without BITSOFFS,
+        # which decodes VL15Dropped's bytes 22-23 instead (so perfquery prints VL15Dropped
+        # twice); ibmon decodes the spec offset and the diags source drops perfquery's copy.
+        assert pc["QP1Dropped"] == int.from_bytes(data[20:22], "big")
+        assert _decode(lib, data, qp1) == pc["VL15Dropped"]
+        ext = decode_port_counters_ext(data, cap_mask=0x200, cap_mask2=0x2)
+        for n in ext_names:
+            assert ext[n] == _decode(lib, data, ext_ids[n]), n
+        for n in err_names:
+            assert ext[n] == _decode(lib, data, err_ids[n]), n
+
+
+def test_class_port_info_and_node_info() -> None:
+    cpi = bytes([1, 1, 0x13, 0x00]) + struct.pack(">I", (0x2 << 5) | 3) + bytes(56)
+    c = decode_class_port_info(cpi)
+    assert (c.cap_mask, c.cap_mask2) == (0x1300, 0x2)
+    ni = bytearray(64)
+    ni[2], ni[3] = 2, 36
+    struct.pack_into(">QQQ", ni, 4, 1, 0x0002C90200000010, 0x0002C90200000010)
+    ni[36] = 5
+    n = decode_node_info(bytes(ni))
+    assert (n.node_type, n.num_ports, n.node_guid, n.local_port) == (
+        "switch",
+        36,
+        "0x0002c90200000010",
+        5,
+    )
+
+
+def test_ibnd_cache_rejects_garbage() -> None:
+    with pytest.raises(ValueError, match="magic"):
+        parse_ibnd_cache(b"\0" * 64)
+    head = struct.pack("<IIIIQI", 0x8FE7832B, 1, 5, 5, 1, 1)
+    with pytest.raises(ValueError, match="truncated"):
+        parse_ibnd_cache(head + b"\1" * 40)
+
+
+# ------------------------------------------------------------------ link speed rules
+
+
+def _pi(wsup: int, wen: int, ssup: int, sen: int, esup: int = 0, een: int = 0) -> PortInfo:
+    return PortInfo(
+        lid=0,
+        sm_lid=0,
+        cap_mask=0,
+        local_port=1,
+        width_enabled=wen,
+        width_supported=wsup,
+        width_active=2,
+        speed_supported=ssup,
+        state=4,
+        phys_state=5,
+        lmc=0,
+        speed_active=1,
+        speed_enabled=sen,
+        cap_mask2=0,
+        speed_ext_active=0,
+        speed_ext_supported=esup,
+        speed_ext_enabled=een,
+    )
+
+
+def test_max_common_uses_supported_and_enabled_on_both_ends() -> None:
+    a = _pi(0x1F, 0x02, 0x7, 0x7, 0x7, 0x7)  # supports 12X/HDR, 4X enabled
+    b = _pi(0x0B, 0x0B, 0x7, 0x7, 0x3, 0x3)  # 1X|4X|12X, EDR max
+    assert max_common(a, b) == ("4X", "EDR")
+    # ibsim's ports: all widths supported, only the net file's enabled -> not degraded
+    sim = _pi(0x1F, 0x03, 0x7, 0x7, 0x7, 0x3)
+    assert max_common(sim, sim) == ("4X", "EDR")
+    assert not is_degraded("4X", "EDR", "4X", "EDR")
+    assert is_degraded("1X", "EDR", "4X", "EDR")
+    assert is_degraded("4X", "FDR", "4X", "EDR")
+    assert max_common(_pi(1, 1, 1, 1), _pi(2, 2, 2, 2)) == ("", "")
+    assert effective_rate_bps("4X", "EDR") == 100e9
+    assert effective_rate_bps("4X", "NDR") == 400e9
+    assert effective_rate_bps("", "EDR") is None
+
+
+# ------------------------------------------------------------------ sharding
+
+
+def _topology_of(fab: object) -> Topology:
+    from mocks.topology import Fabric
+
+    assert isinstance(fab, Fabric)
+    topo = Topology(source="t")
+    from ibmon.model import LinkInfo, PortIdentity
+
+    for guid, node in fab.nodes.items():
+        for p in range(1, node.nports + 1):
+            topo.ports[(guid, str(p))] = PortIdentity(guid=guid, port=str(p), node_type=node.kind)
+            peer = fab.peer(guid, p)
+            if peer:
+                topo.links[(guid, str(p))] = LinkInfo(remote_guid=peer[0], remote_port=str(peer[1]))
+    return topo
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7])
+def test_shards_partition_the_fabric(n: int) -> None:
+    topo = _topology_of(fat_tree(levels=2, radix=16, leaves=6, hosts_per_leaf=8))
+    parts = [filter_topology(topo, k, n) for k in range(n)]
+    seen: set[tuple[str, str]] = set()
+    for part in parts:
+        assert not seen & set(part.ports)
+        seen |= set(part.ports)
+    assert seen == set(topo.ports)
+    owner = assign_nodes(topo, n)
+    for (guid, _p), link in topo.links.items():  # every host goes with its leaf switch
+        if topo.ports[(guid, _p)].node_type == "ca":
+            assert owner[guid] == owner[link.remote_guid]
+    if n > 1:
+        assert len(set(owner.values())) > 1
+
+
+def test_parse_shard() -> None:
+    assert parse_shard("2/3") == (2, 3)
+    for bad in ("3/3", "1/0", "x/2", "-1/2"):
+        with pytest.raises(ValueError, match="shard"):
+            parse_shard(bad)
