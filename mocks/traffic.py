@@ -1,0 +1,542 @@
+"""Counter evolution on a simulated clock: load, congestion, errors, flaps, resets.
+
+The model keeps, for every connected port, the raw values a PMA would report: data counters in
+4-octet words, narrow PortCounters fields that saturate at their catalogue width, and 64-bit
+PortCountersExtended copies of the data/packet counters that do not (exactly what an mlx5 HCA
+shows in sysfs: ``counters/`` data from the extended table, errors from the narrow one).
+
+Physics the tests rely on:
+
+- per port and direction, load is a fraction of the *current* link rate, at most 0.98 and at
+  most ``1 - xmit_wait_ratio`` (a port cannot send and wait in the same tick), so no port ever
+  exceeds its link rate;
+- what one end transmits its peer receives in the same step (words and packets);
+- packets follow bytes: each port has an average packet size between 256 bytes and the 4096-byte
+  MTU plus headers; multicast is a fixed small share of packets;
+- PortXmitWait rises with load on healthy links (a tiny baseline) and by the fault's ratio under
+  congestion;
+- a down link carries nothing, both ends report Down/Polling, and each transition to Down adds
+  one to LinkDowned on both ends.
+
+Randomness (per-port load factors and per-step noise) comes from one ``random.Random(seed)``, so
+a run is reproducible for a given seed and sequence of ``advance`` calls. Hot loops use plain
+lists indexed by port number: advancing 20,000 ports takes tens of milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from array import array
+from dataclasses import dataclass
+
+from ibmon.counters import CATALOGUE
+from ibmon.model import LinkInfo, PhysState, PortIdentity, PortSample, PortState
+from mocks.topology import SPEEDS, WIDTHS, Fabric, Link, link_rate_bps
+
+__all__ = [
+    "COUNTER_NAMES",
+    "MTU_BYTES",
+    "TICK_SECONDS",
+    "WIDE_COUNTERS",
+    "FabricModel",
+    "ca_device_names",
+    "counter_max",
+]
+
+#: Catalogue order; every port's raw values are a list in this order.
+COUNTER_NAMES: tuple[str, ...] = tuple(c.name for c in CATALOGUE)
+_IX: dict[str, int] = {n: i for i, n in enumerate(COUNTER_NAMES)}
+
+#: Counters the simulated HCAs and switches report from 64-bit PortCountersExtended fields.
+WIDE_COUNTERS: frozenset[str] = frozenset(
+    {
+        "transmit_data",
+        "receive_data",
+        "transmit_packets",
+        "receive_packets",
+        "unicast_transmit_packets",
+        "unicast_receive_packets",
+        "multicast_transmit_packets",
+        "multicast_receive_packets",
+    }
+)
+_MAX: tuple[int, ...] = tuple(
+    (1 << 64) - 1 if c.name in WIDE_COUNTERS else c.max_value for c in CATALOGUE
+)
+MTU_BYTES = 4096
+_HEADER_BYTES = 126  # LRH+BTH+GRH+ICRC+VCRC upper bound, so bytes/packet <= MTU + headers
+TICK_SECONDS = 64e-9
+_MULTICAST_SHARE = 0.001
+_HEALTHY_WAIT_MAX = 0.0008  # baseline xmit-wait ratio at full load: far below any threshold
+_LOAD_PERIOD_S = 900.0  # slow load swing, so graphs move
+
+_TXD, _RXD = _IX["transmit_data"], _IX["receive_data"]
+_TXP, _RXP = _IX["transmit_packets"], _IX["receive_packets"]
+_UTX, _URX = _IX["unicast_transmit_packets"], _IX["unicast_receive_packets"]
+_MTX, _MRX = _IX["multicast_transmit_packets"], _IX["multicast_receive_packets"]
+_XW = _IX["transmit_wait"]
+_LD = _IX["link_downed"]
+_SYM = _IX["symbol_errors"]
+
+FW_VER = "16.35.2000"
+HCA_TYPE = "MT4119"
+BOARD_ID = "MT_0000000010"
+SM_LID = 1
+
+
+def ca_device_names(fabric: Fabric) -> dict[str, str]:
+    """The sysfs device name of every CA (``mlx5_<n>`` in node order), shared by all renderers.
+
+    One simulated sysfs tree holds every host's HCAs, so names are numbered fabric-wide; the
+    node description still says which host and local device it is (``host042 mlx5_0``).
+    """
+    return {n.guid: f"mlx5_{i}" for i, n in enumerate(fabric.hosts())}
+
+
+@dataclass(slots=True)
+class _Ber:
+    ber: float
+    start: float
+    ramp: float
+
+
+class FabricModel:
+    """Raw PMA state of every connected port of ``fabric``, advanced on a simulated clock.
+
+    Fault methods take a port key ``(guid, port)`` and act on that port or its link; each has an
+    inverse (``clear_*``, ``link_up``, ``restore``). ``now`` is simulated seconds since start.
+    """
+
+    def __init__(self, fabric: Fabric, *, seed: int = 0, load: float = 0.3) -> None:
+        if not 0.0 <= load <= 0.98:
+            raise ValueError(f"load must be within [0, 0.98], got {load}")
+        self.fabric = fabric
+        self.seed = seed
+        self.load = load
+        self.now = 0.0
+        self._rng = random.Random(seed)  # noqa: S311 - a simulation, not cryptography
+        keys = fabric.ports()
+        self.keys: list[tuple[str, int]] = keys
+        self.index: dict[tuple[str, int], int] = {k: i for i, k in enumerate(keys)}
+        self.links: list[Link] = list(fabric.links)
+        link_no = {id(lk): n for n, lk in enumerate(self.links)}
+        self._peer: list[int] = []
+        self._link_of: list[int] = []
+        for k in keys:
+            lk = fabric.link_of(*k)
+            assert lk is not None  # ports() lists connected ports only
+            other = lk.b if lk.a == k else lk.a
+            self._peer.append(self.index[other])
+            self._link_of.append(link_no[id(lk)])
+        # Per link: configured (max) and active width/speed, rate, up.
+        self.max_width: list[str] = [lk.width for lk in self.links]
+        self.max_speed: list[str] = [lk.speed for lk in self.links]
+        self.width: list[str] = list(self.max_width)
+        self.speed: list[str] = list(self.max_speed)
+        self._rate: list[float] = [lk.rate_bps for lk in self.links]
+        self.up: list[bool] = [True] * len(self.links)
+        # Per port: state, counters, load shape.
+        n = len(keys)
+        rng = self._rng
+        self.state: list[int] = [int(PortState.ACTIVE)] * n
+        self.phys: list[int] = [int(PhysState.LINK_UP)] * n
+        self._factor = [0.4 + 1.2 * rng.random() for _ in range(n)]
+        self._phase = [rng.random() * 2 * math.pi for _ in range(n)]
+        self._pkt = [256.0 + (MTU_BYTES - 256.0) * rng.random() for _ in range(n)]
+        self._wait = [_HEALTHY_WAIT_MAX * rng.random() for _ in range(n)]
+        self._carry_words = [0.0] * n
+        self._carry_pkts = [0.0] * n
+        self._carry_wait = [0.0] * n
+        # array('Q') rows: unsigned 64-bit like the PMA fields, and invisible to the cyclic GC,
+        # which otherwise re-scans 20,000 lists on every full collection of a busy daemon
+        self.counters: list[array[int]] = [array("Q", self._history(i)) for i in range(n)]
+        # Faults.
+        self._load_override: dict[int, float] = {}
+        self._wait_override: dict[int, float] = {}
+        self._err_rates: dict[int, dict[int, float]] = {}
+        self._err_carry: dict[tuple[int, int], float] = {}
+        self._ber: dict[int, _Ber] = {}
+        self._schedule: list[tuple[float, int, bool]] = []  # (time, link, up)
+        # Caches for samples.
+        self._ca_dev = ca_device_names(fabric)
+        self._identity: dict[str, list[PortIdentity]] = {}
+        self._linkinfo: list[LinkInfo | None] = [None] * n
+
+    def _history(self, i: int) -> list[int]:
+        """Plausible counters of a fabric that has been up a while (totals start there)."""
+        rng = self._rng
+        vals = [0] * len(COUNTER_NAMES)
+        words = int(rng.random() * 2e12)
+        pkts = int(words * 4 / self._pkt[i])
+        mc = int(pkts * _MULTICAST_SHARE)
+        for d, p, u, m in ((_TXD, _TXP, _UTX, _MTX), (_RXD, _RXP, _URX, _MRX)):
+            vals[d], vals[p], vals[u], vals[m] = words, pkts, pkts - mc, mc
+        vals[_XW] = int(rng.random() * 5e7)
+        return vals
+
+    # ------------------------------------------------------------------ clock
+
+    def advance(self, dt: float) -> None:
+        """Move the clock ``dt`` simulated seconds, applying scheduled link transitions exactly
+        at their times."""
+        if dt < 0 or not math.isfinite(dt):
+            raise ValueError(f"dt must be a finite non-negative number, got {dt}")
+        end = self.now + dt
+        while self._schedule and self._schedule[0][0] <= end:
+            at, link, up = self._schedule.pop(0)
+            if at > self.now:
+                self._step(at - self.now)
+                self.now = at
+            self._set_link(link, up)
+        if end > self.now:
+            self._step(end - self.now)
+            self.now = end
+
+    def advance_to(self, t: float) -> None:
+        if t > self.now:
+            self.advance(t - self.now)
+
+    def _step(self, dt: float) -> None:
+        if dt <= 0:
+            return
+        counters = self.counters
+        peer = self._peer
+        link_of = self._link_of
+        up = self.up
+        rate = self._rate
+        factor = self._factor
+        phase = self._phase
+        pkt = self._pkt
+        wait = self._wait
+        cw, cp, cx = self._carry_words, self._carry_pkts, self._carry_wait
+        lo, wo = self._load_override, self._wait_override
+        rnd = self._rng.random
+        sin = math.sin
+        base = self.load
+        omega = 2 * math.pi * (self.now + dt / 2) / _LOAD_PERIOD_S
+        ticks_per_s = 1.0 / TICK_SECONDS
+        xw_max = _MAX[_XW]
+        words_per_bps = dt / 32.0
+        tick_scale = dt * ticks_per_s
+        share = _MULTICAST_SHARE
+        for i in range(len(counters)):
+            li = link_of[i]
+            if not up[li]:
+                continue
+            if i in lo:
+                f = lo[i]
+                w = wo.get(i, 0.0)
+            else:
+                f = base * factor[i] * (1.0 + 0.25 * sin(omega + phase[i])) * (0.9 + 0.2 * rnd())
+                w = wo[i] if wo and i in wo else wait[i] * f
+            # explicit comparisons: min() costs a call per port per step on the hot path
+            if f > 0.98:  # noqa: PLR1730
+                f = 0.98
+            if f > 1.0 - w:  # noqa: PLR1730
+                f = 1.0 - w
+            c = counters[i]
+            if f > 0:
+                words_f = f * rate[li] * words_per_bps + cw[i]
+                words = int(words_f)
+                cw[i] = words_f - words
+                pkts_f = words * 4.0 / pkt[i] + cp[i]
+                pkts = int(pkts_f)
+                cp[i] = pkts_f - pkts
+                if pkts == 0 and words > 0:
+                    # bytes without a packet would break bytes <= packets x (MTU + headers)
+                    pkts = 1
+                    cp[i] -= 1.0
+                mc = int(pkts * share)
+                r = counters[peer[i]]
+                # 64-bit fields: 2**64 words at 800 Gb/s take decades, so no wrap handling
+                c[_TXD] += words
+                c[_TXP] += pkts
+                c[_UTX] += pkts - mc
+                c[_MTX] += mc
+                r[_RXD] += words
+                r[_RXP] += pkts
+                r[_URX] += pkts - mc
+                r[_MRX] += mc
+            if w > 0:
+                t_f = w * tick_scale + cx[i]
+                t = int(t_f)
+                cx[i] = t_f - t
+                v = c[_XW] + t
+                c[_XW] = v if v < xw_max else xw_max
+        if self._err_rates:
+            self._errors(dt)
+        if self._ber:
+            self._symbol_errors(dt)
+
+    def _bump(self, i: int, ci: int, amount: int) -> None:
+        c = self.counters[i]
+        v = c[ci] + amount
+        m = _MAX[ci]
+        c[ci] = v if v < m else m
+
+    def _errors(self, dt: float) -> None:
+        carry = self._err_carry
+        for i, rates in self._err_rates.items():
+            if not self.up[self._link_of[i]]:
+                continue
+            for ci, per_s in rates.items():
+                f = per_s * dt + carry.get((i, ci), 0.0)
+                n = int(f)
+                carry[(i, ci)] = f - n
+                if n:
+                    self._bump(i, ci, n)
+
+    def _symbol_errors(self, dt: float) -> None:
+        carry = self._err_carry
+        mid = self.now + dt / 2
+        for i, b in self._ber.items():
+            li = self._link_of[i]
+            if not self.up[li]:
+                continue
+            frac = 1.0 if b.ramp <= 0 else max(0.0, min(1.0, (mid - b.start) / b.ramp))
+            f = b.ber * frac * self._rate[li] * dt + carry.get((i, _SYM), 0.0)
+            n = int(f)
+            carry[(i, _SYM)] = f - n
+            if n:
+                self._bump(i, _SYM, n)
+
+    # ------------------------------------------------------------------ lookups
+
+    def port_index(self, key: tuple[str, int]) -> int:
+        try:
+            return self.index[key]
+        except KeyError:
+            raise KeyError(f"port {key[0]}[{key[1]}] is not a connected port of the fabric") \
+                from None
+
+    def link_index(self, key: tuple[str, int]) -> int:
+        return self._link_of[self.port_index(key)]
+
+    def peer_index(self, i: int) -> int:
+        return self._peer[i]
+
+    def link_index_of(self, i: int) -> int:
+        return self._link_of[i]
+
+    def rate_bps(self, i: int) -> float:
+        """Current effective data rate of port ``i``'s link, bits/s."""
+        return self._rate[self._link_of[i]]
+
+    def value(self, key: tuple[str, int], counter: str) -> int:
+        return self.counters[self.port_index(key)][_IX[counter]]
+
+    # ------------------------------------------------------------------ faults
+
+    def congest(self, key: tuple[str, int], *, wait_ratio: float, utilization: float) -> None:
+        """Transmit at ``utilization`` of line rate while stalled ``wait_ratio`` of the time.
+
+        High utilization with high wait is a hotspot; low utilization with high wait is
+        backpressure from downstream.
+        """
+        if not (0 <= wait_ratio <= 1 and 0 <= utilization <= 1):
+            raise ValueError("wait_ratio and utilization must be within [0, 1]")
+        if wait_ratio + utilization > 1.0 + 1e-9:
+            raise ValueError("a port cannot transmit and wait more than 100 % of the time")
+        i = self.port_index(key)
+        self._load_override[i] = utilization
+        self._wait_override[i] = wait_ratio
+
+    def clear_congestion(self, key: tuple[str, int]) -> None:
+        i = self.port_index(key)
+        self._load_override.pop(i, None)
+        self._wait_override.pop(i, None)
+
+    def set_ber(self, key: tuple[str, int], ber: float, *, ramp: float = 0.0) -> None:
+        """Symbol errors on this port's receive side at ``ber`` (reached linearly over ``ramp``
+        seconds), counted against the link's current rate."""
+        if not 0 < ber < 1 or ramp < 0:
+            raise ValueError("ber must be within (0, 1) and ramp >= 0")
+        self._ber[self.port_index(key)] = _Ber(ber, self.now, ramp)
+
+    def clear_ber(self, key: tuple[str, int]) -> None:
+        self._ber.pop(self.port_index(key), None)
+
+    def set_error_rate(self, key: tuple[str, int], counter: str, per_second: float) -> None:
+        """Increase a (narrow) error counter at ``per_second`` while the link is up."""
+        if counter not in _IX or counter in WIDE_COUNTERS:
+            raise ValueError(f"{counter!r} is not an error counter")
+        if per_second < 0:
+            raise ValueError("per_second must be >= 0")
+        i = self.port_index(key)
+        self._err_rates.setdefault(i, {})[_IX[counter]] = per_second
+
+    def clear_error_rate(self, key: tuple[str, int], counter: str) -> None:
+        i = self.port_index(key)
+        rates = self._err_rates.get(i)
+        if rates is not None:
+            rates.pop(_IX[counter], None)
+            if not rates:
+                del self._err_rates[i]
+
+    def bump(self, key: tuple[str, int], counter: str, amount: int = 1) -> None:
+        """Add ``amount`` to a counter now (saturating), e.g. one LocalLinkIntegrity event."""
+        self._bump(self.port_index(key), _IX[counter], amount)
+
+    def link_down(self, key: tuple[str, int]) -> None:
+        self._set_link(self.link_index(key), False)
+
+    def link_up(self, key: tuple[str, int]) -> None:
+        self._set_link(self.link_index(key), True)
+
+    def flap(self, key: tuple[str, int], *, count: int = 1, every: float = 30.0,
+             down_for: float = 5.0) -> None:
+        """Take the link down ``count`` times, every ``every`` s, each time for ``down_for`` s."""
+        if count < 1 or down_for <= 0 or (count > 1 and every <= down_for):
+            raise ValueError("flap needs count >= 1, down_for > 0 and every > down_for")
+        li = self.link_index(key)
+        for k in range(count):
+            t = self.now + k * every
+            if k == 0:
+                self._set_link(li, False)
+            else:
+                self._schedule.append((t, li, False))
+            self._schedule.append((t + down_for, li, True))
+        self._schedule.sort(key=lambda e: e[0])
+
+    def cancel_flaps(self, key: tuple[str, int]) -> None:
+        """Drop pending transitions of this link and bring it up."""
+        li = self.link_index(key)
+        self._schedule = [e for e in self._schedule if e[1] != li]
+        self._set_link(li, True)
+
+    def degrade(self, key: tuple[str, int], *, width: str | None = None,
+                speed: str | None = None) -> None:
+        """Retrain the link narrower and/or slower than both ends support (a bad lane, a bad
+        cable): active drops below max, load follows the new rate."""
+        li = self.link_index(key)
+        if width is not None and width not in WIDTHS:
+            raise ValueError(f"unknown width {width!r}")
+        if speed is not None and speed not in SPEEDS:
+            raise ValueError(f"unknown speed {speed!r}")
+        self.width[li] = width or self.width[li]
+        self.speed[li] = speed or self.speed[li]
+        self._rate[li] = link_rate_bps(self.width[li], self.speed[li])
+        self._invalidate_link(li)
+
+    def restore(self, key: tuple[str, int]) -> None:
+        li = self.link_index(key)
+        self.width[li] = self.max_width[li]
+        self.speed[li] = self.max_speed[li]
+        self._rate[li] = link_rate_bps(self.width[li], self.speed[li])
+        self._invalidate_link(li)
+
+    def reset_counters(self, key: tuple[str, int], counters: tuple[str, ...] = ()) -> None:
+        """A third party (``perfquery -x -R``, opensm PerfMgr) zeroes the port's counters."""
+        c = self.counters[self.port_index(key)]
+        for name in counters or COUNTER_NAMES:
+            c[_IX[name]] = 0
+
+    def set_value(self, key: tuple[str, int], counter: str, value: int) -> None:
+        """Set a raw value (saturating), for history that predates the simulation."""
+        ci = _IX[counter]
+        self.counters[self.port_index(key)][ci] = max(0, min(value, _MAX[ci]))
+
+    def _set_link(self, li: int, up: bool) -> None:
+        if self.up[li] == up:
+            return
+        self.up[li] = up
+        lk = self.links[li]
+        for end in (lk.a, lk.b):
+            i = self.index[end]
+            if up:
+                self.state[i] = int(PortState.ACTIVE)
+                self.phys[i] = int(PhysState.LINK_UP)
+            else:
+                self.state[i] = int(PortState.DOWN)
+                self.phys[i] = int(PhysState.POLLING)
+                self._bump(i, _LD, 1)
+
+    def _invalidate_link(self, li: int) -> None:
+        lk = self.links[li]
+        for end in (lk.a, lk.b):
+            self._linkinfo[self.index[end]] = None
+
+    # ------------------------------------------------------------------ samples
+
+    def _identities(self, source: str) -> list[PortIdentity]:
+        cached = self._identity.get(source)
+        if cached is not None:
+            return cached
+        out: list[PortIdentity] = []
+        nodes = self.fabric.nodes
+        for guid, port in self.keys:
+            node = nodes[guid]
+            ca = node.kind == "ca"
+            out.append(PortIdentity(
+                guid=guid, port=str(port), device=self._ca_dev.get(guid, ""),
+                node_desc=node.desc, node_type=node.kind, lid=node.lid,
+                link_layer="InfiniBand", source=source,
+                fw_ver=FW_VER if ca else "", hca_type=HCA_TYPE if ca else "",
+                board_id=BOARD_ID if ca else "", sm_lid=SM_LID if ca else None,
+            ))
+        self._identity[source] = out
+        return out
+
+    def link_info(self, i: int) -> LinkInfo:
+        """The far end of port ``i`` with active versus maximum width and speed.
+
+        The maximum is the configured link (what both ends support and enable); a down link keeps
+        its last-known peer so its series and events still name the far end.
+        """
+        info = self._linkinfo[i]
+        if info is None:
+            li = self._link_of[i]
+            pg, pp = self.keys[self._peer[i]]
+            info = LinkInfo(
+                remote_guid=pg, remote_port=str(pp),
+                remote_node_desc=self.fabric.nodes[pg].desc,
+                active_width=self.width[li], active_speed=self.speed[li],
+                max_width=self.max_width[li], max_speed=self.max_speed[li],
+            )
+            self._linkinfo[i] = info
+        return info
+
+    def sample_index(self, i: int, source: str = "mock") -> PortSample:
+        li = self._link_of[i]
+        return PortSample(
+            self._identities(source)[i],
+            self.state[i],
+            self.phys[i],
+            self._rate[li],
+            self.width[li],
+            self.speed[li],
+            dict(zip(COUNTER_NAMES, self.counters[i], strict=True)),
+            WIDE_COUNTERS,
+            {},
+            self.link_info(i),
+        )
+
+    def port_sample(self, guid: str, port: int, *, source: str = "mock") -> PortSample:
+        """The port's raw state now, as a source would report it."""
+        return self.sample_index(self.port_index((guid, port)), source)
+
+    def samples(self, source: str = "mock") -> list[PortSample]:
+        """Every connected port, in ``keys`` order (the hot path of every mock poll)."""
+        ids = self._identities(source)
+        infos = self._linkinfo
+        link_of = self._link_of
+        rate, width, speed = self._rate, self.width, self.speed
+        state, phys = self.state, self.phys
+        names = COUNTER_NAMES
+        wide = WIDE_COUNTERS
+        out: list[PortSample] = []
+        append = out.append
+        for i, vals in enumerate(self.counters):
+            li = link_of[i]
+            info = infos[i]
+            if info is None:
+                info = self.link_info(i)
+            append(PortSample(ids[i], state[i], phys[i], rate[li], width[li], speed[li],
+                              dict(zip(names, vals, strict=True)), wide, {}, info))
+        return out
+
+
+def counter_max(name: str) -> int:
+    """The value at which the model pins ``name`` (narrow maximum, or 2**64-1 when wide)."""
+    return _MAX[_IX[name]]

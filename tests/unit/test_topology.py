@@ -1,0 +1,224 @@
+"""Fat-tree generators, ibsim net files and ibnetdiscover loading."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from ibmon.model import GUID_RE
+from mocks.topology import (
+    Fabric,
+    fabric_for_hosts,
+    fabric_for_ports,
+    fat_tree,
+    link_rate_bps,
+    load_ibnetdiscover,
+    to_ibsim_netfile,
+)
+from tests.syspkg import require_binary
+
+FIXTURES = Path(__file__).resolve().parents[2] / ".." / "shared" / "real-fixtures"
+
+
+def _fixtures(pattern: str) -> list[Path]:
+    if not FIXTURES.is_dir():
+        pytest.skip(f"real fixtures not found at {FIXTURES}")
+    found = sorted(Path(p) for p in glob.glob(str(FIXTURES / pattern)))
+    assert found, f"no fixture matches {pattern}"
+    return found
+
+
+def _link_set(f: Fabric) -> set[tuple[tuple[str, int], tuple[str, int], str, str]]:
+    return {(min(lk.a, lk.b), max(lk.a, lk.b), lk.width, lk.speed) for lk in f.links}
+
+
+def test_default_fat_tree_is_non_blocking_and_fully_wired() -> None:
+    f = fat_tree()
+    switches = [n for n in f.nodes.values() if n.kind == "switch"]
+    hcas = f.hosts()
+    assert len(hcas) == 4 * 18
+    assert {n.desc for n in switches} == {"leaf01", "leaf02", "leaf03", "leaf04",
+                                         "spine01", "spine02"}
+    # every switch port is used: 4 leaves x 36 + 2 spines x 36, plus one port per HCA
+    assert len(f.ports()) == 4 * 36 + 2 * 36 + 72
+    leaf = f.node_by_desc("leaf03")
+    ups = [f.peer(leaf.guid, p) for p in range(19, 37)]
+    assert all(u is not None and f.nodes[u[0]].desc.startswith("spine") for u in ups)
+
+
+def test_guids_lids_and_descriptions_are_stable_and_well_formed() -> None:
+    a, b = fat_tree(), fat_tree()
+    assert a.nodes == b.nodes
+    assert all(GUID_RE.match(g) for g in a.nodes)
+    lids = [n.lid for n in a.nodes.values()]
+    assert len(set(lids)) == len(lids)
+    assert min(lids) >= 1
+    host = a.node_by_desc("host042 mlx5_0")
+    assert host.kind == "ca"
+    assert host.nports == 1
+    assert a.peer(host.guid, 1) == (a.node_by_desc("leaf03").guid, 6)
+
+
+def test_peer_is_symmetric_and_links_carry_their_tier_rates() -> None:
+    f = fat_tree(host_link=("4X", "HDR"), leaf_link=("4X", "EDR"))
+    for g, p in f.ports():
+        peer = f.peer(g, p)
+        assert peer is not None
+        assert f.peer(*peer) == (g, p)
+        assert f.link_of(g, p) is f.link_of(*peer)
+    host = f.hosts()[0]
+    link = f.link_of(host.guid, 1)
+    assert link is not None
+    assert link.rate_bps == 200e9
+    assert link_rate_bps("4X", "EDR") == 100e9
+
+
+def test_three_level_tree_connects_every_spine_to_cores() -> None:
+    f = fat_tree(levels=3, radix=8, leaves=8, hosts_per_leaf=4)
+    cores = [n for n in f.nodes.values() if n.desc.startswith("core")]
+    spines = [n for n in f.nodes.values() if n.desc.startswith("spine")]
+    assert cores
+    assert spines
+    for s in spines:
+        peers = [f.peer(s.guid, p) for p in range(5, 9)]
+        assert all(p is not None and f.nodes[p[0]].desc.startswith("core") for p in peers)
+
+
+def test_impossible_trees_say_why() -> None:
+    with pytest.raises(ValueError, match="exceed the switch radix"):
+        fat_tree(radix=8, hosts_per_leaf=9)
+    with pytest.raises(ValueError, match="levels=3"):
+        fat_tree(radix=8, leaves=20, hosts_per_leaf=4)
+    with pytest.raises(ValueError, match="unknown link speed"):
+        fat_tree(host_link=("4X", "QQR"))
+
+
+@pytest.mark.parametrize("n", [1, 300, 2600, 20_000])
+def test_fabric_for_ports_reaches_the_requested_size(n: int) -> None:
+    f = fabric_for_ports(n)
+    assert len(f.ports()) >= n
+    assert len(f.ports()) < n * 1.3 + 200  # smallest tree, not an arbitrary big one
+
+
+def test_fabric_for_hosts() -> None:
+    assert len(fabric_for_hosts(100).hosts()) >= 100
+    assert len(fabric_for_hosts(5000).hosts()) >= 5000
+
+
+def test_netfile_round_trips() -> None:
+    f = fat_tree(levels=2, radix=8, leaves=3, hosts_per_leaf=4, host_link=("1X", "HDR"))
+    g = load_ibnetdiscover(to_ibsim_netfile(f))
+    assert g.nodes == f.nodes
+    assert _link_set(g) == _link_set(f)
+
+
+def test_netfile_states_the_same_width_on_both_ends() -> None:
+    text = to_ibsim_netfile(fat_tree(radix=4, leaves=2, hosts_per_leaf=2,
+                                     leaf_link=("1X", "FDR")))
+    assert "1xFDR" in text
+    assert "4xEDR" in text
+    assert text.count("1xFDR") == 2 * 4  # 4 leaf-spine links, written from both ends
+
+
+def test_loads_real_ibnetdiscover_captures() -> None:
+    by_name = {p.name: load_ibnetdiscover(p.read_text()) for p in
+               _fixtures("ibtopotool/tests/*.topo")}
+    f3 = by_name["3.topo"]  # starts with a tool warning line; contains loopback cables
+    sw = f3.nodes["0xe41d2d030003e470"]
+    assert sw.desc == "SwitchIB Mellanox Technologies"
+    assert sw.lid == 268
+    assert f3.peer("0xe41d2d030003e470", 1) == ("0xe41d2d030003e470", 2)
+    link = f3.link_of("0x0002c9030004e938", 1)
+    assert link is not None
+    assert (link.width, link.speed) == ("4X", "QDR")
+    f2 = by_name["2.topo"]
+    ca = f2.nodes["0x0002c9030002847c"]
+    assert ca.desc == "compute-00-00 HCA-1"
+    assert ca.nports == 2
+    assert ca.lid == 2
+    assert f2.peer(ca.guid, 2) == ("0x000b8cffff0053ee", 2)
+    # the man page example states 4x on one end and 1x on the other: the link runs at 1x
+    f1 = by_name["1.topo"]
+    narrow = f1.link_of("0x0008f10400410015", 1)
+    assert narrow is not None
+    assert narrow.width == "1X"
+
+
+def test_loads_ibsim_examples_with_ibsim_guids() -> None:
+    for path in _fixtures("ibsim/net-examples/net*"):
+        f = load_ibnetdiscover(path.read_text())
+        assert f.links, path.name
+    f = load_ibnetdiscover((FIXTURES / "ibsim/net-examples/net.2sw2path4hca2port").read_text())
+    # ibsim 0.10 numbers CAs from 0x100000 (reserving nports+1 each), switches from 0x200000
+    assert f.node_by_desc("Hca2").guid == "0x0000000000100003"
+    assert f.node_by_desc("Switch2").guid == "0x0000000000200001"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('Switch 4 "S1"\n[1] "H1"[1]\n[x] "H2"[1]\n', r"line 3: malformed port line"),
+        ('Switch 4 "S1"\n[9] "H1"[1]\n', r"line 2: port 9 out of range"),
+        ('Switch 4 "S1"\n[1] "H1"[1]\n\nCa 1 "H1"\n[1] "S1"[2]\n', r"line 2: .*lists 'S1'\[2\]"),
+        ('Switch 4 "S1"\n[1] "H9"[1]\n', r"line 2: .*unknown node 'H9'"),
+        ('Switch 4 "S1"\n\nSwitch 4 "S1"\n', r"line 3: node 'S1' defined twice"),
+        ('Switch four "S1"\n', r"line 1: malformed node header"),
+        ("vendid=0x2c9\n", r"no Switch or Ca records"),
+        ('\n[1] "H1"[1]\n', r"line 2: port line outside a node record"),
+    ],
+)
+def test_bad_input_names_the_line(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        load_ibnetdiscover(text)
+
+
+def _umad2sim() -> str:
+    hits = glob.glob("/usr/lib/*/umad2sim/libumad2sim.so") + glob.glob(
+        "/usr/lib/umad2sim/libumad2sim.so")
+    if not hits:
+        if os.environ.get("CI"):
+            pytest.fail("libumad2sim.so not installed (apt package libumad2sim0)")
+        pytest.skip("libumad2sim.so not installed (apt package libumad2sim0)")
+    return hits[0]
+
+
+@pytest.mark.system
+def test_ibsim_serves_the_generated_fabric(tmp_path: Path) -> None:
+    """ibsim parses our net file; ibnetdiscover through it sees our GUIDs, names and rates."""
+    ibsim = require_binary("ibsim")
+    ibnetdiscover = require_binary("ibnetdiscover")
+    preload = _umad2sim()
+    fabric = fat_tree(radix=4, leaves=2, hosts_per_leaf=2, host_link=("1X", "HDR"),
+                      leaf_link=("4X", "FDR"))
+    net = tmp_path / "net"
+    net.write_text(to_ibsim_netfile(fabric))
+    env = {**os.environ, "IBSIM_SOCKNAME": f"ibmon-topo-{uuid.uuid4().hex[:8]}"}
+    sim = subprocess.Popen([ibsim, "-s", "-n", str(net)], cwd=tmp_path, env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True)
+    try:
+        out = ""
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            res = subprocess.run([ibnetdiscover], env={**env, "LD_PRELOAD": preload},
+                                 capture_output=True, text=True, timeout=10, check=False)
+            out = res.stdout
+            if res.returncode == 0 and "Switch" in out:
+                break
+            time.sleep(0.3)
+        seen = load_ibnetdiscover(out)
+        assert seen.nodes.keys() == fabric.nodes.keys()
+        assert {n.desc for n in seen.nodes.values()} == {n.desc for n in fabric.nodes.values()}
+        assert _link_set(seen) == _link_set(fabric)
+        assert re.search(r'"host001 mlx5_0" lid \d+ 1xHDR', out)
+    finally:
+        os.killpg(sim.pid, signal.SIGKILL)
+        sim.wait(timeout=5)

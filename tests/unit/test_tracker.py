@@ -1,0 +1,698 @@
+"""Tracker semantics (DOMAIN.md section 1): baseline, x4, resets, saturation, rates, restarts.
+
+The unit tests pin each rule with numbers a reader can check by hand; the hypothesis tests drive
+a model of the hardware (true increments, resets by other tools, narrow counters clamping at
+their maximum) and check the promises users rely on: totals never go down, never run ahead of
+what really happened, are exact when nothing odd happened, and survive a restart unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ibmon.counters import BY_NAME, CATALOGUE
+from ibmon.model import LinkInfo, PortIdentity, PortSample, PortView, Snapshot
+from ibmon.tracker import STATE_VERSION, Tracker
+
+GUID = "0x0002c90300a1b2c3"
+WALL0 = 1_700_000_000.0  # wall = WALL0 + monotonic: one consistent clock pair (same boot)
+DATA_WIDE = frozenset({"transmit_data", "receive_data", "transmit_packets", "receive_packets"})
+
+
+def sample(
+    counters: dict[str, int] | None = None,
+    *,
+    port: str = "1",
+    wide: frozenset[str] = DATA_WIDE,
+    hw: dict[str, int] | None = None,
+    rate_bps: float | None = 100e9,
+    **kw: Any,
+) -> PortSample:
+    return PortSample(
+        identity=PortIdentity(guid=GUID, port=port, device="mlx5_0"),
+        state=4,
+        phys_state=5,
+        rate_bps=rate_bps,
+        counters=dict(counters or {}),
+        wide=wide,
+        hw_counters=dict(hw or {}),
+        **kw,
+    )
+
+
+def snap(t: float, *samples: PortSample, wall: float | None = None) -> Snapshot:
+    return Snapshot(
+        source="test",
+        monotonic=t,
+        wall=WALL0 + t if wall is None else wall,
+        ports={s.key: s for s in samples},
+    )
+
+
+def one(tracker: Tracker, t: float, s: PortSample, **kw: Any) -> PortView:
+    views = tracker.update(snap(t, s, **kw))
+    assert list(views) == [s.key]
+    return views[s.key]
+
+
+# --------------------------------------------------------------------------- baseline and x4
+
+
+def test_first_sample_is_a_baseline_at_the_hardware_value_times_four_for_data() -> None:
+    v = one(Tracker(), 10.0, sample({"transmit_data": 1000, "transmit_packets": 7,
+                                     "symbol_errors": 3}))
+    # Totals equal perfquery/node_exporter (data x4) from the very first scrape ...
+    assert v.totals == {"transmit_data": 4000, "transmit_packets": 7, "symbol_errors": 3}
+    # ... but one sample has no interval, so no rates and no ratios yet.
+    assert v.rates == {}
+    assert v.utilization_tx is None
+    assert v.xmit_wait_ratio is None
+    assert v.resets == {}
+    assert v.saturated == frozenset()
+
+
+def test_increase_adds_the_delta_times_multiplier_and_gives_per_second_rates() -> None:
+    t = Tracker()
+    one(t, 10.0, sample({"transmit_data": 1000, "receive_data": 50, "transmit_packets": 7}))
+    v = one(t, 12.0, sample({"transmit_data": 1500, "receive_data": 50, "transmit_packets": 27}))
+    assert v.totals == {"transmit_data": 6000, "receive_data": 200, "transmit_packets": 27}
+    assert v.rates == {"transmit_data": 1000.0, "receive_data": 0.0, "transmit_packets": 10.0}
+
+
+def test_multiplier_comes_from_the_catalogue_for_every_counter() -> None:
+    t = Tracker()
+    base = {c.name: 10 for c in CATALOGUE}
+    one(t, 0.0, sample(base, wide=frozenset(base)))
+    v = one(t, 1.0, sample(dict.fromkeys(base, 11), wide=frozenset(base)))
+    for c in CATALOGUE:
+        assert v.totals[c.name] == 11 * (4 if c.data else 1), c.name
+        assert v.rates[c.name] == (4.0 if c.data else 1.0), c.name
+
+
+# --------------------------------------------------------------------------- resets
+
+
+def test_decrease_of_a_64bit_counter_is_a_reset_and_the_new_value_is_the_increase() -> None:
+    t = Tracker()
+    one(t, 0.0, sample({"transmit_data": 10_000}))
+    v = one(t, 2.0, sample({"transmit_data": 300}))  # perfquery -R, then 300 words moved
+    assert v.totals == {"transmit_data": 40_000 + 1200}
+    assert v.resets == {"transmit_data": 1}
+    assert v.rates == {"transmit_data": 600.0}
+    assert t.resets_seen == 1
+    # Counting continues from the new baseline, and the reset count sticks.
+    v = one(t, 3.0, sample({"transmit_data": 400}))
+    assert v.totals == {"transmit_data": 41_600}
+    assert v.resets == {"transmit_data": 1}
+    assert v.rates == {"transmit_data": 400.0}
+
+
+def test_decrease_of_a_narrow_counter_is_a_reset_not_a_wrap() -> None:
+    t = Tracker()
+    one(t, 0.0, sample({"symbol_errors": 65_000}))
+    v = one(t, 1.0, sample({"symbol_errors": 10}))
+    # A wrap would claim 65536 - 65000 + 10 = 546 new errors; narrow PMA counters never wrap.
+    assert v.totals == {"symbol_errors": 65_010}
+    assert v.rates == {"symbol_errors": 10.0}
+    assert v.resets == {"symbol_errors": 1}
+
+
+def test_resets_lists_only_counters_that_were_reset() -> None:
+    t = Tracker()
+    one(t, 0.0, sample({"transmit_packets": 100, "receive_packets": 100}))
+    v = one(t, 1.0, sample({"transmit_packets": 5, "receive_packets": 150}))
+    assert v.resets == {"transmit_packets": 1}
+
+
+# --------------------------------------------------------------------------- saturation
+
+
+def test_narrow_counter_pinned_at_its_maximum_is_flagged_and_gets_no_rate() -> None:
+    t = Tracker()
+    one(t, 0.0, sample({"link_downed": 250, "symbol_errors": 1}))
+    v = one(t, 1.0, sample({"link_downed": 255, "symbol_errors": 2}))  # 8-bit maximum
+    assert v.saturated == frozenset({"link_downed"})
+    assert "link_downed" not in v.rates
+    assert v.rates == {"symbol_errors": 1.0}
+    assert v.totals["link_downed"] == 255  # the delta up to the maximum still counts
+    assert t.saturations_seen == 1
+    # Still pinned: no rate, no extra total, still flagged.
+    v = one(t, 2.0, sample({"link_downed": 255, "symbol_errors": 2}))
+    assert v.saturated == frozenset({"link_downed"})
+    assert "link_downed" not in v.rates
+    assert v.totals["link_downed"] == 255
+    # Someone resets it (opensm PerfMgr): that is a reset, and it is no longer saturated.
+    v = one(t, 3.0, sample({"link_downed": 3, "symbol_errors": 2}))
+    assert v.saturated == frozenset()
+    assert v.resets == {"link_downed": 1}
+    assert v.totals["link_downed"] == 258
+    assert v.rates["link_downed"] == 3.0
+    assert t.saturations_seen == 1
+
+
+def test_saturated_at_the_first_sample_is_flagged_immediately() -> None:
+    v = one(Tracker(), 0.0, sample({"local_link_integrity_errors": 15}))  # 4-bit maximum
+    assert v.saturated == frozenset({"local_link_integrity_errors"})
+    assert v.totals == {"local_link_integrity_errors": 15}
+
+
+def test_counter_read_from_a_64bit_field_does_not_saturate_at_the_narrow_maximum() -> None:
+    t = Tracker()
+    narrow_max = BY_NAME["transmit_data"].max_value
+    one(t, 0.0, sample({"transmit_data": narrow_max - 10}))
+    v = one(t, 1.0, sample({"transmit_data": narrow_max}))  # read wide: just a number
+    assert v.saturated == frozenset()
+    assert v.rates == {"transmit_data": 40.0}
+    # The same value read from the narrow 32-bit PortCounters field is pinned.
+    t2 = Tracker()
+    one(t2, 0.0, sample({"transmit_data": narrow_max - 10}, wide=frozenset()))
+    v = one(t2, 1.0, sample({"transmit_data": narrow_max}, wide=frozenset()))
+    assert v.saturated == frozenset({"transmit_data"})
+    assert v.rates == {}
+
+
+def test_64bit_only_counters_never_saturate() -> None:
+    t = Tracker()
+    top = (1 << 64) - 1
+    one(t, 0.0, sample({"unicast_transmit_packets": top - 5}, wide=frozenset()))
+    v = one(t, 1.0, sample({"unicast_transmit_packets": top}, wide=frozenset()))
+    assert v.saturated == frozenset()
+    assert v.rates == {"unicast_transmit_packets": 5.0}
+
+
+# --------------------------------------------------------------------------- rates and ratios
+
+
+def test_no_rates_when_time_did_not_advance_but_totals_still_count() -> None:
+    t = Tracker()
+    one(t, 5.0, sample({"transmit_packets": 10}))
+    v = one(t, 5.0, sample({"transmit_packets": 30}))
+    assert v.rates == {}
+    assert v.totals == {"transmit_packets": 30}
+    v = one(t, 4.0, sample({"transmit_packets": 40}))  # clock went backwards
+    assert v.rates == {}
+    assert v.totals == {"transmit_packets": 40}
+
+
+def test_utilization_is_data_rate_over_link_rate_in_bytes() -> None:
+    t = Tracker()
+    one(t, 0.0, sample({"transmit_data": 0, "receive_data": 0}, rate_bps=8e9))
+    # 8 Gb/s link = 1e9 B/s. TX 125e6 words = 500e6 B in 1 s; RX 25e6 words = 100e6 B.
+    v = one(t, 1.0, sample({"transmit_data": 125_000_000, "receive_data": 25_000_000},
+                           rate_bps=8e9))
+    assert v.rate_bytes_per_second == 1e9
+    assert v.utilization_tx == pytest.approx(0.5)
+    assert v.utilization_rx == pytest.approx(0.1)
+
+
+def test_utilization_is_clamped_to_one_and_unknown_without_a_link_rate() -> None:
+    t = Tracker()
+    one(t, 0.0, sample({"transmit_data": 0}, rate_bps=8e9))
+    v = one(t, 1.0, sample({"transmit_data": 10**9}, rate_bps=8e9))  # 4e9 B/s on 1e9 B/s
+    assert v.utilization_tx == 1.0
+    assert v.utilization_rx is None  # no receive_data counter
+    v = one(t, 2.0, sample({"transmit_data": 2 * 10**9}, rate_bps=None))
+    assert v.rate_bytes_per_second is None
+    assert v.utilization_tx is None
+    v = one(t, 3.0, sample({"transmit_data": 2 * 10**9}, rate_bps=0.0))  # "0 GB/sec", no cable
+    assert v.rate_bytes_per_second == 0.0
+    assert v.utilization_tx is None
+
+
+def test_xmit_wait_ratio_is_ticks_times_tick_length_over_time() -> None:
+    t = Tracker()  # 64 ns ticks
+    one(t, 0.0, sample({"transmit_wait": 1000}))
+    v = one(t, 2.0, sample({"transmit_wait": 1000 + 3_125_000}))  # 0.2 s of waiting in 2 s
+    assert v.xmit_wait_ratio == pytest.approx(0.1)
+    assert v.rates["transmit_wait"] == pytest.approx(1_562_500.0)
+
+
+def test_xmit_wait_ratio_uses_the_configured_tick_and_is_clamped() -> None:
+    t = Tracker(tick_seconds=1e-6)
+    one(t, 0.0, sample({"transmit_wait": 0}))
+    v = one(t, 1.0, sample({"transmit_wait": 250_000}))
+    assert v.xmit_wait_ratio == pytest.approx(0.25)
+    v = one(t, 2.0, sample({"transmit_wait": 250_000 + 5_000_000}))  # 5 s of waiting in 1 s
+    assert v.xmit_wait_ratio == 1.0
+
+
+def test_xmit_wait_ratio_is_unknown_while_the_narrow_counter_is_saturated() -> None:
+    t = Tracker()
+    top = BY_NAME["transmit_wait"].max_value
+    one(t, 0.0, sample({"transmit_wait": top - 100}))
+    v = one(t, 1.0, sample({"transmit_wait": top}))
+    assert v.saturated == frozenset({"transmit_wait"})
+    assert v.xmit_wait_ratio is None
+    v = one(t, 2.0, sample({}))  # counter not read at all
+    assert v.xmit_wait_ratio is None
+
+
+@pytest.mark.parametrize("tick", [0.0, -64e-9, math.nan, math.inf])
+def test_tick_seconds_must_be_a_positive_finite_number(tick: float) -> None:
+    with pytest.raises(ValueError, match="tick_seconds"):
+        Tracker(tick_seconds=tick)
+
+
+# --------------------------------------------------------------------------- missing values
+
+
+def test_missing_counter_keeps_its_total_and_counts_increments_once_when_back() -> None:
+    t = Tracker()
+    one(t, 0.0, sample({"transmit_data": 100, "symbol_errors": 1}))
+    v = one(t, 1.0, sample({"symbol_errors": 1}))  # transmit_data read failed (EINVAL)
+    assert v.totals == {"transmit_data": 400, "symbol_errors": 1}  # the series stays
+    assert v.rates == {"symbol_errors": 0.0}
+    v = one(t, 2.0, sample({"transmit_data": 150, "symbol_errors": 1}))
+    assert v.totals["transmit_data"] == 600  # the 50 words moved while unread count once
+    # The 50 words span 2 s, not the 1 s since the port's last sample: no rate rather than 2x.
+    assert "transmit_data" not in v.rates
+    v = one(t, 3.0, sample({"transmit_data": 160, "symbol_errors": 1}))
+    assert v.rates["transmit_data"] == 40.0
+
+
+def test_missing_port_keeps_its_state_and_its_view_is_absent() -> None:
+    t = Tracker()
+    a, b = sample({"transmit_packets": 10}, port="1"), sample({"transmit_packets": 50}, port="2")
+    t.update(snap(0.0, a, b))
+    views = t.update(snap(1.0, sample({"transmit_packets": 20}, port="1")))
+    assert list(views) == [(GUID, "1")]
+    views = t.update(snap(4.0, sample({"transmit_packets": 80}, port="2")))
+    v = views[(GUID, "2")]
+    assert v.totals == {"transmit_packets": 80}
+    assert v.rates == {"transmit_packets": 7.5}  # 30 packets over the 4 s since its last sample
+    assert len(t) == 2
+    assert t.forget((GUID, "1")) is True
+    assert t.forget((GUID, "1")) is False
+    assert len(t) == 1
+
+
+def test_unknown_and_negative_values_are_ignored_not_accumulated() -> None:
+    t = Tracker()
+    v = one(t, 0.0, sample({"bogus": 5, "transmit_packets": 10, "symbol_errors": -1}))
+    assert v.totals == {"transmit_packets": 10}
+    assert t.unknown_counters_seen == 1
+    v = one(t, 1.0, sample({"transmit_packets": -3}))
+    assert v.totals == {"transmit_packets": 10}
+    assert v.rates == {}
+    assert v.resets == {}
+    v = one(t, 2.0, sample({"transmit_packets": 20}))
+    assert v.totals == {"transmit_packets": 20}
+    assert v.rates == {}  # the last good value is 2 s old, not 1 s
+
+
+# --------------------------------------------------------------------------- hw_counters
+
+
+def test_hw_counters_accumulate_as_64bit_with_resets() -> None:
+    t = Tracker()
+    v = one(t, 0.0, sample(hw={"out_of_buffer": 100, "np_cnp_sent": 5}))
+    assert v.hw_totals == {"out_of_buffer": 100, "np_cnp_sent": 5}
+    assert v.hw_rates == {}
+    v = one(t, 2.0, sample(hw={"out_of_buffer": 140, "np_cnp_sent": 2}))
+    assert v.hw_totals == {"out_of_buffer": 140, "np_cnp_sent": 7}
+    assert v.hw_rates == {"out_of_buffer": 20.0, "np_cnp_sent": 1.0}
+    assert v.resets == {}  # resets are keyed by catalogue counter; hw resets stay internal
+    assert t.resets_seen == 1
+    v = one(t, 3.0, sample(hw={"np_cnp_sent": 3}))
+    assert v.hw_totals == {"out_of_buffer": 140, "np_cnp_sent": 8}  # unread, not lost
+    assert v.hw_rates == {"np_cnp_sent": 1.0}
+    v = one(t, 4.0, sample(hw={"out_of_buffer": 150, "np_cnp_sent": 3}))
+    assert v.hw_totals == {"out_of_buffer": 150, "np_cnp_sent": 8}
+    assert v.hw_rates == {"np_cnp_sent": 0.0}  # out_of_buffer's last read is 2 s old
+
+
+# --------------------------------------------------------------------------- the view
+
+
+def test_view_carries_identity_state_and_link_and_leaves_detection_fields_empty() -> None:
+    link = LinkInfo(remote_guid="0x0002c90300000001", remote_port="7", active_width="4X",
+                    active_speed="EDR")
+    s = sample({"transmit_data": 1}, link=link, active_width="4X", active_speed="EDR")
+    v = one(Tracker(), 0.0, s)
+    assert v.identity is s.identity
+    assert v.key == (GUID, "1")
+    assert (v.state, v.phys_state) == (4, 5)
+    assert v.rate_bytes_per_second == 12.5e9
+    assert (v.active_width, v.active_speed) == ("4X", "EDR")
+    assert v.link is link
+    assert v.symbol_error_ber is None
+    assert v.conditions == frozenset()
+
+
+def test_published_views_are_not_changed_by_later_updates() -> None:
+    t = Tracker()
+    first = one(t, 0.0, sample({"transmit_data": 1}, hw={"out_of_buffer": 1}))
+    before = copy.deepcopy(first)
+    one(t, 1.0, sample({"transmit_data": 0}, hw={"out_of_buffer": 9}))
+    one(t, 2.0, sample({"transmit_data": 255, "link_downed": 255}, hw={"out_of_buffer": 9}))
+    assert first == before
+
+
+# --------------------------------------------------------------------------- dump / load
+
+
+def roundtrip(t: Tracker) -> Tracker:
+    fresh = Tracker()
+    fresh.load(json.loads(json.dumps(t.dump())))
+    return fresh
+
+
+def test_restart_counts_increments_made_while_down_exactly_once() -> None:
+    t = Tracker()
+    one(t, 0.0, sample({"transmit_data": 1000, "link_downed": 2}, hw={"out_of_buffer": 4}))
+    one(t, 1.0, sample({"transmit_data": 1100, "link_downed": 2}, hw={"out_of_buffer": 5}))
+    restored = roundtrip(t)
+    # Daemon was down for 60 s: 900 more words and one link down happened meanwhile.
+    v = one(restored, 61.0, sample({"transmit_data": 2000, "link_downed": 3},
+                                   hw={"out_of_buffer": 6}))
+    assert v.totals == {"transmit_data": 8000, "link_downed": 3}
+    assert v.hw_totals == {"out_of_buffer": 6}
+    assert v.rates == {"transmit_data": 60.0, "link_downed": 1 / 60}  # same boot: usable dt
+    assert v.resets == {}
+
+
+def test_decrease_across_a_restart_is_a_reset() -> None:
+    t = Tracker()
+    one(t, 0.0, sample({"transmit_packets": 500}))
+    restored = roundtrip(t)
+    v = one(restored, 10.0, sample({"transmit_packets": 20}))
+    assert v.totals == {"transmit_packets": 520}
+    assert v.resets == {"transmit_packets": 1}
+
+
+def test_after_a_reboot_the_old_monotonic_time_gives_no_rates_but_totals_count() -> None:
+    t = Tracker()
+    one(t, 100.0, sample({"transmit_packets": 500}))
+    restored = roundtrip(t)
+    # Rebooted and up for 5000 s; wall time moved on by a day. 5000 - 100 is not an interval.
+    later = WALL0 + 86_400.0
+    v = one(restored, 5000.0, sample({"transmit_packets": 800}), wall=later)
+    assert v.totals == {"transmit_packets": 800}
+    assert v.rates == {}
+    v = one(restored, 5001.0, sample({"transmit_packets": 810}), wall=later + 1.0)
+    assert v.rates == {"transmit_packets": 10.0}
+
+
+def test_dump_keeps_resets_saturation_and_missing_counters() -> None:
+    t = Tracker()
+    one(t, 0.0, sample({"transmit_packets": 50, "link_downed": 255, "symbol_errors": 9}))
+    one(t, 1.0, sample({"transmit_packets": 5, "link_downed": 255}))  # symbol_errors unread
+    data = t.dump()
+    assert data["version"] == STATE_VERSION
+    (port,) = data["ports"]
+    assert (port["guid"], port["port"]) == (GUID, "1")
+    assert (port["monotonic"], port["wall"]) == (1.0, WALL0 + 1.0)
+    assert port["last"] == {"transmit_packets": 5, "link_downed": 255, "symbol_errors": 9}
+    assert port["total"] == {"transmit_packets": 55, "link_downed": 255, "symbol_errors": 9}
+    assert port["resets"] == {"transmit_packets": 1}
+    assert port["saturated"] == ["link_downed"]
+    assert port["stale"] == ["symbol_errors"]
+    restored = roundtrip(t)
+    v = one(restored, 2.0, sample({"transmit_packets": 6, "link_downed": 255, "symbol_errors": 10}))
+    assert v.resets == {"transmit_packets": 1}
+    assert v.saturated == frozenset({"link_downed"})
+    assert v.rates == {"transmit_packets": 1.0}  # symbol_errors stale, link_downed pinned
+    assert v.totals == {"transmit_packets": 56, "link_downed": 255, "symbol_errors": 10}
+
+
+def _valid_dump() -> dict[str, Any]:
+    t = Tracker()
+    one(t, 0.0, sample({"transmit_data": 10, "symbol_errors": 1}, hw={"out_of_buffer": 1}))
+    return t.dump()
+
+
+def _port0(d: dict[str, Any]) -> dict[str, Any]:
+    port: dict[str, Any] = d["ports"][0]
+    return port
+
+
+def _break(change: str) -> Any:
+    d = _valid_dump()
+    p = _port0(d)
+    match change:
+        case "not a dict":
+            return [d]
+        case "no version":
+            del d["version"]
+        case "future version":
+            d["version"] = STATE_VERSION + 1
+        case "ports not a list":
+            d["ports"] = {"0": p}
+        case "port not a dict":
+            d["ports"] = ["0x0002c90300a1b2c3/1"]
+        case "uncanonical guid":
+            p["guid"] = "0002:c903:00a1:b2c3"
+        case "bad port":
+            p["port"] = "1; rm -rf /"
+        case "integer port":
+            p["port"] = 1
+        case "duplicate port":
+            d["ports"].append(copy.deepcopy(p))
+        case "no monotonic":
+            del p["monotonic"]
+        case "nan wall":
+            p["wall"] = math.nan
+        case "string wall":
+            p["wall"] = "yesterday"
+        case "no last":
+            del p["last"]
+        case "no total":
+            del p["total"]
+        case "last not a dict":
+            p["last"] = [10]
+        case "unknown counter":
+            p["last"]["bogus"] = 1
+            p["total"]["bogus"] = 1
+        case "total for a counter without last":
+            p["total"]["receive_data"] = 4
+        case "last without total":
+            del p["total"]["transmit_data"]
+        case "negative last":
+            p["last"]["transmit_data"] = -1
+        case "float total":
+            p["total"]["transmit_data"] = 40.0
+        case "bool last":
+            p["last"]["symbol_errors"] = True
+        case "total below last x4":
+            p["total"]["transmit_data"] = 39
+        case "string resets":
+            p["resets"]["transmit_data"] = "1"
+        case "resets for an unknown counter":
+            p["resets"]["receive_data"] = 1
+        case "saturated not a list":
+            p["saturated"] = "symbol_errors"
+        case "saturated unknown counter":
+            p["saturated"] = ["receive_data"]
+        case "no stale":
+            del p["stale"]
+        case "hw total below last":
+            p["hw_total"]["out_of_buffer"] = 0
+        case "hw empty name":
+            p["hw_last"][""] = 1
+            p["hw_total"][""] = 1
+        case "no hw_last":
+            del p["hw_last"]
+        case _:
+            raise AssertionError(change)
+    return d
+
+
+MALFORMED = [
+    "not a dict", "no version", "future version", "ports not a list", "port not a dict",
+    "uncanonical guid", "bad port", "integer port", "duplicate port", "no monotonic",
+    "nan wall", "string wall", "no last", "no total", "last not a dict", "unknown counter",
+    "total for a counter without last", "last without total", "negative last", "float total",
+    "bool last", "total below last x4", "string resets", "resets for an unknown counter",
+    "saturated not a list", "saturated unknown counter", "no stale", "hw total below last",
+    "hw empty name", "no hw_last",
+]
+
+
+def test_the_valid_dump_used_for_the_malformed_cases_loads() -> None:
+    t = Tracker()
+    t.load(_valid_dump())
+    assert len(t) == 1
+
+
+@pytest.mark.parametrize("change", MALFORMED)
+def test_load_rejects_malformed_state_and_keeps_the_current_state(change: str) -> None:
+    t = Tracker()
+    one(t, 0.0, sample({"transmit_packets": 7}, port="9"))
+    before = t.dump()
+    with pytest.raises(ValueError, match="tracker state"):
+        t.load(_break(change))
+    assert t.dump() == before
+
+
+# --------------------------------------------------------------------------- properties
+#
+# A hardware model: each counter has a true running count (everything that really happened,
+# including the value a counter starts at) and the value the PMA shows, which other tools may
+# reset and which, for a narrow field, clamps at the field's maximum.
+
+
+@dataclass
+class HwCounter:
+    name: str
+    wide: bool
+    value: int
+    true: int = 0
+    mult: int = 1
+    top: int = 0
+    resets: int = 0
+
+    def __post_init__(self) -> None:
+        spec = BY_NAME[self.name]
+        self.mult = spec.multiplier
+        self.top = (1 << 64) - 1 if self.wide or spec.bits == 64 else spec.max_value
+        self.value = min(self.value, self.top)
+        self.true = self.value
+
+    def apply(self, op: tuple[str, int]) -> None:
+        kind, n = op
+        if kind == "reset":  # cleared by someone else, then n more events before we look
+            self.resets += 1
+            self.value = 0
+        self.true += n
+        self.value = min(self.value + n, self.top)
+
+    @property
+    def saturated(self) -> bool:
+        return not self.wide and BY_NAME[self.name].bits < 64 and self.value == self.top
+
+
+@dataclass
+class Scenario:
+    counters: list[HwCounter]
+    steps: list[tuple[float, dict[str, tuple[str, int]], frozenset[str]]] = field(
+        default_factory=list
+    )  # (dt, op per counter, counters left out of this sample)
+
+
+NAMES = [c.name for c in CATALOGUE]
+
+
+@st.composite
+def scenarios(draw: st.DrawFn, *, odd: bool) -> Scenario:
+    """``odd`` allows resets, saturation and missing reads; without it every step is exact."""
+    names = draw(st.lists(st.sampled_from(NAMES), min_size=1, max_size=4, unique=True))
+    counters = []
+    for name in names:
+        spec = BY_NAME[name]
+        wide = spec.bits == 64 or draw(st.booleans())
+        top = (1 << 64) - 1 if wide else spec.max_value
+        # 64-bit starts stay far enough below 2**64 that the model never reaches the top.
+        start_cap = top - (1 << 45) if wide else (top if odd else top // 2)
+        counters.append(HwCounter(name, wide, draw(st.integers(0, start_cap))))
+    sc = Scenario(counters)
+    for _ in range(draw(st.integers(1, 12))):
+        dt = draw(st.sampled_from([0.0, 0.25, 1.0, 7.0]) if odd else st.sampled_from([0.5, 1.0]))
+        ops: dict[str, tuple[str, int]] = {}
+        for c in counters:
+            if c.wide:
+                n = draw(st.integers(0, 1 << 40))
+            elif odd:
+                n = draw(st.one_of(st.integers(0, 20), st.integers(0, 2 * c.top)))
+            else:  # stays below the maximum over 12 steps
+                n = draw(st.integers(0, c.top // 30))
+            kind = draw(st.sampled_from(["inc", "inc", "inc", "reset"])) if odd else "inc"
+            ops[c.name] = (kind, draw(st.integers(0, 10)) if kind == "reset" else n)
+        missing = draw(st.frozensets(st.sampled_from(names))) if odd else frozenset()
+        sc.steps.append((dt, ops, missing))
+    return sc
+
+
+def play(sc: Scenario, *, restart_at: int | None = None) -> list[PortView]:
+    """Run the scenario through a tracker (restarting it via JSON at ``restart_at``)."""
+    hw = copy.deepcopy(sc.counters)
+    wide = frozenset(c.name for c in hw if c.wide)
+    tracker = Tracker()
+    now = 100.0
+    views = [one(tracker, now, sample({c.name: c.value for c in hw}, wide=wide))]
+    for i, (dt, ops, missing) in enumerate(sc.steps):
+        if i == restart_at:
+            tracker = roundtrip(tracker)
+        now += dt
+        for c in hw:
+            c.apply(ops[c.name])
+        values = {c.name: c.value for c in hw if c.name not in missing}
+        views.append(one(tracker, now, sample(values, wide=wide)))
+    return views
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenarios(odd=True))
+def test_totals_never_decrease_never_outrun_reality_and_rates_are_never_negative(
+    sc: Scenario,
+) -> None:
+    hw = copy.deepcopy(sc.counters)
+    wide = frozenset(c.name for c in hw if c.wide)
+    tracker = Tracker()
+    now = 100.0
+    prev = one(tracker, now, sample({c.name: c.value for c in hw}, wide=wide))
+    for c in hw:
+        assert prev.totals[c.name] == c.value * c.mult  # baseline
+        assert (c.name in prev.saturated) == c.saturated
+    for dt, ops, missing in sc.steps:
+        now += dt
+        for c in hw:
+            c.apply(ops[c.name])
+        v = one(tracker, now, sample({c.name: c.value for c in hw if c.name not in missing},
+                                     wide=wide))
+        for c in hw:
+            total = v.totals[c.name]  # present even when this read was missing
+            assert total >= prev.totals[c.name]
+            assert total <= c.true * c.mult  # never more than really happened
+            assert v.resets.get(c.name, 0) <= c.resets
+            if c.name not in missing:
+                assert (c.name in v.saturated) == c.saturated
+                if c.saturated:
+                    assert c.name not in v.rates
+            else:
+                assert c.name not in v.rates
+        assert all(r >= 0 and math.isfinite(r) for r in v.rates.values())
+        if v.xmit_wait_ratio is not None:
+            assert 0.0 <= v.xmit_wait_ratio <= 1.0
+        if v.utilization_tx is not None:
+            assert 0.0 <= v.utilization_tx <= 1.0
+        if dt == 0:
+            assert v.rates == {}
+        prev = v
+
+
+@settings(max_examples=100, deadline=None)
+@given(scenarios(odd=False))
+def test_without_resets_or_saturation_totals_and_rates_are_exact(sc: Scenario) -> None:
+    hw = copy.deepcopy(sc.counters)
+    wide = frozenset(c.name for c in hw if c.wide)
+    tracker = Tracker()
+    now = 100.0
+    one(tracker, now, sample({c.name: c.value for c in hw}, wide=wide))
+    for dt, ops, _ in sc.steps:
+        now += dt
+        before = {c.name: c.value for c in hw}
+        for c in hw:
+            c.apply(ops[c.name])
+        v = one(tracker, now, sample({c.name: c.value for c in hw}, wide=wide))
+        for c in hw:
+            assert v.totals[c.name] == c.true * c.mult  # initial + every increment, x4 for data
+            assert v.rates[c.name] == pytest.approx((c.value - before[c.name]) * c.mult / dt)
+        assert v.resets == {}
+        assert v.saturated == frozenset()
+
+
+@settings(max_examples=150, deadline=None)
+@given(scenarios(odd=True), st.integers(0, 11))
+def test_a_restart_at_any_point_changes_nothing(sc: Scenario, at: int) -> None:
+    straight = play(copy.deepcopy(sc))
+    restarted = play(copy.deepcopy(sc), restart_at=at % len(sc.steps))
+    # Same boot, consistent clocks: totals, resets, saturation and even rates carry over.
+    assert restarted == straight
