@@ -1,12 +1,16 @@
-"""The ``ibmon`` command. Usage and config mistakes exit 2 with one line on stderr, never a traceback."""
+"""The ``ibmon`` command.
+
+Usage and config mistakes exit 2 with one line on stderr, never a traceback.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import time
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, NoReturn
@@ -36,11 +40,13 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-sim_app = typer.Typer(help="Run the simulated fabric for other programs to read.", no_args_is_help=True)
+sim_app = typer.Typer(
+    help="Run the simulated fabric for other programs to read.", no_args_is_help=True
+)
 app.add_typer(sim_app, name="sim")
 
 
-class UsageProblem(Exception):
+class CliUsageError(Exception):
     """A user mistake detected after parsing (bad config, no devices): exit 2, one line."""
 
     exit_code = 2
@@ -50,7 +56,7 @@ class UsageProblem(Exception):
 
 
 def _die(message: str) -> NoReturn:
-    raise UsageProblem(message)
+    raise CliUsageError(message)
 
 
 def _load(config: Path | None, **overrides: Any) -> Settings:
@@ -84,9 +90,7 @@ def _run_daemon(settings: Settings, config_path: Path | None, banner: str | None
 
 @app.command()
 def run(
-    config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="TOML config file.")
-    ] = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file.")] = None,
     listen: Annotated[
         str | None, typer.Option(help="Override prometheus.listen (host:port).")
     ] = None,
@@ -112,14 +116,14 @@ def run(
     _run_daemon(settings, config)
 
 
-class ScanSource(str, Enum):
+class ScanSource(StrEnum):
     sysfs = "sysfs"
     mock = "mock"
     mad = "mad"
     diags = "diags"
 
 
-class ScanFormat(str, Enum):
+class ScanFormat(StrEnum):
     table = "table"
     json = "json"
     prom = "prom"
@@ -167,13 +171,23 @@ def _scan_state(cfg: SourceConfig, interval: float) -> tuple[FabricState, bytes]
 def _port_json(v: PortView) -> dict[str, Any]:
     ident = v.identity
     return {
-        "guid": ident.guid, "port": ident.port, "device": ident.device,
-        "node_desc": ident.node_desc, "node_type": ident.node_type, "lid": ident.lid,
-        "link_layer": ident.link_layer, "state": v.state, "phys_state": v.phys_state,
+        "guid": ident.guid,
+        "port": ident.port,
+        "device": ident.device,
+        "node_desc": ident.node_desc,
+        "node_type": ident.node_type,
+        "lid": ident.lid,
+        "link_layer": ident.link_layer,
+        "state": v.state,
+        "phys_state": v.phys_state,
         "rate_bytes_per_second": v.rate_bytes_per_second,
-        "active_width": v.active_width, "active_speed": v.active_speed,
-        "totals": v.totals, "rates": v.rates, "saturated": sorted(v.saturated),
-        "resets": v.resets, "hw_totals": v.hw_totals,
+        "active_width": v.active_width,
+        "active_speed": v.active_speed,
+        "totals": v.totals,
+        "rates": v.rates,
+        "saturated": sorted(v.saturated),
+        "resets": v.resets,
+        "hw_totals": v.hw_totals,
         "utilization": {"transmit": v.utilization_tx, "receive": v.utilization_rx},
         "transmit_wait_ratio": v.xmit_wait_ratio,
     }
@@ -194,25 +208,39 @@ def _table(state: FabricState) -> str:
     for v in sorted(state.ports.values(), key=lambda v: v.key):
         ident = v.identity
         errors = sum(
-            n for name, n in v.totals.items()
+            n
+            for name, n in v.totals.items()
             if name not in {"transmit_data", "receive_data", "transmit_wait"}
             and "packets" not in name
         )
-        rows.append((
-            ident.guid, ident.port, (ident.node_desc or ident.device)[:32],
-            str(v.state if v.state is not None else "-"),
-            _fmt_rate(v.rate_bytes_per_second), _fmt_rate(v.rates.get("transmit_data")),
-            _fmt_rate(v.rates.get("receive_data")), str(errors), ",".join(sorted(v.saturated)),
-        ))
+        rows.append(
+            (
+                ident.guid,
+                ident.port,
+                (ident.node_desc or ident.device)[:32],
+                str(v.state if v.state is not None else "-"),
+                _fmt_rate(v.rate_bytes_per_second),
+                _fmt_rate(v.rates.get("transmit_data")),
+                _fmt_rate(v.rates.get("receive_data")),
+                str(errors),
+                ",".join(sorted(v.saturated)),
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-                     for r in rows) + "\n"
+    return (
+        "\n".join(
+            "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+        )
+        + "\n"
+    )
 
 
 @app.command()
 def scan(
     source: Annotated[ScanSource, typer.Option(help="Which source to sample.")] = ScanSource.sysfs,
-    sysfs_root: Annotated[Path, typer.Option(help="sysfs root (tests, containers).")] = Path("/sys"),
+    sysfs_root: Annotated[Path, typer.Option(help="sysfs root (tests, containers).")] = Path(
+        "/sys"
+    ),
     interval: Annotated[
         float, typer.Option(min=0.0, max=3600.0, help="Seconds between the two samples.")
     ] = 1.0,
@@ -285,7 +313,9 @@ def demo(
         name="demo", scenario=scenario, hosts=hosts, speed=speed, interval=interval
     )
     settings = _load(
-        None, prometheus={"listen": listen}, sources=[src.model_dump()],
+        None,
+        prometheus={"listen": listen},
+        sources=[src.model_dump()],
     )
     host = listen.rsplit(":", 1)[0]
     banner = (
@@ -300,17 +330,19 @@ def demo(
 def sim_sysfs(
     out: Annotated[Path, typer.Option(help="Directory to render the sysfs tree into.")],
     scenario: Annotated[str, typer.Option(help="Scenario to play.")] = "demo",
-    speed: Annotated[float, typer.Option(min=0.01, help="Simulated seconds per real second.")] = 1.0,
+    speed: Annotated[
+        float, typer.Option(min=0.01, help="Simulated seconds per real second.")
+    ] = 1.0,
     hosts: Annotated[int | None, typer.Option(min=1, help="Host ports in the fat tree.")] = None,
 ) -> None:
     """Render the simulated fabric's HCAs as a live sysfs tree (read it with --sysfs-root)."""
     from mocks.sysfs import run_sysfs
 
-    print(f"ibmon sim: rendering sysfs under {out}/class/infiniband (Ctrl-C to stop)", file=sys.stderr)
-    try:
+    print(
+        f"ibmon sim: rendering sysfs under {out}/class/infiniband (Ctrl-C to stop)", file=sys.stderr
+    )
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run_sysfs(out, scenario, speed=speed, hosts=hosts))
-    except KeyboardInterrupt:
-        pass
 
 
 def main(argv: list[str] | None = None) -> None:

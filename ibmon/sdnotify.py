@@ -12,7 +12,7 @@ __all__ = ["notify", "watchdog_interval"]
 
 
 def notify(message: str) -> bool:
-    """Send ``READY=1``, ``WATCHDOG=1``, ``STATUS=...``, ``STOPPING=1``; False if not under systemd."""
+    """Send ``READY=1``, ``WATCHDOG=1``, ``STATUS=...``, ``STOPPING=1``; False outside systemd."""
     addr = os.environ.get("NOTIFY_SOCKET")
     if not addr:
         return False

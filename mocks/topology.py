@@ -1,6 +1,4 @@
-"""TOPOLOGY READY
-
-Simulated fabric topologies: fat-tree generators, ibsim net files, ibnetdiscover loading.
+"""Simulated fabric topologies: fat-tree generators, ibsim net files, ibnetdiscover loading.
 
 Everything here is deterministic: GUIDs and LIDs derive from a node's role and index, so the same
 parameters give the same fabric on every run and in every renderer (in-process, sysfs, ibsim).

@@ -22,7 +22,7 @@ GUID = "0x0002c90300a1b2c3"
 
 
 class CountingSource:
-    """Data counter grows by 1000 words a poll; fails on demand to prove a failure costs one poll."""
+    """Data counter grows 1000 words a poll; fails on demand to prove a failure costs one poll."""
 
     def __init__(self, name: str, *, fail: bool = False) -> None:
         self.name = name
@@ -37,13 +37,20 @@ class CountingSource:
         self.polls += 1
         if self.fail:
             raise RuntimeError("hardware on fire")
-        ident = PortIdentity(guid=GUID, port="1", device="mlx5_0", node_desc="host1", source=self.name)
+        ident = PortIdentity(
+            guid=GUID, port="1", device="mlx5_0", node_desc="host1", source=self.name
+        )
         sample = PortSample(
-            identity=ident, state=4, phys_state=5, rate_bps=100e9,
+            identity=ident,
+            state=4,
+            phys_state=5,
+            rate_bps=100e9,
             counters={"transmit_data": 1000 * self.polls, "symbol_errors": 0},
         )
         return Snapshot(
-            source=self.name, monotonic=time.monotonic(), wall=time.time(),
+            source=self.name,
+            monotonic=time.monotonic(),
+            wall=time.time(),
             ports={ident.key: sample},
         )
 
@@ -57,7 +64,9 @@ def scrape(port: int) -> str:
 
 
 def settings(*sources: SourceConfig) -> Settings:
-    return load_settings(None, prometheus={"listen": "127.0.0.1:0"}, sources=[s.model_dump() for s in sources])
+    return load_settings(
+        None, prometheus={"listen": "127.0.0.1:0"}, sources=[s.model_dump() for s in sources]
+    )
 
 
 async def wait_for(pred: object, timeout: float = 5.0) -> None:
@@ -99,7 +108,8 @@ async def test_polls_scrapes_and_survives_a_failing_source() -> None:
 async def test_totals_survive_reload_and_bad_reload_is_rejected(tmp_path: Path) -> None:
     cfg_file = tmp_path / "ibmon.toml"
     cfg_file.write_text(
-        '[prometheus]\nlisten = "127.0.0.1:0"\n[[sources]]\ntype = "sysfs"\nname = "good"\ninterval = "50ms"\n'
+        '[prometheus]\nlisten = "127.0.0.1:0"\n'
+        '[[sources]]\ntype = "sysfs"\nname = "good"\ninterval = "50ms"\n'
     )
     made: list[CountingSource] = []
 
@@ -142,7 +152,9 @@ def test_signal_stops_process_within_two_seconds(tmp_path: Path, sig: signal.Sig
     )
     with subprocess.Popen(
         [sys.executable, "-m", "ibmon", "run", "--config", str(cfg)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     ) as proc:
         _stop_and_check(proc, sig)
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.syspkg import require_binary
 from tests.sysfs_tree import FULL_COUNTERS, write_device, write_port
+from tests.syspkg import require_binary
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "scan.prom"
 VOLATILE = re.compile(
@@ -29,24 +29,62 @@ VOLATILE = re.compile(
 
 def build_tree(root: Path) -> None:
     """Two devices, three ports: IB with every counter, a RoCE port, and a saturated narrow one."""
-    write_device(root, "mlx5_0", node_guid="0002:c903:00a1:b2c3", node_desc='host01 "HCA-1"\n',
-                 hw_counters=None)
-    write_port(root, "mlx5_0", 1, counters={**FULL_COUNTERS, "port_xmit_data": 2880761508848},
-               hw_counters={"out_of_buffer": 3, "np_cnp_sent": 11}, lid="0x12\n",
-               rate="100 Gb/sec (4X EDR)\n")
-    write_port(root, "mlx5_0", 2, counters={**FULL_COUNTERS, "symbol_error": 65535,
-                                            "port_xmit_wait": 4294967295},
-               lid="0x13\n", state="1: DOWN\n", phys_state="3: Disabled\n", rate="0 GB/sec\n")
+    write_device(
+        root,
+        "mlx5_0",
+        node_guid="0002:c903:00a1:b2c3",
+        node_desc='host01 "HCA-1"\n',
+        hw_counters=None,
+    )
+    write_port(
+        root,
+        "mlx5_0",
+        1,
+        counters={**FULL_COUNTERS, "port_xmit_data": 2880761508848},
+        hw_counters={"out_of_buffer": 3, "np_cnp_sent": 11},
+        lid="0x12\n",
+        rate="100 Gb/sec (4X EDR)\n",
+    )
+    write_port(
+        root,
+        "mlx5_0",
+        2,
+        counters={**FULL_COUNTERS, "symbol_error": 65535, "port_xmit_wait": 4294967295},
+        lid="0x13\n",
+        state="1: DOWN\n",
+        phys_state="3: Disabled\n",
+        rate="0 GB/sec\n",
+    )
     write_device(root, "mlx5_1", node_guid="0002:c903:00a1:b2c4", node_desc="host01 roce\\nic")
-    write_port(root, "mlx5_1", 1, counters={"port_xmit_data": 10, "port_rcv_data": 20},
-               link_layer="Ethernet\n", rate="25 Gb/sec (1X EDR)\n", lid="0x0\n")
+    write_port(
+        root,
+        "mlx5_1",
+        1,
+        counters={"port_xmit_data": 10, "port_rcv_data": 20},
+        link_layer="Ethernet\n",
+        rate="25 Gb/sec (1X EDR)\n",
+        lid="0x0\n",
+    )
 
 
 def scan_prom(root: Path) -> str:
     proc = subprocess.run(
-        [sys.executable, "-m", "ibmon", "scan", "--sysfs-root", str(root), "--interval", "0",
-         "--format", "prom"],
-        capture_output=True, text=True, timeout=60, check=False,
+        [
+            sys.executable,
+            "-m",
+            "ibmon",
+            "scan",
+            "--sysfs-root",
+            str(root),
+            "--interval",
+            "0",
+            "--format",
+            "prom",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
@@ -71,14 +109,19 @@ def test_scan_prom_passes_promtool(tmp_path: Path) -> None:
     promtool = require_binary("promtool")
     build_tree(tmp_path)
     proc = subprocess.run(
-        [promtool, "check", "metrics"], input=scan_prom(tmp_path),
-        capture_output=True, text=True, timeout=60, check=False,
+        [promtool, "check", "metrics"],
+        input=scan_prom(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     # promtool's lint flags "counter" inside three DESIGN.md names (ibmon_port_counter_resets_total,
     # ibmon_port_counter_saturated, ibmon_port_hw_counter_total) where it means a hardware
     # counter; anything else it prints is a real problem.
     problems = [
-        ln for ln in (proc.stdout + proc.stderr).splitlines()
+        ln
+        for ln in (proc.stdout + proc.stderr).splitlines()
         if ln.strip() and "should not include type 'counter'" not in ln
     ]
     assert not problems, problems

@@ -12,7 +12,11 @@ import pytest
 def ibmon(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "ibmon", *args],
-        capture_output=True, text=True, timeout=60, cwd=cwd, check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+        check=False,
     )
 
 

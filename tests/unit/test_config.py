@@ -18,8 +18,16 @@ from ibmon.config import (
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("10s", 10.0), ("500ms", 0.5), ("5m", 300.0), ("1h", 3600.0), ("2d", 172800.0), (3, 3.0),
-     ("1.5s", 1.5), (" 7 ", 7.0)],
+    [
+        ("10s", 10.0),
+        ("500ms", 0.5),
+        ("5m", 300.0),
+        ("1h", 3600.0),
+        ("2d", 172800.0),
+        (3, 3.0),
+        ("1.5s", 1.5),
+        (" 7 ", 7.0),
+    ],
 )
 def test_durations(text: str | int, seconds: float) -> None:
     assert parse_duration(text) == seconds
@@ -61,7 +69,10 @@ def test_toml_env_and_override_priority(tmp_path: Path, monkeypatch: pytest.Monk
 @pytest.mark.parametrize(
     ("body", "expect"),
     [
-        ('[[sources]]\ntype = "sysfs"\ninterval = "soon"\n', "sources.0.interval: invalid duration"),
+        (
+            '[[sources]]\ntype = "sysfs"\ninterval = "soon"\n',
+            "sources.0.interval: invalid duration",
+        ),
         ('[[sources]]\ntype = "magic"\n', "sources.0"),
         ('[prometheus]\nlisten = "nowhere"\n', "prometheus.listen"),
         ("fabric = 'a/b'\n", "fabric"),

@@ -13,4 +13,5 @@ def test_metric_table_matches_catalogue() -> None:
     text = README.read_text()
     start = text.index("<!-- metric-table:start -->\n") + len("<!-- metric-table:start -->\n")
     end = text.index("<!-- metric-table:end -->")
-    assert text[start:end] == markdown_table(), "regenerate: python -c 'from ibmon.counters import markdown_table; print(markdown_table())'"
+    # Regenerate with: python -c 'from ibmon.counters import markdown_table as t; print(t())'
+    assert text[start:end] == markdown_table()
