@@ -62,8 +62,12 @@ _FABRIC_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 #: Publishes awaited together; paho keeps them in order on the one connection.
 BATCH = 100
-#: Ports diffed between yields to the event loop, so 100k ports never stall polling.
-STATE_CHUNK = 500
+#: Messages serialized or handed to paho between yields to the event loop, and ports diffed
+#: between yields: each step stays around a millisecond, so a burst never stalls polling.
+SLICE = 20
+#: After the flush timeout: time left to publish "offline" and disconnect cleanly.
+SHUTDOWN_GRACE = 2.0
+STATE_CHUNK = 200
 
 
 class Topics:
@@ -189,6 +193,7 @@ class MqttPublisher:
         self._connected = False
         self._task: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
+        self._pump_task: asyncio.Task[None] | None = None
         self._bus: EventBus | None = None
         self._sub: Subscription | None = None
         self._bus_task: asyncio.Task[None] | None = None
@@ -260,14 +265,15 @@ class MqttPublisher:
         self._stopping = True
         self._wake.set()
         if task is not None:
-            try:
-                await asyncio.wait_for(asyncio.shield(task), self._flush_timeout + 2.0)
-            except TimeoutError:
+            done, _ = await asyncio.wait({task}, timeout=self._flush_timeout)
+            if not done and self._pump_task is not None:
+                # Give up flushing but still say "offline" ourselves: a cancelled session
+                # would send DISCONNECT, which discards the Last Will and leaves "online".
+                self._pump_task.cancel()
+                done, _ = await asyncio.wait({task}, timeout=SHUTDOWN_GRACE)
+            if not done:
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-            except Exception as exc:  # _run never raises; belt and braces for shutdown
-                log.error("mqtt_stop_failed", error=str(exc))
+                await asyncio.wait({task}, timeout=SHUTDOWN_GRACE)
         if self._queue:
             log.warning("mqtt_events_dropped_at_shutdown", count=len(self._queue))
             self._metrics.dropped.inc(len(self._queue))
@@ -286,7 +292,7 @@ class MqttPublisher:
         if cfg.password_file is not None:
             # Read at every connect so a rotated secret is picked up; never logged.
             password = cfg.password_file.read_text(encoding="utf-8").rstrip("\r\n")
-        return aiomqtt.Client(
+        client = aiomqtt.Client(
             cfg.host,
             cfg.port,
             username=cfg.username,
@@ -299,6 +305,9 @@ class MqttPublisher:
             max_inflight_messages=BATCH,
             timeout=max(10.0, cfg.keepalive * 1.5),
         )
+        # aiomqtt warns on every publish beyond 10 in flight; we pipeline BATCH on purpose.
+        client.pending_calls_threshold = BATCH * 2 + 10
+        return client
 
     def _tls_context(self) -> ssl.SSLContext | None:
         tls = self.config.tls
@@ -367,7 +376,15 @@ class MqttPublisher:
             for key in self._sent:
                 self._sent[key] = None
             self._state_dirty = self._state is not None or bool(self._sent)
-            await self._pump(client, watcher)
+            pump = asyncio.create_task(self._pump(client, watcher), name="mqtt-pump")
+            self._pump_task = pump
+            try:
+                await asyncio.wait({pump})  # does not raise when stop() cancels the pump
+            finally:
+                self._pump_task = None
+                pump.cancel()
+            if not pump.cancelled() and (exc := pump.exception()) is not None:
+                raise exc
             await self._shutdown(client)
         finally:
             self._watcher = None
@@ -402,7 +419,7 @@ class MqttPublisher:
 
     async def _shutdown(self, client: aiomqtt.Client) -> None:
         with contextlib.suppress(aiomqtt.MqttError, TimeoutError):
-            async with asyncio.timeout(min(2.0, self._flush_timeout)):
+            async with asyncio.timeout(SHUTDOWN_GRACE - 0.5):
                 await self._publish(client, [(self.topics.status, b"offline", 1, True)])
 
     async def _publish(
@@ -414,9 +431,11 @@ class MqttPublisher:
         connection dropped, so the wait also ends when the disconnect watcher fires. Raises the
         first error after counting, so the caller requeues the rest.
         """
-        tasks = [
-            asyncio.create_task(client.publish(t, p, qos=q, retain=r)) for t, p, q, r in messages
-        ]
+        tasks: list[asyncio.Task[None]] = []
+        for t, p, q, r in messages:
+            if len(tasks) % SLICE == SLICE - 1:
+                await asyncio.sleep(0)  # earlier tasks send first: order is kept
+            tasks.append(asyncio.create_task(client.publish(t, p, qos=q, retain=r)))
         watcher = self._watcher
         try:
             everything = asyncio.gather(*tasks, return_exceptions=True)
@@ -446,11 +465,14 @@ class MqttPublisher:
     async def _send_events(self, client: aiomqtt.Client) -> None:
         batch = [self._queue.popleft() for _ in range(min(BATCH, len(self._queue)))]
         qos = self.config.qos
-        messages = [
-            (self.topics.event(e.type), e.model_dump_json().encode(), qos, False) for e in batch
-        ]
         ok = 0
         try:
+            messages = []
+            for i, e in enumerate(batch):
+                if i % SLICE == SLICE - 1:
+                    await asyncio.sleep(0)
+                payload = e.model_dump_json().encode()
+                messages.append((self.topics.event(e.type), payload, qos, False))
             ok = await self._publish(client, messages)
         finally:
             if ok < len(batch):  # not acknowledged: back to the front, in order
@@ -466,12 +488,16 @@ class MqttPublisher:
         ports: Mapping[PortKey, PortView] = state.ports if state is not None else {}
         now = time.time()
         pending: list[tuple[PortKey, tuple[Any, ...] | None, tuple[str, bytes, int, bool]]] = []
-        for i, (key, view) in enumerate(ports.items()):
-            if i % STATE_CHUNK == STATE_CHUNK - 1:
+        work = 0
+        for key, view in ports.items():
+            if work >= STATE_CHUNK:
+                work = 0
                 await asyncio.sleep(0)
+            work += 1
             sig = _signature(view)
             if key in self._sent and self._sent[key] == sig:
                 continue
+            work += STATE_CHUNK // SLICE  # serializing costs about ten comparisons
             topic = self.topics.port(key)
             if topic is None:
                 if key not in self._bad_keys:

@@ -1,4 +1,4 @@
-"""Configuration: a TOML file, overridden by ``IBMON_*`` environment variables, overridden by CLI flags.
+"""Configuration: a TOML file, overridden by ``IBMON_*`` environment, overridden by CLI flags.
 
 Validation happens once, here, at the boundary; everything downstream gets typed, checked values.
 A bad value becomes a ``ConfigError`` whose message names the field and the problem in one line,
@@ -13,7 +13,16 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -21,12 +30,17 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from ibmon.detect.engine import parse_detect_tables
+
 __all__ = [
     "ConfigError",
     "DetectConfig",
     "DiagsSourceConfig",
+    "EventsConfig",
     "MadSourceConfig",
     "MockSourceConfig",
+    "MqttConfig",
+    "MqttTlsConfig",
     "PrometheusConfig",
     "Settings",
     "SourceConfig",
@@ -120,6 +134,9 @@ class _FabricSourceBase(_SourceBase):
     include: list[str] = Field(default_factory=list)
     exclude: list[str] = Field(default_factory=list)
     shard: str | None = Field(default=None, pattern=r"^\d+/\d+$")
+    #: seconds between port-state refreshes between discoveries; None = the source's default
+    #: (mad: every poll, in the same MAD batch; diags: 30 s, one ibnetdiscover for the fabric)
+    state_interval: Duration | None = None
 
 
 class MadSourceConfig(_FabricSourceBase):
@@ -136,7 +153,7 @@ class MockSourceConfig(_SourceBase):
     scenario: str = "demo"
     hosts: int | None = Field(default=None, ge=1, le=200_000)
     speed: float = Field(default=1.0, gt=0, le=10_000)
-    seed: int = 0
+    seed: int | None = None  # None: the scenario's own seed
 
 
 SourceConfig = Annotated[
@@ -151,9 +168,29 @@ class DetectConfig(_Section):
     model_config = ConfigDict(extra="allow", frozen=True)
     tick_seconds: float = Field(default=64e-9, gt=0)
 
+    @model_validator(mode="after")
+    def _check_tables(self) -> DetectConfig:
+        parse_detect_tables(self.tables())  # detectors own their settings
+        return self
+
+    def tables(self) -> dict[str, Any]:
+        """The ``[detect.<name>]`` tables, by detector name."""
+        return dict(self.model_extra or {})
+
+
+class EventsConfig(_Section):
+    """``[events]``: the optional JSON-lines event file and the bus's bounds."""
+
+    file: Path | None = None
+    max_bytes: int = Field(default=10_000_000, ge=4096)
+    backups: int = Field(default=3, ge=0, le=100)
+    queue_size: int = Field(default=10_000, ge=1, le=1_000_000)
+    history: int = Field(default=1000, ge=0, le=100_000)
+
 
 class StateConfig(_Section):
     path: Path = Path("/var/lib/ibmon/state.json")
+    save_interval: Duration = 60.0
 
 
 class LogConfig(_Section):
@@ -161,7 +198,59 @@ class LogConfig(_Section):
     format: Literal["auto", "json", "console"] = "auto"
 
 
-_toml_data: ContextVar[dict[str, Any]] = ContextVar("_toml_data", default={})
+class MqttTlsConfig(_Section):
+    """TLS to the broker; present means on. Without ``ca_file`` the system CAs are trusted."""
+
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    verify: bool = True
+
+    @field_validator("key_file")
+    @classmethod
+    def _key_needs_cert(cls, v: Path | None, info: ValidationInfo) -> Path | None:
+        if v is not None and info.data.get("cert_file") is None:
+            raise ValueError("key_file needs cert_file (the client certificate)")
+        return v
+
+
+class MqttConfig(_Section):
+    """``[mqtt]``: absent means MQTT is off.
+
+    There is deliberately no ``password`` key: a password in the config file or on a command
+    line ends up in backups, ``ps`` and logs, so it is read from ``password_file`` at connect time.
+    ``prefix`` and the fabric name become topic levels, hence the strict patterns.
+    """
+
+    host: str = Field(default="127.0.0.1", min_length=1, max_length=253)
+    port: int = Field(default=1883, ge=1, le=65535)
+    tls: MqttTlsConfig | None = None
+    username: str | None = Field(default=None, min_length=1, max_length=256)
+    password_file: Path | None = None
+    client_id: str | None = Field(default=None, pattern=r"^[a-zA-Z0-9_.-]{1,64}$")
+    keepalive: Duration = 30.0
+    qos: Literal[0, 1, 2] = 1
+    prefix: str = Field(
+        default="ibmon", pattern=r"^[a-zA-Z0-9_-]{1,64}(/[a-zA-Z0-9_-]{1,64}){0,3}$"
+    )
+    queue_size: int = Field(default=10_000, ge=1, le=1_000_000)
+
+    @field_validator("keepalive")
+    @classmethod
+    def _check_keepalive(cls, v: float) -> float:
+        if not 1 <= v <= 65535:
+            raise ValueError("keepalive must be between 1s and 65535s")
+        return v
+
+    @field_validator("password_file")
+    @classmethod
+    def _password_needs_user(cls, v: Path | None, info: ValidationInfo) -> Path | None:
+        if v is not None and not info.data.get("username"):
+            raise ValueError("password_file needs a username (MQTT sends no password without one)")
+        return v
+
+
+_toml_data: ContextVar[dict[str, Any] | None] = ContextVar("_toml_data", default=None)
 
 
 class Settings(BaseSettings):
@@ -176,7 +265,9 @@ class Settings(BaseSettings):
     sources: list[SourceConfig] = Field(default_factory=list)
     detect: DetectConfig = DetectConfig()
     state: StateConfig = StateConfig()
+    events: EventsConfig = EventsConfig()
     log: LogConfig = LogConfig()
+    mqtt: MqttConfig | None = None
 
     @field_validator("sources")
     @classmethod
@@ -196,7 +287,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        toml = InitSettingsSource(settings_cls, init_kwargs=_toml_data.get())
+        toml = InitSettingsSource(settings_cls, init_kwargs=_toml_data.get() or {})
         return (init_settings, env_settings, toml)
 
 

@@ -338,6 +338,8 @@ class Tracker:
               "hw_last": {...}, "hw_total": {...}, "hw_resets": {...}, "hw_stale": [...]}]}
 
         ``stale`` lists counters missing from the port's latest sample (no rate on return).
+        The result shares nothing mutable with the tracker, so it may be serialised in another
+        thread while polling goes on.
         """
         ports: list[dict[str, Any]] = []
         for (guid, port), st in self._ports.items():

@@ -1,0 +1,152 @@
+"""Congestion from PortXmitWait (InfiniBand) or ECN/CNP hw_counters (RoCE), with hysteresis.
+
+DOMAIN.md section 4: ``xmit_wait_ratio`` at or above 0.10 for 3 polls is a warning, at or above
+0.50 for 3 polls critical; it clears only after 3 polls below 0.05. A congested port that is busy
+sending is a *hotspot*; one that sends little while waiting suffers *backpressure* from
+downstream, and fixing it means looking further along the path. The event says which.
+
+State exists only for ports at or above the clear level (or already firing), so a quiet fabric
+of 20,000 ports costs one comparison per port.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from ibmon.detect.base import (
+    KEEP,
+    DetectorSettings,
+    Finding,
+    PortDetector,
+    Severity,
+    Verdict,
+    describe,
+    key_from_json,
+    key_to_json,
+)
+from ibmon.model import PortKey, PortView
+
+__all__ = ["Congestion", "CongestionSettings"]
+
+
+class CongestionSettings(DetectorSettings):
+    warning: float = Field(default=0.10, gt=0, le=1, description="xmit_wait_ratio")
+    critical: float = Field(default=0.50, gt=0, le=1)
+    clear: float = Field(default=0.05, ge=0, le=1)
+    sustain: int = Field(default=3, ge=1, description="polls at or above a level before it counts")
+    clear_polls: int = Field(default=3, ge=1, description="polls below clear before resolving")
+    hotspot_utilization: float = Field(
+        0.4, ge=0, le=1, description="transmit utilization at or above which it is a hotspot"
+    )
+    roce_counters: tuple[str, ...] = ("rp_cnp_handled", "np_ecn_marked_roce_packets")
+    roce_warning: float = Field(default=1000.0, gt=0, description="CNP/ECN per second")
+    roce_critical: float = Field(default=10000.0, gt=0)
+    roce_clear: float = Field(default=100.0, ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> CongestionSettings:
+        if not self.clear <= self.warning <= self.critical:
+            raise ValueError("need clear <= warning <= critical")
+        if not self.roce_clear <= self.roce_warning <= self.roce_critical:
+            raise ValueError("need roce_clear <= roce_warning <= roce_critical")
+        return self
+
+
+class Congestion(PortDetector):
+    type = "congestion"
+    condition = "congestion"
+    settings_model = CongestionSettings
+
+    def __init__(self, settings: DetectorSettings) -> None:
+        super().__init__(settings)
+        assert isinstance(settings, CongestionSettings)
+        self._s = settings
+        # [polls >= warning, polls >= critical, polls < clear], consecutive
+        self._runs: dict[PortKey, list[int]] = {}
+
+    def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
+        s = self._s
+        if view.identity.link_layer == "Ethernet":
+            value = self._roce_signal(view)
+            warn, crit, clear, unit = s.roce_warning, s.roce_critical, s.roce_clear, "roce"
+        else:
+            value = view.xmit_wait_ratio
+            warn, crit, clear, unit = s.warning, s.critical, s.clear, "ratio"
+        if value is None:
+            return KEEP  # no rate this poll (baseline, saturated PortXmitWait): keep as is
+        runs = self._runs.get(key)
+        if runs is None:
+            if value < clear and active is None:
+                return None
+            runs = self._runs[key] = [0, 0, 0]
+        runs[0] = runs[0] + 1 if value >= warn else 0
+        runs[1] = runs[1] + 1 if value >= crit else 0
+        runs[2] = runs[2] + 1 if value < clear else 0
+        if active is None:
+            if runs[0] < s.sustain:
+                if value < clear:
+                    del self._runs[key]
+                return None
+        elif runs[2] >= s.clear_polls:
+            del self._runs[key]
+            return None
+        severity: Severity = "critical" if runs[1] >= s.sustain else "warning"
+        if active is not None and active.severity == "critical":
+            severity = "critical"
+        if active is not None and severity == active.severity:
+            return _updated(active, value)
+        return self._finding(view, value, severity, warn if severity == "warning" else crit, unit)
+
+    def _roce_signal(self, view: PortView) -> float | None:
+        rates = [view.hw_rates[c] for c in self._s.roce_counters if c in view.hw_rates]
+        return max(rates) if rates else None
+
+    def _finding(
+        self, view: PortView, value: float, severity: Severity, threshold: float, unit: str
+    ) -> Finding:
+        util = view.utilization_tx
+        kind = (
+            "hotspot"
+            if util is not None and util >= self._s.hotspot_utilization
+            else ("backpressure")
+        )
+        used = "unknown" if util is None else f"{util * 100:.0f} %"
+        if unit == "ratio":
+            what = f"{value * 100:.0f} % of the time stalled"
+        else:
+            what = f"{value:.0f} ECN/CNP per second"
+        return Finding(
+            severity,
+            value,
+            threshold,
+            f"{describe(view)} is congested ({kind}, {used} utilized, {what})",
+            {
+                "kind": kind,
+                "utilization": util,
+                "signal": "xmit_wait" if unit == "ratio" else "ecn_cnp",
+            },
+        )
+
+    def forget(self, key: PortKey) -> None:
+        self._runs.pop(key, None)
+
+    def dump(self, offset: float) -> Any:
+        return [[*key_to_json(k), r] for k, r in self._runs.items()]
+
+    def load(self, data: Any, offset: float) -> None:
+        if not isinstance(data, list):
+            raise ValueError("congestion: expected a list")
+        runs: dict[PortKey, list[int]] = {}
+        for r in data:
+            vals = [int(x) for x in r[2]]
+            if len(vals) != 3:
+                raise ValueError("congestion: bad run counters")
+            runs[key_from_json(r[:2])] = vals
+        self._runs = runs
+
+
+def _updated(active: Finding, value: float) -> Finding:
+    """The same condition with today's value (for the API); the engine emits nothing for it."""
+    return Finding(active.severity, value, active.threshold, active.message, active.details)

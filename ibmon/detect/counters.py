@@ -1,0 +1,102 @@
+"""Counter health: resets by someone else and narrow counters pinned at their maximum.
+
+Both come from the tracker (``PortView.resets`` and ``PortView.saturated``). A reset is an
+instant: one ``firing`` event (severity info) per port and poll in which a counter decreased. A
+saturated counter is a condition: increments are being lost until someone resets it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ibmon.detect.base import (
+    DetectorSettings,
+    Finding,
+    PortDetector,
+    Severity,
+    Verdict,
+    describe,
+    key_from_json,
+    key_to_json,
+)
+from ibmon.model import PortKey, PortView
+
+__all__ = ["CounterReset", "CounterSaturated"]
+
+
+class CounterResetSettings(DetectorSettings):
+    severity: Severity = "info"
+
+
+class CounterReset(PortDetector):
+    type = "counter_reset"
+    oneshot = True
+    settings_model = CounterResetSettings
+
+    def __init__(self, settings: DetectorSettings) -> None:
+        super().__init__(settings)
+        assert isinstance(settings, CounterResetSettings)
+        self._severity: Severity = settings.severity
+        self._seen: dict[PortKey, dict[str, int]] = {}
+
+    def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
+        resets = view.resets
+        if not resets:
+            return None
+        prev = self._seen.get(key)
+        if prev == resets:
+            return None
+        self._seen[key] = dict(resets)
+        old = prev or {}
+        names = sorted(n for n, c in resets.items() if c > old.get(n, 0))
+        if not names:
+            return None
+        return Finding(
+            self._severity,
+            float(len(names)),
+            None,
+            f"{describe(view)}: counters reset by someone else ({', '.join(names)}); "
+            "totals carry on",
+            {"counters": names, "counter": ",".join(names)},
+        )
+
+    def forget(self, key: PortKey) -> None:
+        self._seen.pop(key, None)
+
+    def dump(self, offset: float) -> Any:
+        return [[*key_to_json(k), v] for k, v in self._seen.items()]
+
+    def load(self, data: Any, offset: float) -> None:
+        if not isinstance(data, list):
+            raise ValueError("counter_reset: expected a list")
+        self._seen = {key_from_json(r[:2]): {str(n): int(c) for n, c in r[2].items()} for r in data}
+
+
+class CounterSaturatedSettings(DetectorSettings):
+    severity: Severity = "warning"
+
+
+class CounterSaturated(PortDetector):
+    type = "counter_saturated"
+    settings_model = CounterSaturatedSettings
+
+    def __init__(self, settings: DetectorSettings) -> None:
+        super().__init__(settings)
+        assert isinstance(settings, CounterSaturatedSettings)
+        self._severity: Severity = settings.severity
+
+    def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
+        sat = view.saturated
+        if not sat:
+            return None
+        names = sorted(sat)
+        if active is not None and active.details.get("counters") == names:
+            return active  # the same counters still pinned: nothing new
+        return Finding(
+            self._severity,
+            float(len(names)),
+            None,
+            f"{describe(view)}: counters stuck at their maximum ({', '.join(names)}); "
+            "increments are being lost",
+            {"counters": names, "counter": ",".join(names)},
+        )

@@ -1,0 +1,435 @@
+"""The detection engine: runs every enabled detector over each poll and emits edge events.
+
+Detectors answer per port "holds at severity S", "does not hold" or "no opinion" (``KEEP``); the
+engine remembers which conditions are active and emits exactly one ``firing`` event when one
+starts, one more ``firing`` when its severity rises (warning to critical), and one ``resolved``
+when it ends. Falling back from critical to warning is not an event: the condition keeps its
+highest severity until it resolves, so an alert never flaps between two pages.
+
+The engine also fills ``PortView.conditions`` (and, through the BER detector,
+``symbol_error_ber``) in place before the daemon publishes the views. One engine serves one
+source, like one tracker; its state (active conditions and every detector's windows) is
+persisted with ``dump``/``load`` so a restart neither re-announces nor forgets a condition.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from pydantic import BaseModel, ValidationError
+
+from ibmon.detect.base import (
+    KEEP,
+    DetectorSettings,
+    Finding,
+    PortDetector,
+    key_from_json,
+    key_to_json,
+)
+from ibmon.detect.congestion import Congestion
+from ibmon.detect.counters import CounterReset, CounterSaturated
+from ibmon.detect.errors import Discards, HighBer, LinkIntegrity, ReceiveErrors
+from ibmon.detect.link import LinkDegraded, LinkFlapping, PortDown
+from ibmon.detect.source import SourceFailed, SourceFailedSettings
+from ibmon.detect.topology import TopologyChanged
+from ibmon.events import Event, PortRef, new_event_id, peer_ref, port_ref, severity_rank
+from ibmon.model import PortIdentity, PortKey, PortView
+
+__all__ = [
+    "DETECTORS",
+    "ENGINE_STATE_VERSION",
+    "ActiveCondition",
+    "Engine",
+    "parse_detect_tables",
+]
+
+DETECTORS: Final[dict[str, type[PortDetector]]] = {
+    cls.type: cls
+    for cls in (
+        PortDown,
+        LinkFlapping,
+        LinkDegraded,
+        HighBer,
+        LinkIntegrity,
+        ReceiveErrors,
+        Discards,
+        Congestion,
+        CounterReset,
+        CounterSaturated,
+        TopologyChanged,
+    )
+}
+"""Every port detector by its ``[detect.<name>]`` table name (= event type)."""
+
+ENGINE_STATE_VERSION: Final = 1
+
+_NON_DETECTOR_KEYS = frozenset({"tick_seconds"})
+
+
+def parse_detect_tables(tables: Mapping[str, Any]) -> dict[str, BaseModel]:
+    """Validate ``[detect.<name>]`` tables; ValueError naming the table and field."""
+    out: dict[str, BaseModel] = {}
+    for name, raw in tables.items():
+        if name in _NON_DETECTOR_KEYS:
+            continue
+        model: type[BaseModel]
+        if name == "source_failed":
+            model = SourceFailedSettings
+        elif name in DETECTORS:
+            model = DETECTORS[name].settings_model
+        else:
+            known = ", ".join(sorted([*DETECTORS, "source_failed"]))
+            raise ValueError(f"unknown detector {name!r} (known: {known})")
+        table = raw.model_dump() if isinstance(raw, BaseModel) else raw
+        if not isinstance(table, Mapping):
+            raise ValueError(f"{name}: expected a table")
+        try:
+            out[name] = model.model_validate(dict(table))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = ".".join(str(p) for p in err["loc"])
+            msg = err["msg"].removeprefix("Value error, ")
+            raise ValueError(f"{name}{'.' + loc if loc else ''}: {msg}") from None
+    return out
+
+
+@dataclass(slots=True)
+class ActiveCondition:
+    """A condition that is firing on a port, as the API and ``ibmon top`` show it."""
+
+    type: str
+    key: PortKey
+    finding: Finding
+    since: float  # wall-clock time it fired
+    identity: PortIdentity
+    peer: PortRef | None
+
+
+class Engine:
+    """All detectors for one source. Call ``process`` after each ``Tracker.update``."""
+
+    def __init__(
+        self,
+        tables: Mapping[str, Any] | None = None,
+        *,
+        fabric: str = "main",
+        source: str = "",
+    ) -> None:
+        settings = parse_detect_tables(tables or {})
+        self.fabric = fabric
+        self.source = source
+        self.detectors: list[PortDetector] = []
+        for name, cls in DETECTORS.items():
+            s = settings.get(name) or cls.settings_model()
+            assert isinstance(s, DetectorSettings)
+            if s.enabled:
+                self.detectors.append(cls(s))
+        sf = settings.get("source_failed") or SourceFailedSettings()
+        assert isinstance(sf, SourceFailedSettings)
+        self._source_health: SourceFailed | None = SourceFailed(sf, source) if sf.enabled else None
+        self._active: dict[str, dict[PortKey, ActiveCondition]] = {
+            d.type: {} for d in self.detectors if not d.oneshot
+        }
+        self._offset: float | None = None  # wall - monotonic of the latest poll
+        self._pending: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ polling
+
+    def process(
+        self, views: Mapping[PortKey, PortView], *, monotonic: float, wall: float
+    ) -> list[Event]:
+        """Evaluate one poll; fill ``conditions`` on the views; return the edges, in order."""
+        self._offset = wall - monotonic
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._load_detectors(pending, self._offset)
+        events: list[Event] = []
+        now = monotonic
+        for det in self.detectors:
+            det.begin(now, views)
+            check = det.check
+            if det.oneshot:
+                for key, view in views.items():
+                    verdict = check(key, view, now, None)
+                    if isinstance(verdict, Finding):
+                        events.append(
+                            self._event(
+                                det.type,
+                                "firing",
+                                verdict,
+                                view.identity,
+                                peer_ref(view),
+                                wall=wall,
+                            )
+                        )
+            else:
+                active = self._active[det.type]
+                get = active.get
+                for key, view in views.items():
+                    cur = get(key)
+                    verdict = check(key, view, now, cur.finding if cur else None)
+                    if verdict is None:
+                        if cur is not None:
+                            del active[key]
+                            events.append(self._resolved(cur, view, wall))
+                    elif verdict is KEEP:
+                        continue
+                    elif isinstance(verdict, Finding):
+                        self._holds(
+                            kind=det.type,
+                            key=key,
+                            view=view,
+                            finding=verdict,
+                            cur=cur,
+                            wall=wall,
+                            events=events,
+                        )
+            for identity, finding in det.vanished(now, views):
+                events.append(self._event(det.type, "firing", finding, identity, None, wall=wall))
+        self._fill_conditions(views)
+        return events
+
+    def _holds(
+        self,
+        *,
+        kind: str,
+        key: PortKey,
+        view: PortView,
+        finding: Finding,
+        cur: ActiveCondition | None,
+        wall: float,
+        events: list[Event],
+    ) -> None:
+        if cur is None:
+            peer = peer_ref(view)
+            self._active[kind][key] = ActiveCondition(kind, key, finding, wall, view.identity, peer)
+            events.append(self._event(kind, "firing", finding, view.identity, peer, wall=wall))
+            return
+        if severity_rank(finding.severity) > severity_rank(cur.finding.severity):
+            cur.finding = finding
+            cur.peer = peer_ref(view) or cur.peer
+            events.append(
+                self._event(
+                    kind, "firing", finding, view.identity, cur.peer, wall=wall, escalated=True
+                )
+            )
+        elif finding is not cur.finding:
+            if finding.severity != cur.finding.severity:  # never de-escalate
+                finding = Finding(
+                    cur.finding.severity,
+                    finding.value,
+                    cur.finding.threshold,
+                    cur.finding.message,
+                    finding.details,
+                )
+            cur.finding = finding
+
+    def _fill_conditions(self, views: Mapping[PortKey, PortView]) -> None:
+        per_port: dict[PortKey, set[str]] = {}
+        for det in self.detectors:
+            cond = det.condition
+            if cond is None or det.oneshot:
+                continue
+            for key in self._active[det.type]:
+                per_port.setdefault(key, set()).add(cond)
+        for key, conds in per_port.items():
+            view = views.get(key)
+            if view is not None:
+                view.conditions = frozenset(conds)
+
+    def source_poll(
+        self, ok: bool, *, wall: float, reason: str = "", error: str = ""
+    ) -> list[Event]:
+        """Report one poll's outcome; returns a ``source_failed`` edge when there is one."""
+        health = self._source_health
+        if health is None:
+            return []
+        edge = health.observe(ok, reason, error)
+        if edge is None:
+            return []
+        status, finding = edge
+        if status == "resolved":
+            finding = Finding(
+                finding.severity,
+                None,
+                finding.threshold,
+                f"source {self.source} recovered",
+                finding.details,
+            )
+        return [
+            Event(
+                time=Event.at(wall),
+                fabric=self.fabric,
+                type="source_failed",
+                status="firing" if status == "firing" else "resolved",
+                severity=finding.severity,
+                value=finding.value,
+                threshold=finding.threshold,
+                details=finding.details,
+                message=finding.message,
+            )
+        ]
+
+    # ------------------------------------------------------------------ events
+
+    def _event(
+        self,
+        kind: str,
+        status: str,
+        finding: Finding,
+        identity: PortIdentity,
+        peer: PortRef | None,
+        *,
+        wall: float,
+        escalated: bool = False,
+    ) -> Event:
+        details = dict(finding.details)
+        if escalated:
+            details["escalated"] = True
+        if self.source:
+            details.setdefault("source", self.source)
+        # Trusted, already-typed values: construct without re-validating, so a flood of
+        # 20,000 events costs milliseconds, not seconds; the model still defines the JSON.
+        return Event.model_construct(
+            id=new_event_id(), time=Event.at(wall), fabric=self.fabric, type=kind, status=status,
+            severity=finding.severity, port=port_ref(identity), peer=peer,
+            value=_finite(finding.value), threshold=_finite(finding.threshold),
+            details=details, message=finding.message,
+        )
+
+    def _resolved(self, cur: ActiveCondition, view: PortView, wall: float) -> Event:
+        f = cur.finding
+        done = Finding(
+            f.severity,
+            None,
+            f.threshold,
+            f"{cur.type.replace('_', ' ')} resolved after {_duration(wall - cur.since)}: "
+            f"{f.message}",
+            {**f.details, "active_seconds": round(wall - cur.since, 3)},
+        )
+        return self._event(
+            cur.type, "resolved", done, view.identity, peer_ref(view) or cur.peer, wall=wall
+        )
+
+    # ------------------------------------------------------------------ queries
+
+    def active(self) -> list[ActiveCondition]:
+        """Every firing condition (copy of the list; entries are live)."""
+        return [a for by_key in self._active.values() for a in by_key.values()]
+
+    @property
+    def source_down(self) -> bool:
+        return self._source_health is not None and self._source_health.active is not None
+
+    def forget(self, key: PortKey) -> None:
+        for det in self.detectors:
+            det.forget(key)
+        for by_key in self._active.values():
+            by_key.pop(key, None)
+
+    # ------------------------------------------------------------------ persistence
+
+    def dump(self) -> dict[str, Any]:
+        """Active conditions and detector windows, times as wall clock, as JSON types."""
+        offset = self._offset
+        active = [
+            {
+                "type": a.type,
+                "key": key_to_json(a.key),
+                "since": a.since,
+                "severity": a.finding.severity,
+                "value": _finite(a.finding.value),
+                "threshold": _finite(a.finding.threshold),
+                "message": a.finding.message,
+                "details": a.finding.details,
+                "identity": {
+                    "node_desc": a.identity.node_desc,
+                    "device": a.identity.device,
+                    "lid": a.identity.lid,
+                    "node_type": a.identity.node_type,
+                },
+                "peer": a.peer.model_dump() if a.peer else None,
+            }
+            for a in self.active()
+        ]
+        if offset is None:  # no poll since load (or ever): hand the loaded windows back as-is
+            detectors = dict((self._pending or {}).get("detectors", {}))
+        else:
+            detectors = {d.type: d.dump(offset) for d in self.detectors}
+        return {"version": ENGINE_STATE_VERSION, "active": active, "detectors": detectors}
+
+    def load(self, data: Mapping[str, Any]) -> None:
+        """Restore ``dump`` output; ValueError (and no change) if it does not fit.
+
+        Active conditions are restored at once (so they are neither re-announced nor lost);
+        detector windows wait for the first poll, whose clock tells how to shift their times.
+        """
+        if not isinstance(data, Mapping) or data.get("version") != ENGINE_STATE_VERSION:
+            raise ValueError("engine state: unsupported version")
+        active: dict[str, dict[PortKey, ActiveCondition]] = {k: {} for k in self._active}
+        try:
+            for raw in data.get("active", []):
+                kind = raw["type"]
+                if kind not in active:
+                    continue  # detector since disabled: its conditions are dropped quietly
+                key = key_from_json(raw["key"])
+                ident = raw.get("identity") or {}
+                identity = PortIdentity(
+                    guid=key[0],
+                    port=key[1],
+                    node_desc=str(ident.get("node_desc", "")),
+                    device=str(ident.get("device", "")),
+                    lid=ident.get("lid"),
+                    node_type=str(ident.get("node_type", "ca")),
+                )
+                finding = Finding(
+                    raw["severity"],
+                    raw.get("value"),
+                    raw.get("threshold"),
+                    str(raw.get("message", "")),
+                    dict(raw.get("details") or {}),
+                )
+                if finding.severity not in ("info", "warning", "critical"):
+                    raise ValueError(f"bad severity {finding.severity!r}")
+                peer = PortRef.model_validate(raw["peer"]) if raw.get("peer") else None
+                active[kind][key] = ActiveCondition(
+                    kind, key, finding, float(raw["since"]), identity, peer
+                )
+        except (KeyError, TypeError, ValidationError) as exc:
+            raise ValueError(f"engine state: bad active condition: {exc}") from None
+        detectors = data.get("detectors", {})
+        if not isinstance(detectors, Mapping):
+            raise ValueError("engine state: 'detectors' must be an object")
+        # Validate detector data now (on throwaway instances) so a bad file fails here.
+        for det in self.detectors:
+            if det.type in detectors and detectors[det.type] is not None:
+                probe = type(det)(det.settings)
+                try:
+                    probe.load(detectors[det.type], 0.0)
+                except (KeyError, TypeError, IndexError, AttributeError) as exc:
+                    raise ValueError(f"engine state: {det.type}: {exc}") from None
+        self._active = active
+        self._pending = {"version": ENGINE_STATE_VERSION, "detectors": dict(detectors)}
+
+    def _load_detectors(self, pending: Mapping[str, Any], offset: float) -> None:
+        detectors = pending.get("detectors", {})
+        for det in self.detectors:
+            raw = detectors.get(det.type)
+            if raw is not None:
+                det.load(raw, offset)
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is None or math.isfinite(x) else None

@@ -1,0 +1,293 @@
+"""Error counters: bit error rate, link integrity, receive errors, discards (DOMAIN.md section 4).
+
+BER is ``Δsymbol_errors / (window x link_bps)`` over a sliding window (default 10 minutes). The
+denominator is always the full window, so the first minutes after start-up under-estimate rather
+than cry wolf over a handful of errors; a strong fault still crosses 1e-12 within seconds. Only
+change points of the symbol-error total are kept (coalesced to ``window/300``), so a clean port
+costs one integer and an erroring one at most a few hundred tuples.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from ibmon.detect.base import (
+    KEEP,
+    DetectorSettings,
+    Finding,
+    PortDetector,
+    Severity,
+    Verdict,
+    describe,
+    key_from_json,
+    key_to_json,
+)
+from ibmon.model import PortKey, PortState, PortView
+
+__all__ = ["Discards", "HighBer", "LinkIntegrity", "ReceiveErrors"]
+
+_ACTIVE = int(PortState.ACTIVE)
+_NEG_INF = float("-inf")
+
+
+class HighBerSettings(DetectorSettings):
+    window: float = Field(default=600.0, gt=0, description="seconds")
+    warning: float = Field(default=1e-12, gt=0)
+    critical: float = Field(default=1e-10, gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> HighBerSettings:
+        if self.critical < self.warning:
+            raise ValueError("critical must not be below warning")
+        return self
+
+
+class HighBer(PortDetector):
+    """Symbol-error BER against the active link rate; also fills ``PortView.symbol_error_ber``."""
+
+    type = "high_ber"
+    condition = "high_ber"
+    settings_model = HighBerSettings
+
+    def __init__(self, settings: DetectorSettings) -> None:
+        super().__init__(settings)
+        assert isinstance(settings, HighBerSettings)
+        self._s = settings
+        self._grain = settings.window / 300
+        self._last: dict[PortKey, int] = {}
+        # (time of change, total after it); the first entry is the total before the window.
+        self._hist: dict[PortKey, deque[tuple[float, int]]] = {}
+
+    def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
+        total = view.totals.get("symbol_errors")
+        if total is None:
+            return KEEP
+        prev = self._last.get(key)
+        self._last[key] = total
+        hist = self._hist.get(key)
+        if prev is not None and total > prev:
+            if hist is None:
+                hist = self._hist[key] = deque([(_NEG_INF, prev)])
+            last_t = hist[-1][0]
+            if len(hist) > 1 and now - last_t < self._grain:
+                hist[-1] = (last_t, total)  # coalesce: bounded memory, errs low by one grain
+            else:
+                hist.append((now, total))
+        delta = 0
+        if hist is not None:
+            horizon = now - self._s.window
+            while len(hist) > 1 and hist[1][0] <= horizon:
+                hist.popleft()
+            delta = total - hist[0][1]
+            if len(hist) == 1:
+                del self._hist[key]
+        if view.state != _ACTIVE:
+            return KEEP  # no link to measure
+        rate = view.rate_bytes_per_second
+        if not rate:
+            return KEEP
+        s = self._s
+        ber = delta / (s.window * rate * 8.0)
+        # A pinned counter loses increments: the BER is only a lower bound. Above a threshold
+        # it still proves the fault; below, nothing is known (no gauge, no resolve).
+        saturated = "symbol_errors" in view.saturated
+        if not saturated:
+            view.symbol_error_ber = ber
+        if ber >= s.critical:
+            severity: Severity = "critical"
+            threshold = s.critical
+        elif ber >= s.warning:
+            severity = "warning"
+            threshold = s.warning
+        else:
+            return KEEP if saturated else None
+        minutes = s.window / 60
+        return Finding(
+            severity,
+            ber,
+            threshold,
+            f"{describe(view)}: bit error rate {'at least ' if saturated else ''}{ber:.1e} "
+            f"over {minutes:g} min "
+            f"({severity} at {threshold:.0e})",
+            {"symbol_errors": delta, "window_seconds": s.window, "lower_bound": saturated},
+        )
+
+    def forget(self, key: PortKey) -> None:
+        self._last.pop(key, None)
+        self._hist.pop(key, None)
+
+    def dump(self, offset: float) -> Any:
+        return {
+            "last": [[*key_to_json(k), v] for k, v in self._last.items()],
+            "hist": [
+                [*key_to_json(k), [[None if t == _NEG_INF else t + offset, n] for t, n in h]]
+                for k, h in self._hist.items()
+            ],
+        }
+
+    def load(self, data: Any, offset: float) -> None:
+        if not isinstance(data, dict):
+            raise ValueError("high_ber: expected an object")
+        last = {key_from_json(r[:2]): int(r[2]) for r in data.get("last", [])}
+        hist: dict[PortKey, deque[tuple[float, int]]] = {}
+        for r in data.get("hist", []):
+            hist[key_from_json(r[:2])] = deque(
+                (_NEG_INF if t is None else float(t) - offset, int(n)) for t, n in r[2]
+            )
+        self._last, self._hist = last, hist
+
+
+class LinkIntegritySettings(DetectorSettings):
+    hold: float = Field(default=600.0, gt=0, description="seconds without an increase to resolve")
+    severity: Severity = "critical"
+    counters: tuple[str, ...] = ("local_link_integrity_errors", "excessive_buffer_overrun_errors")
+
+
+class LinkIntegrity(PortDetector):
+    """Any increase of LocalLinkIntegrity or ExcessiveBufferOverrun errors (NVSentinel: fatal)."""
+
+    type = "link_integrity"
+    condition = "link_integrity"
+    settings_model = LinkIntegritySettings
+
+    def __init__(self, settings: DetectorSettings) -> None:
+        super().__init__(settings)
+        assert isinstance(settings, LinkIntegritySettings)
+        self._s = settings
+        self._last: dict[PortKey, tuple[int, ...]] = {}
+        self._since: dict[PortKey, tuple[float, dict[str, int]]] = {}
+
+    def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
+        totals = view.totals
+        values = tuple(totals.get(c, -1) for c in self._s.counters)
+        prev = self._last.get(key)
+        self._last[key] = values
+        seen = self._since.get(key)
+        if prev is not None and values != prev:
+            grown = {
+                c: v - p
+                for c, v, p in zip(self._s.counters, values, prev, strict=True)
+                if p >= 0 and v > p
+            }
+            if grown:
+                counts = dict(seen[1]) if seen else {}
+                for c, n in grown.items():
+                    counts[c] = counts.get(c, 0) + n
+                seen = self._since[key] = (now, counts)
+        if seen is None:
+            return None
+        if now - seen[0] >= self._s.hold:
+            del self._since[key]
+            return None
+        counts = seen[1]
+        what = ", ".join(f"{n} {c.replace('_', ' ')}" for c, n in sorted(counts.items()))
+        return Finding(
+            self._s.severity,
+            float(sum(counts.values())),
+            0.0,
+            f"{describe(view)}: link integrity errors ({what})",
+            {"counters": counts},
+        )
+
+    def forget(self, key: PortKey) -> None:
+        self._last.pop(key, None)
+        self._since.pop(key, None)
+
+    def dump(self, offset: float) -> Any:
+        return {
+            "last": [[*key_to_json(k), list(v)] for k, v in self._last.items()],
+            "since": [[*key_to_json(k), t + offset, c] for k, (t, c) in self._since.items()],
+        }
+
+    def load(self, data: Any, offset: float) -> None:
+        if not isinstance(data, dict):
+            raise ValueError("link_integrity: expected an object")
+        self._last = {
+            key_from_json(r[:2]): tuple(int(x) for x in r[2]) for r in data.get("last", [])
+        }
+        self._since = {
+            key_from_json(r[:2]): (float(r[2]) - offset, {str(k): int(v) for k, v in r[3].items()})
+            for r in data.get("since", [])
+        }
+
+
+class RateSettings(DetectorSettings):
+    threshold: float = Field(gt=0, description="per second")
+    clear_polls: int = Field(
+        default=3, ge=1, description="polls at or below the threshold to resolve"
+    )
+    severity: Severity = "warning"
+
+
+class ReceiveErrorsSettings(RateSettings):
+    threshold: float = Field(default=10.0, gt=0)
+
+
+class DiscardsSettings(RateSettings):
+    threshold: float = Field(default=100.0, gt=0)
+
+
+class _RateDetector(PortDetector):
+    """Fires at the first poll whose rate exceeds the threshold, resolves after quiet polls."""
+
+    counter: str
+    label: str
+
+    def __init__(self, settings: DetectorSettings) -> None:
+        super().__init__(settings)
+        assert isinstance(settings, RateSettings)
+        self._s = settings
+        self._quiet: dict[PortKey, int] = {}
+
+    def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
+        rate = view.rates.get(self.counter)
+        if rate is None:
+            return KEEP
+        s = self._s
+        if rate > s.threshold:
+            self._quiet.pop(key, None)
+            return Finding(
+                s.severity,
+                rate,
+                s.threshold,
+                f"{describe(view)}: {rate:.0f} {self.label}/s (threshold {s.threshold:g}/s)",
+                {"counter": self.counter},
+            )
+        if active is None:
+            return None
+        quiet = self._quiet.get(key, 0) + 1
+        if quiet >= s.clear_polls:
+            self._quiet.pop(key, None)
+            return None
+        self._quiet[key] = quiet
+        return active
+
+    def forget(self, key: PortKey) -> None:
+        self._quiet.pop(key, None)
+
+    def dump(self, offset: float) -> Any:
+        return [[*key_to_json(k), n] for k, n in self._quiet.items()]
+
+    def load(self, data: Any, offset: float) -> None:
+        if not isinstance(data, list):
+            raise ValueError(f"{self.type}: expected a list")
+        self._quiet = {key_from_json(r[:2]): int(r[2]) for r in data}
+
+
+class ReceiveErrors(_RateDetector):
+    type = "receive_errors"
+    condition = "receive_errors"
+    settings_model = ReceiveErrorsSettings
+    counter = "receive_errors"
+    label = "receive errors"
+
+
+class Discards(_RateDetector):
+    type = "discards"
+    condition = "discards"
+    settings_model = DiscardsSettings
+    counter = "transmit_discards"
+    label = "transmit discards"

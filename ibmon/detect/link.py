@@ -1,0 +1,257 @@
+"""Link faults: a port that went down, a link that keeps going down, a link running slow.
+
+DOMAIN.md section 3 and 4: a port that was Active and is not is down; three or more LinkDowned
+increments within 10 minutes is flapping; a link whose active width or speed is below the best
+both ends support and enable is degraded. sysfs knows only the active rate, so node-local ports
+compare against a configured expected rate or the majority rate of the host's other ports.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import Field
+
+from ibmon.detect.base import (
+    KEEP,
+    DetectorSettings,
+    Finding,
+    PortDetector,
+    Severity,
+    Verdict,
+    describe,
+    key_from_json,
+    key_to_json,
+)
+from ibmon.model import PortKey, PortState, PortView
+
+__all__ = ["LinkDegraded", "LinkFlapping", "PortDown"]
+
+_ACTIVE = int(PortState.ACTIVE)
+_STATE_NAMES = {s.value: s.name.lower().replace("_", " ") for s in PortState}
+_LANES = {"1X": 1, "2X": 2, "4X": 4, "8X": 8, "12X": 12}
+_SPEED_RANK = {
+    n: i for i, n in enumerate(("SDR", "DDR", "QDR", "FDR10", "FDR", "EDR", "HDR", "NDR", "XDR"))
+}
+
+
+class PortDownSettings(DetectorSettings):
+    severity: Severity = "critical"
+
+
+class PortDown(PortDetector):
+    """Fires when a port that has been Active is seen in any other state; resolves when Active.
+
+    Ports never seen Active (unused ports, a cable never plugged) are not faults.
+    """
+
+    type = "port_down"
+    condition = "down"
+    settings_model = PortDownSettings
+
+    def __init__(self, settings: DetectorSettings) -> None:
+        super().__init__(settings)
+        assert isinstance(settings, PortDownSettings)
+        self._severity: Severity = settings.severity
+        self._was_active: set[PortKey] = set()
+
+    def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
+        state = view.state
+        if state == _ACTIVE:
+            self._was_active.add(key)
+            return None
+        if state is None or key not in self._was_active:
+            return KEEP
+        name = _STATE_NAMES.get(state, str(state))
+        return Finding(
+            self._severity,
+            float(state),
+            float(_ACTIVE),
+            f"{describe(view)} is down (state {name})",
+            {"state": name, "phys_state": view.phys_state},
+        )
+
+    def forget(self, key: PortKey) -> None:
+        self._was_active.discard(key)
+
+    def dump(self, offset: float) -> Any:
+        return [key_to_json(k) for k in self._was_active]
+
+    def load(self, data: Any, offset: float) -> None:
+        if not isinstance(data, list):
+            raise ValueError("port_down: expected a list")
+        self._was_active = {key_from_json(k) for k in data}
+
+
+class LinkFlappingSettings(DetectorSettings):
+    window: float = Field(default=600.0, gt=0, description="seconds")
+    count: int = Field(default=3, ge=1, description="LinkDowned increments within the window")
+    severity: Severity = "warning"
+
+
+class LinkFlapping(PortDetector):
+    """Counts LinkDowned increments (software totals, so resets do not matter) in a window."""
+
+    type = "link_flapping"
+    condition = "flapping"
+    settings_model = LinkFlappingSettings
+
+    def __init__(self, settings: DetectorSettings) -> None:
+        super().__init__(settings)
+        assert isinstance(settings, LinkFlappingSettings)
+        self._s = settings
+        self._last: dict[PortKey, int] = {}
+        self._downs: dict[PortKey, deque[tuple[float, int]]] = {}
+
+    def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
+        total = view.totals.get("link_downed")
+        if total is None:
+            return KEEP
+        prev = self._last.get(key)
+        self._last[key] = total
+        downs = self._downs.get(key)
+        if prev is not None and total > prev:
+            if downs is None:
+                downs = self._downs[key] = deque()
+            downs.append((now, total - prev))
+        if downs is None:
+            return None
+        horizon = now - self._s.window
+        while downs and downs[0][0] <= horizon:
+            downs.popleft()
+        if not downs:
+            del self._downs[key]
+            return None
+        n = sum(d for _, d in downs)
+        if n < self._s.count:
+            return None
+        minutes = self._s.window / 60
+        return Finding(
+            self._s.severity,
+            float(n),
+            float(self._s.count),
+            f"{describe(view)} is flapping: link went down {n} times in {minutes:g} min",
+            {"link_downs": n, "window_seconds": self._s.window},
+        )
+
+    def forget(self, key: PortKey) -> None:
+        self._last.pop(key, None)
+        self._downs.pop(key, None)
+
+    def dump(self, offset: float) -> Any:
+        return {
+            "last": [[*key_to_json(k), v] for k, v in self._last.items()],
+            "downs": [
+                [*key_to_json(k), [[t + offset, n] for t, n in d]] for k, d in self._downs.items()
+            ],
+        }
+
+    def load(self, data: Any, offset: float) -> None:
+        if not isinstance(data, dict):
+            raise ValueError("link_flapping: expected an object")
+        last: dict[PortKey, int] = {}
+        for row in data.get("last", []):
+            last[key_from_json(row[:2])] = int(row[2])
+        downs: dict[PortKey, deque[tuple[float, int]]] = {}
+        for row in data.get("downs", []):
+            downs[key_from_json(row[:2])] = deque((float(t) - offset, int(n)) for t, n in row[2])
+        self._last, self._downs = last, downs
+
+
+class LinkDegradedSettings(DetectorSettings):
+    severity: Severity = "warning"
+    expected_rate_gbps: float | None = Field(
+        None, gt=0, description="node-local ports: the rate every active port should run at"
+    )
+    majority_min_ports: int = Field(
+        3, ge=2, description="node-local ports: how many active ports a majority needs"
+    )
+
+
+class LinkDegraded(PortDetector):
+    """Active width/speed below the link's best common; else below expected or majority rate."""
+
+    type = "link_degraded"
+    condition = "degraded"
+    settings_model = LinkDegradedSettings
+
+    def __init__(self, settings: DetectorSettings) -> None:
+        super().__init__(settings)
+        assert isinstance(settings, LinkDegradedSettings)
+        self._s = settings
+        self._majority: float | None = None
+
+    def begin(self, now: float, views: Mapping[PortKey, PortView]) -> None:
+        self._majority = None
+        if self._s.expected_rate_gbps is not None:
+            return
+        rates = Counter(
+            v.rate_bytes_per_second
+            for v in views.values()
+            if v.state == _ACTIVE
+            and v.rate_bytes_per_second
+            and (v.link is None or not v.link.max_width)
+        )
+        n = sum(rates.values())
+        if n >= self._s.majority_min_ports:
+            rate, count = rates.most_common(1)[0]
+            if count * 2 > n:
+                self._majority = rate
+
+    def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
+        if view.state != _ACTIVE:
+            return KEEP
+        link = view.link
+        if link is not None and link.max_width and link.max_speed:
+            return self._fabric(
+                view,
+                link.active_width or view.active_width,
+                link.active_speed or view.active_speed,
+                link.max_width,
+                link.max_speed,
+            )
+        rate = view.rate_bytes_per_second
+        if not rate:
+            return KEEP
+        gbps = rate * 8 / 1e9
+        if self._s.expected_rate_gbps is not None:
+            expected = self._s.expected_rate_gbps
+            basis = "configured expected rate"
+        elif self._majority is not None:
+            expected = self._majority * 8 / 1e9
+            basis = "rate of most of the host's ports"
+        else:
+            return KEEP
+        if gbps >= expected * 0.999:
+            return None
+        return Finding(
+            self._s.severity,
+            gbps,
+            expected,
+            f"{describe(view)} runs at {gbps:g} Gb/s, below the {basis} ({expected:g} Gb/s)",
+            {"rate_gbps": gbps, "expected_gbps": expected, "basis": basis},
+        )
+
+    def _fabric(
+        self, view: PortView, width: str, speed: str, max_width: str, max_speed: str
+    ) -> Verdict:
+        lanes, max_lanes = _LANES.get(width), _LANES.get(max_width)
+        rank, max_rank = _SPEED_RANK.get(speed), _SPEED_RANK.get(max_speed)
+        if lanes is None or max_lanes is None or rank is None or max_rank is None:
+            return KEEP
+        if lanes >= max_lanes and rank >= max_rank:
+            return None
+        return Finding(
+            self._s.severity,
+            None,
+            None,
+            f"{describe(view)} runs at {width} {speed}, could be {max_width} {max_speed}",
+            {
+                "active_width": width,
+                "active_speed": speed,
+                "max_width": max_width,
+                "max_speed": max_speed,
+            },
+        )

@@ -1,0 +1,131 @@
+"""Topology changes seen between polls: a port appeared, vanished, or is cabled elsewhere.
+
+The first poll is the baseline. A port only counts as vanished after ``absent_polls``
+consecutive polls without it, so one failed read never looks like a removed cable. Sources keep
+cabled links while they are down (DOMAIN.md section 5), so a down link is not a change here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import Field
+
+from ibmon.detect.base import (
+    DetectorSettings,
+    Finding,
+    PortDetector,
+    Severity,
+    Verdict,
+    describe,
+    key_from_json,
+    key_to_json,
+)
+from ibmon.model import PortIdentity, PortKey, PortView
+
+__all__ = ["TopologyChanged"]
+
+_Peer = tuple[str, str] | None
+
+
+class TopologyChangedSettings(DetectorSettings):
+    severity: Severity = "info"
+    absent_polls: int = Field(default=3, ge=1)
+
+
+class TopologyChanged(PortDetector):
+    type = "topology_changed"
+    oneshot = True
+    settings_model = TopologyChangedSettings
+
+    def __init__(self, settings: DetectorSettings) -> None:
+        super().__init__(settings)
+        assert isinstance(settings, TopologyChangedSettings)
+        self._s = settings
+        self._peers: dict[PortKey, _Peer] = {}
+        self._idents: dict[PortKey, PortIdentity] = {}
+        self._absent: dict[PortKey, int] = {}
+        self._baseline = True
+        self._first = True
+
+    def begin(self, now: float, views: Mapping[PortKey, PortView]) -> None:
+        self._first = self._baseline
+        self._baseline = False
+
+    def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
+        link = view.link
+        peer: _Peer = (link.remote_guid, link.remote_port) if link and link.remote_guid else None
+        self._idents[key] = view.identity
+        if key not in self._peers:
+            self._peers[key] = peer
+            if self._first:
+                return None
+            return Finding(
+                self._s.severity, None, None, f"{describe(view)} appeared", {"change": "appeared"}
+            )
+        old = self._peers[key]
+        if peer == old or peer is None:
+            return None
+        self._peers[key] = peer
+        if old is None:
+            return None  # first time the source names the far end (late discovery): not news
+        return Finding(
+            self._s.severity,
+            None,
+            None,
+            f"{describe(view)} moved from {old[0]} port {old[1]}",
+            {
+                "change": "moved",
+                "old_remote_guid": old[0],
+                "old_remote_port": old[1],
+                "remote_guid": peer[0],
+                "remote_port": peer[1],
+            },
+        )
+
+    def vanished(self, now: float, views: Mapping[PortKey, PortView]) -> list[tuple[Any, Finding]]:
+        missing = self._peers.keys() - views.keys()
+        for key in self._absent.keys() - missing:
+            del self._absent[key]
+        out: list[tuple[Any, Finding]] = []
+        for key in missing:
+            n = self._absent.get(key, 0) + 1
+            if n < self._s.absent_polls:
+                self._absent[key] = n
+                continue
+            self._absent.pop(key, None)
+            self._peers.pop(key, None)
+            ident = self._idents.pop(key, None) or PortIdentity(guid=key[0], port=key[1])
+            name = ident.node_desc or ident.device or ident.guid
+            out.append(
+                (
+                    ident,
+                    Finding(
+                        self._s.severity,
+                        None,
+                        None,
+                        f"{name} port {ident.port} vanished",
+                        {"change": "vanished"},
+                    ),
+                )
+            )
+        return out
+
+    def forget(self, key: PortKey) -> None:
+        self._peers.pop(key, None)
+        self._idents.pop(key, None)
+        self._absent.pop(key, None)
+
+    def dump(self, offset: float) -> Any:
+        return [[*key_to_json(k), list(p) if p else None] for k, p in self._peers.items()]
+
+    def load(self, data: Any, offset: float) -> None:
+        if not isinstance(data, list):
+            raise ValueError("topology_changed: expected a list")
+        peers: dict[PortKey, _Peer] = {}
+        for r in data:
+            p = r[2]
+            peers[key_from_json(r[:2])] = (str(p[0]), str(p[1])) if p else None
+        self._peers = peers
+        self._baseline = not peers

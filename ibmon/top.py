@@ -1,0 +1,156 @@
+"""``ibmon top``: a live terminal view of the worst ports, their conditions and recent events.
+
+Two ways to get data, one view: read a running daemon's JSON API (``--url``), or sample a source
+directly (``--source``) with an in-process tracker and detection engine, for a host where no
+daemon runs. Node descriptions are untrusted text: they are shown with rich markup escaped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+from collections import deque
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from exporters.api import port_json, worst_first
+from ibmon.config import SourceConfig
+from ibmon.detect.engine import Engine
+from ibmon.events import Event
+from ibmon.state import FabricState
+from ibmon.tracker import Tracker
+
+__all__ = ["ApiReader", "DirectSampler", "render", "run_top"]
+
+Frame = tuple[list[dict[str, Any]], list[dict[str, Any]], str]
+_SEVERITIES = ("info", "warning", "critical")
+_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def _pct(x: Any) -> str:
+    return "-" if x is None else f"{float(x) * 100:5.1f}%"
+
+
+def _ber(x: Any) -> str:
+    return "-" if x is None else ("0" if not x else f"{float(x):.1e}")
+
+
+def render(ports: list[dict[str, Any]], events: list[dict[str, Any]], title: str,
+           *, limit: int = 20) -> Group:
+    """The screen: worst ports first (as the API orders them), then the newest events."""
+    table = Table(title=escape(title), expand=True, header_style="bold")
+    for col in ("port", "state", "tx", "rx", "xmit wait", "BER", "conditions"):
+        table.add_column(col, justify="right" if col in ("tx", "rx", "xmit wait", "BER")
+                         else "left")
+    for p in ports[:limit]:
+        name = escape(f"{p.get('node_desc') or p.get('device') or p['guid']} [{p['port']}]")
+        worst = max((a.get("severity", "info") for a in p.get("active", [])),
+                    key=_SEVERITIES.index, default=None)
+        conds = ", ".join(p.get("conditions", [])) or ""
+        util = p.get("utilization") or {}
+        table.add_row(
+            name, str(p.get("state") if p.get("state") is not None else "-"),
+            _pct(util.get("transmit")), _pct(util.get("receive")),
+            _pct(p.get("transmit_wait_ratio")), _ber(p.get("symbol_error_ber")),
+            Text(conds, style=_STYLE.get(worst or "", "")),
+        )
+    log = Table(title="recent events", expand=True, show_header=True, header_style="bold")
+    for col in ("time", "status", "severity", "type", "message"):
+        log.add_column(col)
+    for e in reversed(events[-10:]):
+        log.add_row(str(e.get("time", ""))[11:19], e.get("status", ""),
+                    Text(e.get("severity", ""), style=_STYLE.get(e.get("severity", ""), "")),
+                    e.get("type", ""), Text(str(e.get("message", ""))))
+    return Group(table, log)
+
+
+class ApiReader:
+    """Frames from a running daemon's ``/api/v1`` endpoints."""
+
+    def __init__(self, url: str, *, limit: int = 20, timeout: float = 5.0) -> None:
+        self.url = url.rstrip("/")
+        self.limit = limit
+        self.timeout = timeout
+
+    def _get(self, path: str) -> Any:
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"not an http(s) URL: {self.url}")
+        with urllib.request.urlopen(self.url + path, timeout=self.timeout) as resp:  # noqa: S310
+            return json.loads(resp.read())
+
+    async def frame(self) -> Frame:
+        ports = await asyncio.to_thread(self._get, f"/api/v1/ports?limit={self.limit}")
+        events = await asyncio.to_thread(self._get, "/api/v1/events?limit=50")
+        title = f"ibmon top - {self.url} - {ports['count']} ports"
+        return ports["ports"], events["events"], title
+
+
+class DirectSampler:
+    """Frames from sampling a source in-process (no daemon needed)."""
+
+    def __init__(self, cfg: SourceConfig, *, limit: int = 20,
+                 factory: Callable[[SourceConfig], Any] | None = None) -> None:
+        from ibmon.sources.registry import build_source
+
+        self.cfg = cfg
+        self.limit = limit
+        self.source = (factory or build_source)(cfg)
+        self.tracker = Tracker()
+        self.engine = Engine(source=cfg.label)
+        self.events: deque[Event] = deque(maxlen=50)
+        self._discovered = False
+
+    async def frame(self) -> Frame:
+        if not self._discovered:
+            await self.source.discover()
+            self._discovered = True
+        snap = await self.source.sample()
+        views = self.tracker.update(snap)
+        self.events.extend(self.engine.process(views, monotonic=snap.monotonic,
+                                               wall=snap.wall))
+        state = FabricState(generated=snap.wall, ports=views)
+        rows = worst_first(state, self.engine.active())
+        ports = [port_json(v, a) for v, a in rows[: self.limit]]
+        events = [e.model_dump(mode="json") for e in self.events]
+        title = f"ibmon top - {self.cfg.label} ({self.cfg.type}) - {len(views)} ports"
+        return ports, events, title
+
+    async def close(self) -> None:
+        await self.source.close()
+
+
+async def run_top(reader: ApiReader | DirectSampler, *, interval: float = 2.0,
+                  once: bool = False, console: Console | None = None,
+                  limit: int = 20) -> None:
+    """Refresh every ``interval`` seconds until Ctrl-C; ``once`` prints a single frame."""
+    console = console or Console()
+    try:
+        if once:
+            if isinstance(reader, DirectSampler):
+                await reader.frame()  # the first sample is a baseline: no rates yet
+                await asyncio.sleep(min(interval, 1.0))
+            console.print(render(*await reader.frame(), limit=limit))
+            return
+        with Live(console=console, auto_refresh=False, screen=False) as live:
+            while True:
+                started = time.monotonic()
+                try:
+                    ports, events, title = await reader.frame()
+                    stamp = datetime.now(tz=UTC).strftime("%H:%M:%S")
+                    live.update(render(ports, events, f"{title} - {stamp}", limit=limit),
+                                refresh=True)
+                except (OSError, ValueError) as exc:
+                    live.update(Text(f"ibmon top: {exc}", style="red"), refresh=True)
+                await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+    finally:
+        if isinstance(reader, DirectSampler):
+            await reader.close()

@@ -1,0 +1,89 @@
+"""Play a scenario on the simulated clock through tracker + detection engine (tests only)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ibmon.detect.engine import Engine
+from ibmon.events import Event
+from ibmon.sources.mock import MockSource
+from ibmon.tracker import Tracker
+from mocks.scenario import ManualClock, Scenario, load_scenario, resolve_port
+
+
+@dataclass(frozen=True)
+class Seen:
+    t: float
+    event: Event
+
+
+def play(
+    name: str,
+    *,
+    until: float | None = None,
+    tables: Mapping[str, Any] | None = None,
+    interval: float | None = None,
+    coarse_after: float | None = None,
+    coarse_interval: float = 30.0,
+) -> tuple[Scenario, MockSource, list[Seen]]:
+    """Poll every ``interval`` (default: the scenario's) simulated seconds from t=0; after
+    ``coarse_after`` poll every ``coarse_interval`` instead (hours of quiet fabric, fast)."""
+    sc = load_scenario(name)
+    clock = ManualClock()
+    source = MockSource.from_scenario(name, clock=clock)
+    tracker = Tracker(tick_seconds=sc.tick_seconds)
+    engine = Engine(tables, fabric="test", source="mock")
+    seen: list[Seen] = []
+    step = interval or sc.poll_interval
+    end = sc.duration if until is None else until
+    times: list[float] = []
+    t = 0.0
+    while t <= end + 1e-9:
+        times.append(t)
+        fine = coarse_after is None or t < coarse_after
+        t = round(t + (step if fine else coarse_interval), 6)
+
+    async def run() -> None:
+        for t in times:
+            clock.t = t
+            snap = await source.sample()
+            views = tracker.update(snap)
+            for ev in engine.process(views, monotonic=snap.monotonic, wall=snap.wall):
+                seen.append(Seen(snap.monotonic, ev))
+
+    asyncio.run(run())
+    return sc, source, seen
+
+
+def mismatches(sc: Scenario, source: MockSource, seen: list[Seen]) -> list[str]:
+    """Every expected event matched by exactly one seen event, and nothing else seen."""
+    fabric = source.model.fabric
+    left = list(seen)
+    problems: list[str] = []
+    for exp in sc.expect:
+        guid, port = resolve_port(fabric, exp.port)
+        hits = [
+            s for s in left
+            if s.event.type == exp.type and s.event.status == exp.status
+            and s.event.port is not None and s.event.port.guid == guid
+            and s.event.port.port == str(port)
+            and (exp.severity is None or s.event.severity == exp.severity)
+            and all(s.event.details.get(k) == v for k, v in exp.details.items())
+        ]
+        inside = [s for s in hits if exp.window[0] <= s.t <= exp.window[1]]
+        if len(inside) != 1:
+            times = [(s.t, s.event.severity, s.event.details.get("kind")) for s in hits]
+            problems.append(f"expected {exp.type} {exp.status} {exp.severity or ''} on "
+                            f"{exp.port} in {list(exp.window)}: got {len(inside)} inside; "
+                            f"candidates at {times}")
+            continue
+        left.remove(inside[0])
+    for s in left:
+        e = s.event
+        problems.append(f"unexpected {e.type} {e.status} {e.severity} at t={s.t} on "
+                        f"{e.port.node_desc if e.port else None}[{e.port.port if e.port else ''}]"
+                        f": {e.message}")
+    return problems

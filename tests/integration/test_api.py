@@ -1,0 +1,170 @@
+"""The JSON API on the metrics listener: worst ports first, events, health and readiness."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from rich.console import Console
+
+from ibmon.config import Settings, SourceConfig, SysfsSourceConfig, load_settings
+from ibmon.daemon import Daemon
+from ibmon.model import LinkInfo, PortIdentity, PortSample, Snapshot, Topology
+from ibmon.top import ApiReader, render
+
+GUID = "0x0002c90300a1b2c3"
+T0 = time.monotonic()
+
+
+class StalledSource:
+    """Port 1 waits 30 % of the time at 90 % utilization (a hotspot); port 2 is idle."""
+
+    def __init__(self, name: str, *, broken: bool = False) -> None:
+        self.name = name
+        self.broken = broken
+        self.t0 = T0  # hardware counters outlive a source object (reload re-creates sources)
+
+    async def discover(self) -> Topology:
+        return Topology(source=self.name)
+
+    async def sample(self) -> Snapshot:
+        if self.broken:
+            raise RuntimeError("no PMA")
+        now = time.monotonic()
+        elapsed = now - self.t0
+        snap = Snapshot(source=self.name, monotonic=now, wall=time.time())
+        for port, wait, util in (("1", 0.3, 0.9), ("2", 0.0, 0.01)):
+            ident = PortIdentity(guid=GUID, port=port, device="mlx5_0",
+                                 node_desc="leaf07 ü", source=self.name)  # non-ASCII on purpose
+            snap.ports[ident.key] = PortSample(
+                identity=ident, state=4, phys_state=5, rate_bps=100e9,
+                link=LinkInfo(remote_guid="0x0002c90300000001", remote_port="3",
+                              remote_node_desc="spine02"),
+                counters={"transmit_wait": int(elapsed * wait / 64e-9),
+                          "transmit_data": int(elapsed * util * 100e9 / 32)},
+                wide=frozenset({"transmit_data"}),
+            )
+        return snap
+
+    async def close(self) -> None:
+        return None
+
+
+def get(port: int, path: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def settings(*sources: SourceConfig) -> Settings:
+    return load_settings(None, prometheus={"listen": "127.0.0.1:0"},
+                         sources=[s.model_dump() for s in sources])
+
+
+async def until(pred: Any, limit: float = 10.0) -> None:
+    deadline = time.monotonic() + limit
+    while not await asyncio.to_thread(pred):
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.05)
+
+
+async def test_ports_events_health_and_metrics() -> None:
+    cfg = SysfsSourceConfig(name="fabric", interval=0.05)
+    daemon = Daemon(settings(cfg), source_factory=lambda c: StalledSource(c.label))
+    task = asyncio.create_task(daemon.run())
+    try:
+        await daemon.ready.wait()
+        assert daemon.exporter is not None
+        port = daemon.exporter.port
+        assert await asyncio.to_thread(get, port, "/healthz") == (200, {"ok": True})
+        await until(lambda: get(port, "/api/v1/events")[1]["events"])
+        status, body = await asyncio.to_thread(get, port, "/api/v1/events")
+        (event,) = body["events"]
+        assert (event["type"], event["status"], event["severity"]) == (
+            "congestion", "firing", "warning")
+        assert event["details"]["kind"] == "hotspot"
+        assert event["port"]["node_desc"] == "leaf07 ü"
+        assert event["peer"]["node_desc"] == "spine02"
+
+        status, ports = await asyncio.to_thread(get, port, "/api/v1/ports")
+        assert status == 200
+        assert ports["count"] == 2
+        worst = ports["ports"][0]
+        assert (worst["port"], worst["conditions"]) == ("1", ["congestion"])
+        assert worst["active"][0]["type"] == "congestion"
+        assert 0.2 < worst["transmit_wait_ratio"] < 0.4
+        assert ports["ports"][1]["conditions"] == []
+        _, only = await asyncio.to_thread(get, port, "/api/v1/ports?condition=congestion&limit=5")
+        assert [p["port"] for p in only["ports"]] == ["1"]
+        assert (await asyncio.to_thread(get, port, "/api/v1/ports?limit=x"))[0] == 400
+        _, since = await asyncio.to_thread(get, port, f"/api/v1/events?since={event['id']}")
+        assert since["events"] == []
+
+        status, ready = await asyncio.to_thread(get, port, "/readyz")
+        assert status == 200
+        assert ready["sources_up"] == ["fabric"]
+        # `ibmon top` reads the same API and shows the congested port first, escaped.
+        console = Console(record=True, width=160, color_system=None)
+        frame = await ApiReader(f"http://127.0.0.1:{port}").frame()
+        console.print(render(*frame))
+        screen = console.export_text()
+        assert screen.index("leaf07 ü [1]") < screen.index("leaf07 ü [2]")
+        assert "congestion" in screen and "hotspot" in screen
+
+        metrics = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode())
+        assert 'ibmon_events_total{severity="warning",type="congestion"} 1.0' in metrics
+        assert (f'ibmon_port_condition{{guid="{GUID}",port="1",condition="congestion"}} 1'
+                in metrics)
+    finally:
+        daemon.stop()
+        await task
+
+
+async def test_readyz_is_503_while_no_source_works_and_source_failed_is_an_event() -> None:
+    cfg = SysfsSourceConfig(name="broken", interval=0.05)
+    daemon = Daemon(settings(cfg), source_factory=lambda c: StalledSource(c.label, broken=True))
+    task = asyncio.create_task(daemon.run())
+    try:
+        await daemon.ready.wait()
+        assert daemon.exporter is not None
+        port = daemon.exporter.port
+        await until(lambda: get(port, "/api/v1/events")[1]["events"])
+        status, ready = await asyncio.to_thread(get, port, "/readyz")
+        assert status == 503
+        assert ready["ready"] is False
+        assert "no PMA" in ready["sources_down"]["broken"]
+        _, body = await asyncio.to_thread(get, port, "/api/v1/events")
+        assert [(e["type"], e["status"], e["port"]) for e in body["events"]] == [
+            ("source_failed", "firing", None)]  # once, not once per failed poll
+    finally:
+        daemon.stop()
+        await task
+
+
+async def test_reload_with_new_thresholds_keeps_active_conditions(tmp_path: Any) -> None:
+    cfg_file = tmp_path / "ibmon.toml"
+    base = ('[prometheus]\nlisten = "127.0.0.1:0"\n'
+            '[[sources]]\ntype = "sysfs"\nname = "fabric"\ninterval = "0.05s"\n')
+    cfg_file.write_text(base)
+    daemon = Daemon(load_settings(cfg_file), config_path=cfg_file,
+                    source_factory=lambda c: StalledSource(c.label))
+    task = asyncio.create_task(daemon.run())
+    try:
+        await until(lambda: [a.type for a in daemon.conditions()] == ["congestion"])
+        cfg_file.write_text(base + "[detect.congestion]\nwarning = 0.2\nsustain = 5\n")
+        daemon.reload()
+        published = len(daemon.bus.history)
+        await asyncio.sleep(0.6)  # a dozen polls under the new rules
+        assert [a.type for a in daemon.conditions()] == ["congestion"]
+        assert len(daemon.bus.history) == published  # not re-announced, not resolved
+        assert daemon.settings.detect.tables() == {"congestion": {"warning": 0.2, "sustain": 5}}
+    finally:
+        daemon.stop()
+        await task

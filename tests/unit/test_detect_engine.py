@@ -1,0 +1,127 @@
+"""The engine: edge triggering, state round trip without re-announcing, config, source health."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from detect_views import view
+
+from ibmon.config import ConfigError, load_settings
+from ibmon.detect.engine import DETECTORS, Engine
+from ibmon.events import Event
+
+
+def step(engine: Engine, t: float, *, boot: float = 1e9, **fields: object) -> list[Event]:
+    """One poll at monotonic ``t``; ``boot`` is the wall time at monotonic zero."""
+    v = view(**fields)  # type: ignore[arg-type]
+    return engine.process({v.key: v}, monotonic=t, wall=boot + t)
+
+
+def test_restored_engine_neither_reannounces_nor_forgets() -> None:
+    first = Engine()
+    fired = []
+    for t in range(5):
+        fired += step(first, t, xmit_wait_ratio=0.3, utilization_tx=0.9,
+                      totals={"link_downed": 1 + t})
+    assert sorted(e.type for e in fired) == ["congestion", "link_flapping"]
+    saved = json.loads(json.dumps(first.dump()))  # survives JSON
+
+    # Restarted after a reboot: the monotonic clock starts again at zero, 10 s of wall later.
+    second = Engine()
+    second.load(saved)
+    boot = 1e9 + 10
+    assert {a.type for a in second.active()} == {"congestion", "link_flapping"}
+    again = step(second, 0, boot=boot, xmit_wait_ratio=0.3, utilization_tx=0.9,
+                 totals={"link_downed": 5})
+    assert again == []
+    later = []
+    for t in range(1, 4):
+        later += step(second, t, boot=boot, xmit_wait_ratio=0.0, totals={"link_downed": 5})
+    assert [(e.type, e.status) for e in later] == [("congestion", "resolved")]
+    # Downs at wall 1e9+1..4 are monotonic -9..-6 now: two leave the window at 592.
+    assert step(second, 591, boot=boot, totals={"link_downed": 5}) == []
+    (done,) = step(second, 592, boot=boot, totals={"link_downed": 5})
+    assert (done.type, done.status) == ("link_flapping", "resolved")
+
+
+def test_dump_before_any_poll_keeps_loaded_state() -> None:
+    first = Engine()
+    for t in range(3):
+        step(first, t, xmit_wait_ratio=0.3)
+    second = Engine()
+    second.load(first.dump())
+    third = Engine()
+    third.load(second.dump())
+    assert [a.type for a in third.active()] == ["congestion"]
+
+
+@pytest.mark.parametrize("bad", [
+    {"version": 99},
+    {"version": 1, "active": [{"type": "congestion"}]},
+    {"version": 1, "active": [], "detectors": {"congestion": [["0x1", "1", [1]]]}},
+    {"version": 1, "active": [], "detectors": {"high_ber": "nonsense"}},
+])
+def test_bad_state_is_rejected_without_change(bad: dict[str, object]) -> None:
+    engine = Engine()
+    for t in range(3):
+        step(engine, t, xmit_wait_ratio=0.3)
+    with pytest.raises(ValueError, match=r"state|congestion|high_ber"):
+        engine.load(bad)
+    assert [a.type for a in engine.active()] == ["congestion"]
+
+
+def test_disabled_detector_never_fires() -> None:
+    engine = Engine({"port_down": {"enabled": False}})
+    step(engine, 0, state=4)
+    assert step(engine, 1, state=1) == []
+
+
+def test_detect_tables_are_validated_at_config_load(tmp_path: Path) -> None:
+    cfg = tmp_path / "ibmon.toml"
+    cfg.write_text("[detect.congestion]\nwarning = 0.3\ncritical = 0.6\n")
+    engine = Engine(load_settings(cfg).detect.tables())
+    assert [step(engine, t, xmit_wait_ratio=0.25) for t in range(5)] == [[]] * 5
+    cfg.write_text("[detect.congestion]\nwarning = 'high'\n")
+    with pytest.raises(ConfigError, match=r"detect.*congestion\.warning"):
+        load_settings(cfg)
+    cfg.write_text("[detect.congeston]\n")
+    with pytest.raises(ConfigError, match="unknown detector 'congeston'"):
+        load_settings(cfg)
+
+
+def test_source_failed_fires_once_and_resolves() -> None:
+    engine = Engine({"source_failed": {"after": 2}}, source="fabric")
+    assert engine.source_poll(False, wall=1, reason="poll_timeout", error="slow") == []
+    (ev,) = engine.source_poll(False, wall=2, reason="poll_timeout", error="slow")
+    assert (ev.type, ev.status, ev.port) == ("source_failed", "firing", None)
+    assert ev.details["source"] == "fabric"
+    assert engine.source_poll(False, wall=3, reason="poll_timeout") == []
+    (ok,) = engine.source_poll(True, wall=4)
+    assert ok.status == "resolved"
+    assert engine.source_poll(True, wall=5) == []
+
+
+def test_every_detector_has_a_config_table_with_enabled() -> None:
+    for name, cls in DETECTORS.items():
+        assert cls.type == name
+        assert cls.settings_model().enabled is True
+
+
+def test_event_json_follows_the_contract() -> None:
+    engine = Engine(fabric="prod")
+    for t in range(3):
+        evs = step(engine, t, xmit_wait_ratio=0.3, utilization_tx=0.9)
+    (ev,) = evs
+    data = json.loads(ev.model_dump_json())
+    assert set(data) == {"id", "time", "fabric", "type", "status", "severity", "port", "peer",
+                         "value", "threshold", "details", "message"}
+    assert data["time"] == "2001-09-09T01:46:42Z"
+    assert data["fabric"] == "prod"
+    assert data["port"] == {"guid": "0x0002c90300a1b2c3", "port": "1",
+                            "node_desc": "host042 mlx5_0", "device": "mlx5_0", "lid": 7}

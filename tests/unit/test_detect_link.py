@@ -1,0 +1,108 @@
+"""Port down, flapping and degraded links; counter resets, saturation and topology changes."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from detect_views import GUID, PEER, link, view
+
+from ibmon.detect.engine import Engine
+from ibmon.events import Event
+from ibmon.model import LinkInfo, PortView
+
+
+def step(engine: Engine, views: list[PortView], t: float) -> list[Event]:
+    return engine.process({v.key: v for v in views}, monotonic=t, wall=1e9 + t)
+
+
+def test_port_down_only_for_ports_that_were_active() -> None:
+    engine = Engine()
+    assert step(engine, [view(state=1)], 0) == []  # never active: an unused port
+    assert step(engine, [view(state=4)], 1) == []
+    (fired,) = step(engine, [view(state=1, link=link())], 2)
+    assert (fired.type, fired.status, fired.severity) == ("port_down", "firing", "critical")
+    assert fired.peer is not None
+    assert fired.peer.guid == PEER
+    assert fired.peer.port == "12"
+    assert step(engine, [view(state=2)], 3) == []  # still not active: no second event
+    assert step(engine, [view(state=None)], 4) == []  # unknown state: no opinion
+    (resolved,) = step(engine, [view(state=4)], 5)
+    assert (resolved.type, resolved.status) == ("port_down", "resolved")
+
+
+def test_flapping_counts_link_downs_in_a_sliding_window() -> None:
+    engine = Engine()
+    evs: list[tuple[float, Event]] = []
+    downs = 7  # history
+    for t in range(0, 1000, 10):
+        if t in (100, 200, 300, 400):
+            downs += 1
+        v = view(totals={"link_downed": downs})
+        evs += [(t, e) for e in step(engine, [v], t) if e.type == "link_flapping"]
+    assert [(t, e.status) for t, e in evs] == [(300, "firing"), (800, "resolved")]
+    assert evs[0][1].value == 3
+
+
+def test_degraded_fabric_link_uses_max_common_width_and_speed() -> None:
+    engine = Engine()
+    (fired,) = step(engine, [view(link=link(width="1X"))], 0)
+    assert fired.type == "link_degraded"
+    assert "1X EDR, could be 4X EDR" in fired.message
+    assert step(engine, [view(link=link(width="1X"))], 1) == []
+    (done,) = step(engine, [view(link=link())], 2)
+    assert done.status == "resolved"
+    assert step(engine, [view(link=link(speed="FDR", max_speed="FDR"))], 3) == []
+
+
+def test_node_local_degraded_against_majority_and_expected_rate() -> None:
+    engine = Engine()
+    ports = [view(str(p), rate_bps=100e9) for p in range(1, 4)] + [view("4", rate_bps=25e9)]
+    (fired,) = step(engine, ports, 0)
+    assert fired.port is not None
+    assert fired.port.port == "4"
+    assert fired.type == "link_degraded"
+    two = Engine()  # two ports, one slow: no majority, no opinion
+    assert step(two, [view("1"), view("2", rate_bps=25e9)], 0) == []
+    configured = Engine({"link_degraded": {"expected_rate_gbps": 200}})
+    evs = step(configured, [view("1")], 0)
+    assert [(e.type, e.value, e.threshold) for e in evs] == [("link_degraded", 100.0, 200.0)]
+
+
+def test_counter_reset_is_one_info_event_per_reset() -> None:
+    engine = Engine()
+    assert step(engine, [view()], 0) == []
+    (ev,) = step(engine, [view(resets={"transmit_data": 1, "receive_data": 1})], 1)
+    assert (ev.type, ev.status, ev.severity) == ("counter_reset", "firing", "info")
+    assert ev.details["counters"] == ["receive_data", "transmit_data"]
+    assert step(engine, [view(resets={"transmit_data": 1, "receive_data": 1})], 2) == []
+    (again,) = step(engine, [view(resets={"transmit_data": 2, "receive_data": 1})], 3)
+    assert again.details["counter"] == "transmit_data"
+
+
+def test_counter_saturated_fires_and_resolves() -> None:
+    engine = Engine()
+    (ev,) = step(engine, [view(saturated=frozenset({"transmit_wait"}))], 0)
+    assert (ev.type, ev.details["counter"]) == ("counter_saturated", "transmit_wait")
+    assert step(engine, [view(saturated=frozenset({"transmit_wait"}))], 1) == []
+    (done,) = step(engine, [view()], 2)
+    assert (done.type, done.status) == ("counter_saturated", "resolved")
+
+
+def test_topology_changes_after_the_baseline() -> None:
+    engine = Engine({"topology_changed": {"absent_polls": 2}})
+    a, b = view("1", link=link()), view("2")
+    assert step(engine, [a, b], 0) == []  # baseline
+    moved = LinkInfo(remote_guid="0x0002c90300ffff02", remote_port="3")
+    (ev,) = step(engine, [view("1", link=moved), b], 1)
+    assert ev.details["change"] == "moved"
+    assert ev.details["old_remote_guid"] == PEER
+    assert step(engine, [view("1", link=moved)], 2) == []  # port 2 missing once: not yet
+    (gone,) = step(engine, [view("1", link=moved)], 3)
+    assert gone.details["change"] == "vanished"
+    assert gone.port is not None
+    assert (gone.port.guid, gone.port.port) == (GUID, "2")
+    (new,) = step(engine, [view("1", link=moved), view("3")], 4)
+    assert new.details["change"] == "appeared"
