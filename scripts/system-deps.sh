@@ -11,6 +11,11 @@ PACKAGES=(
   infiniband-diags
   opensm
   libibmad5
+  prometheus-alertmanager
+  systemd
+  mosquitto
+  mosquitto-clients
+  openssl
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

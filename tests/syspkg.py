@@ -21,7 +21,13 @@ _PACKAGES = {
     "iblinkinfo": "infiniband-diags",
     "ibqueryerrors": "infiniband-diags",
     "mosquitto": "mosquitto",
+    "mosquitto_passwd": "mosquitto",
+    "mosquitto_sub": "mosquitto-clients",
+    "openssl": "openssl",
     "alertmanager": "prometheus-alertmanager",
+    "prometheus-alertmanager": "prometheus-alertmanager",
+    "amtool": "prometheus-alertmanager",
+    "systemd-analyze": "systemd",
 }
 
 
