@@ -295,8 +295,60 @@ def version() -> None:
 
 
 @app.command()
+def top(
+    url: Annotated[
+        str, typer.Option(help="A running daemon's listener (its JSON API).")
+    ] = "http://127.0.0.1:9683",
+    source: Annotated[
+        ScanSource | None,
+        typer.Option(help="Sample this source directly instead of reading a daemon."),
+    ] = None,
+    sysfs_root: Annotated[Path, typer.Option(help="sysfs root for --source sysfs.")] = Path("/sys"),
+    scenario: Annotated[str, typer.Option(help="Scenario for --source mock.")] = "demo",
+    ca: Annotated[str | None, typer.Option(help="Local CA for --source mad/diags.")] = None,
+    interval: Annotated[float, typer.Option(min=0.1, max=3600.0, help="Refresh, seconds.")] = 2.0,
+    limit: Annotated[int, typer.Option(min=1, max=10_000, help="Ports to show.")] = 20,
+    once: Annotated[bool, typer.Option("--once", help="Print one frame and exit.")] = False,
+) -> None:
+    """Live view of the worst ports, active conditions and recent events."""
+    from ibmon.top import ApiReader, DirectSampler, run_top
+
+    reader: ApiReader | DirectSampler
+    if source is None:
+        if not url.startswith(("http://", "https://")):
+            _die(f"--url must start with http:// or https://, got {url!r}")
+        reader = ApiReader(url, limit=limit)
+    else:
+        cfg: SourceConfig
+        if source is ScanSource.sysfs:
+            from ibmon.sources.sysfs import has_devices
+
+            if not has_devices(sysfs_root):
+                _die(f"no InfiniBand devices under {sysfs_root}/class/infiniband")
+            cfg = SysfsSourceConfig(root=sysfs_root)
+        elif source is ScanSource.mock:
+            cfg = MockSourceConfig(scenario=scenario)
+        else:
+            from ibmon.config import DiagsSourceConfig, MadSourceConfig
+
+            cfg = (MadSourceConfig if source is ScanSource.mad else DiagsSourceConfig)(ca=ca)
+        try:
+            reader = DirectSampler(cfg, limit=limit)
+        except (OSError, RuntimeError, ValueError) as exc:
+            _die(f"cannot sample {cfg.type}: {exc}")
+    try:
+        asyncio.run(run_top(reader, interval=interval, once=once, limit=limit))
+    except KeyboardInterrupt:
+        pass
+    except OSError as exc:
+        _die(f"cannot read {url}: {getattr(exc, 'reason', None) or exc}")
+
+
+@app.command()
 def demo(
-    scenario: Annotated[str, typer.Option(help="Scenario to play (see mocks/scenarios).")] = "demo",
+    scenario: Annotated[
+        str, typer.Option(help="Shipped scenario name (mocks/scenarios) or a YAML file.")
+    ] = "demo",
     hosts: Annotated[int | None, typer.Option(min=1, help="Host ports in the fat tree.")] = None,
     listen: Annotated[str, typer.Option(help="Metrics listen address.")] = "127.0.0.1:9683",
     speed: Annotated[
@@ -305,10 +357,12 @@ def demo(
     interval: Annotated[float, typer.Option(min=0.05, help="Poll interval, real seconds.")] = 1.0,
 ) -> None:
     """Run the full daemon on the built-in simulated fabric with a scenario playing."""
-    from mocks.scenario import list_scenarios
+    from mocks.scenario import ScenarioError, load_scenario
 
-    if scenario not in list_scenarios():
-        _die(f"unknown scenario {scenario!r}; choose one of: {', '.join(list_scenarios())}")
+    try:
+        load_scenario(scenario)  # a shipped name or a YAML file of your own
+    except ScenarioError as exc:
+        _die(str(exc))
     src = MockSourceConfig(
         name="demo", scenario=scenario, hosts=hosts, speed=speed, interval=interval
     )
@@ -320,7 +374,9 @@ def demo(
     host = listen.rsplit(":", 1)[0]
     banner = (
         f"ibmon demo: scenario {scenario!r}, simulated time x{speed:g}.\n"
-        f"  metrics: http://{host}:{{port}}/metrics\n"
+        f"  metrics:   http://{host}:{{port}}/metrics\n"
+        f"  events:    http://{host}:{{port}}/api/v1/events\n"
+        f"  live view: ibmon top --url http://{host}:{{port}}   (in another terminal)\n"
         "  stop with Ctrl-C"
     )
     _run_daemon(settings, None, banner)
@@ -343,6 +399,54 @@ def sim_sysfs(
     )
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run_sysfs(out, scenario, speed=speed, hosts=hosts))
+
+
+@sim_app.command("ibsim")
+def sim_ibsim(
+    scenario: Annotated[str, typer.Option(help="Scenario to play.")] = "demo",
+    speed: Annotated[
+        float, typer.Option(min=0.01, help="Simulated seconds per real second.")
+    ] = 1.0,
+    hosts: Annotated[int | None, typer.Option(min=1, help="Host ports in the fat tree.")] = None,
+) -> None:
+    """Run ibsim + opensm driven by the scenario, for perfquery, ibnetdiscover and the mad source.
+
+    Prints the environment the tools need (they talk to the simulator through libumad2sim);
+    Ctrl-C stops the simulator and removes its files.
+    """
+    import shlex
+    import signal
+
+    from mocks.ibsim import IbSimError
+    from mocks.ibsim_driver import IbSimDriver, run_ibsim
+    from mocks.scenario import ScenarioError
+
+    def ready(drv: IbSimDriver) -> None:
+        env = drv.sim.env
+        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+        print(
+            f"ibmon sim: ibsim is running scenario {scenario!r} "
+            f"({len(drv.model.keys)} ports, simulated time x{speed:g}); Ctrl-C to stop.\n"
+            f"Run the tools from {drv.sim.workdir} (umad2sim writes a sys-<pid> tree there) "
+            "with this environment:\n"
+            f"  cd {shlex.quote(str(drv.sim.workdir))} && export {exports}\n"
+            "  perfquery -x <lid> <port>    ibnetdiscover -p    iblinkinfo\n"
+            "  ibmon scan --source mad",
+            flush=True,
+        )
+
+    async def run() -> None:
+        # SIGTERM (systemd, timeout) stops like Ctrl-C, so ibsim and opensm are cleaned up
+        stop = asyncio.Event()
+        with contextlib.suppress(NotImplementedError):
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        await run_ibsim(scenario, speed=speed, hosts=hosts, on_ready=ready, stop=stop)
+
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(run())
+    except (ScenarioError, IbSimError) as exc:
+        _die(str(exc))
 
 
 def main(argv: list[str] | None = None) -> None:

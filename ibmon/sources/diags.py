@@ -11,6 +11,17 @@ Every command goes through an injectable ``CommandRunner``. The default one runs
 which the whole process group is SIGKILLed and reaped; the group is swept even after a normal
 exit so no child survives (treydock/infiniband_exporter#38). A node that hangs or prints garbage
 costs that node's counters for that poll, reported as SourceErrors, never the sweep.
+
+Port state between discoveries: perfquery says nothing about state, so every ``state_interval``
+seconds (default 30; 0 = every poll; None from the config = that default) one extra
+``ibnetdiscover --cache`` process for the whole fabric runs beside the poll's perfquerys, and
+every known port takes its state, phys state and active width/speed from the cache's raw
+PortInfo (the same decoding as discovery). One process per refresh, not one per node: ibsim and
+real fabrics answer a discovery in about the time of a counter sweep, and a port that goes down
+is seen within ``state_interval`` instead of the topology interval (5 min). Peers and links
+still change only at discovery; a CA port that became unreachable (its only link is down) is
+not in the cache and keeps its last state, its counters fail and are reported as SourceErrors.
+The ``mad`` source refreshes state on every poll instead (one SMP per port in its MAD batch).
 """
 
 from __future__ import annotations
@@ -220,8 +231,11 @@ class DiagsSource:
         ibnetdiscover: str = "ibnetdiscover",
         perfquery: str = "perfquery",
         command_timeout: float | None = None,
+        state_interval: float = 30.0,
     ) -> None:
         self.name = name
+        self._state_interval = state_interval
+        self._state_at: float | None = None
         self._runner: CommandRunner = runner or SubprocessRunner(concurrency=concurrency)
         self._ca_args = (["-C", ca] if ca else []) + (["-P", str(port)] if port else [])
         self._timeout = timeout
@@ -255,6 +269,7 @@ class DiagsSource:
             include=cfg.include,
             exclude=cfg.exclude,
             shard=cfg.shard,
+            state_interval=cfg.state_interval if cfg.state_interval is not None else 30.0,
         )
 
     # ----------------------------------------------------------------- per-command timeout
@@ -349,6 +364,7 @@ class DiagsSource:
             keep = filter_topology(view.topology(), *self._shard).ports
             view.ports = {k: v for k, v in view.ports.items() if k in keep}
         self._view = view
+        self._state_at = time.monotonic()  # discovery just read every port's state
         self._groups = self._plan(view)
         self.last_discover_errors = errors
         return view.topology()
@@ -374,7 +390,21 @@ class DiagsSource:
         snap = Snapshot(source=self.name, monotonic=time.monotonic(), wall=time.time())
         snap.errors.extend(self.last_discover_errors)
         self.last_discover_errors = []
-        results = await asyncio.gather(*(self._poll_group(g) for g in self._groups))
+        now = time.monotonic()
+        refresh = self._state_at is None or now - self._state_at >= self._state_interval
+        state_task = asyncio.ensure_future(self._refresh_state(view)) if refresh else None
+        if refresh:
+            self._state_at = now
+        try:
+            results = await asyncio.gather(*(self._poll_group(g) for g in self._groups))
+        except BaseException:
+            if state_task is not None:
+                state_task.cancel()
+                with contextlib.suppress(BaseException):
+                    await state_task
+            raise
+        if state_task is not None:
+            snap.errors.extend(await state_task)
         for group, (values, errors) in zip(self._groups, results, strict=True):
             snap.errors.extend(errors)
             for key in group.keys:
@@ -387,6 +417,34 @@ class DiagsSource:
             if not fp.lid and key not in snap.ports:
                 snap.ports[key] = make_sample(fp, None)
         return snap
+
+    async def _refresh_state(self, view: FabricView) -> list[SourceError]:
+        """One ibnetdiscover for the whole fabric; apply its PortInfo to every known port."""
+        cache = self._tmp / "state.cache"
+        with contextlib.suppress(FileNotFoundError):
+            cache.unlink()
+        argv = [
+            self._ibnetdiscover,
+            *self._ca_args,
+            "-t",
+            str(int(self._timeout * 1000)),
+            "--cache",
+            str(cache),
+        ]
+        res = await self._runner.run(argv, self._discover_timeout)
+        reason = classify(res)
+        try:
+            fab = parse_ibnd_cache(cache.read_bytes())
+        except (OSError, ValueError) as exc:
+            why = reason or "cache_unreadable"
+            return [SourceError(why, f"state refresh: {_first_line(res.stderr) or exc}")]
+        for key in view.ports:
+            info = fab.ports.get((key[0], int(key[1])))
+            if info is not None:
+                view.refresh_port(key, info)
+        if reason is not None:  # partial discovery: what it reached is applied
+            return [SourceError(reason, f"state refresh: {_first_line(res.stderr)}")]
+        return []
 
     async def _bounded(self, argv: list[str]) -> CommandResult:
         """Run one command; a runner that never returns still costs only this command."""

@@ -60,6 +60,28 @@ class FabricView:
         else:
             fp.active_width = fp.active_speed = ""
 
+    def refresh_port(self, key: PortKey, info: PortInfo) -> None:
+        """A poll-time PortInfo: new state and active rate; the discovered peer and max stay.
+
+        Both fabric sources refresh state between discoveries; peers and links change only at
+        discovery, but a link that retrained narrower or slower shows it at once.
+        """
+        fp = self.ports[key]
+        self.apply_port_info(key, info)
+        link = fp.link
+        if (
+            link is not None
+            and fp.active_width
+            and (link.active_width, link.active_speed) != (fp.active_width, fp.active_speed)
+        ):
+            fp.link = link_of(
+                fp,
+                (link.remote_guid, link.remote_port),
+                link.remote_node_desc,
+                link.max_width,
+                link.max_speed,
+            )
+
     def finish_links(self) -> None:
         """Fill every link's remote description and max common width/speed from both ends."""
         for _key, fp in self.ports.items():

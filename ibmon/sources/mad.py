@@ -8,6 +8,13 @@ valid), then PortCountersExtended and, when the 64-bit error copies are missing,
 for every port. The same decoding and the same rules as the ``diags`` source (``parse`` and
 ``fabric`` modules) make both report identical topologies and snapshots.
 
+Port state is refreshed on every poll (``state_interval`` 0, the default), not only at discovery:
+a LID-routed SMP PortInfo per port (attribute modifier = port number) goes out in the same MAD
+batch as the PMA Gets, so a port that goes down is seen at the next poll instead of the next
+topology refresh (5 min), and a link that retrains narrower or slower shows its new active width
+and speed. It costs one more MAD per port, sent in the same window, so its timeouts overlap the
+PMA ones (measured in benchmarks/README.md). Peers and links still change only at discovery.
+
 MADs run on worker threads (one ``MadEngine`` = one umad port each, ``mad_ports`` of them),
 bridged to asyncio with ``run_in_executor``; each engine keeps ``window`` MADs in flight. A MAD
 that is not answered within ``timeout`` is retried ``retries`` times and then reported as a
@@ -31,7 +38,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ibmon.model import PortIdentity, PortKey, Snapshot, SourceError, Topology
-from ibmon.sources.fabric import FabricPort, FabricView, NodeFilter, make_sample
+from ibmon.sources.fabric import (
+    FabricPort,
+    FabricView,
+    NodeFilter,
+    link_of,
+    make_sample,
+)
 from ibmon.sources.libibmad import (
     ATTR_CLASS_PORT_INFO,
     ATTR_NODE_DESC,
@@ -107,8 +120,11 @@ class MadSource:
         exclude: Sequence[str] = (),
         shard: str | None = None,
         node_name_map: str | os.PathLike[str] | None = None,
+        state_interval: float = 0.0,
     ) -> None:
         self.name = name
+        self._state_interval = state_interval
+        self._state_at: float | None = None
         self._ca = ca
         self._port = port or 0
         self._timeout = timeout
@@ -143,6 +159,7 @@ class MadSource:
             include=cfg.include,
             exclude=cfg.exclude,
             shard=cfg.shard,
+            state_interval=cfg.state_interval if cfg.state_interval is not None else 0.0,
         )
 
     # ------------------------------------------------------------------ MAD plumbing
@@ -300,8 +317,6 @@ class MadSource:
             if fp.remote is not None and (fp.remote[0], str(fp.remote[1])) not in view.ports:
                 peer = sweep.nodes.get(fp.remote[0])
                 if peer is not None:
-                    from ibmon.sources.fabric import link_of
-
                     fp.link = link_of(
                         fp,
                         (fp.remote[0], str(fp.remote[1])),
@@ -320,6 +335,7 @@ class MadSource:
             keep = filter_topology(view.topology(), *self._shard).ports
             view.ports = {k: v for k, v in view.ports.items() if k in keep}
         self._view = view
+        self._state_at = time.monotonic()  # discovery just read every port's state
         self._cpi = {}
         self._discover_errors = sweep.errors
         self.last_sweep_mads = sweep.mads
@@ -328,7 +344,7 @@ class MadSource:
     # ------------------------------------------------------------------ counters
 
     def _counters_sync(
-        self, view: FabricView
+        self, view: FabricView, refresh_state: bool = True
     ) -> tuple[dict[PortKey, object], list[SourceError], int]:
         errors: list[SourceError] = []
         by_lid: dict[int, list[PortKey]] = {}
@@ -368,15 +384,32 @@ class MadSource:
                 if narrow or not ext:
                     reqs.append(MadRequest(CLASS_PMA, ATTR_PORT_COUNTERS, lid=lid, port_select=sel))
                     plan.append((key, "narrow"))
+        state_keys: list[PortKey] = []
+        if refresh_state:
+            for lid, keys in by_lid.items():
+                for key in keys:
+                    reqs.append(
+                        MadRequest(CLASS_SMI, ATTR_PORT_INFO, attr_mod=int(key[1]), lid=lid)
+                    )
+                    state_keys.append(key)
         results = self._run_sync(reqs)
         mads += len(reqs)
+        n_pma = len(plan)
         raw: dict[PortKey, dict[str, bytes]] = {}
         failed: dict[PortKey, str] = {}
-        for (key, kind), r in zip(plan, results, strict=True):
+        for (key, kind), r in zip(plan, results[:n_pma], strict=True):
             if r.data is None:
                 failed.setdefault(key, r.error or "timeout")
             else:
                 raw.setdefault(key, {})[kind] = r.data
+        for key, r in zip(state_keys, results[n_pma:], strict=True):
+            if r.data is not None:
+                view.refresh_port(key, decode_port_info(r.data))
+            elif key not in failed and key in raw:
+                # one error per port and poll: report the state miss only when the PMA answered
+                errors.append(
+                    SourceError(r.error or "timeout", f"{key[0]} port {key[1]}: PortInfo", key)
+                )
         out: dict[PortKey, object] = {}
         for key, reason in failed.items():
             errors.append(SourceError(reason, f"{key[0]} port {key[1]}: PMA", key))
@@ -405,7 +438,11 @@ class MadSource:
         snap = Snapshot(source=self.name, monotonic=time.monotonic(), wall=time.time())
         snap.errors.extend(self._discover_errors)
         self._discover_errors = []
-        got = await self._in_thread(self._counters_sync, view)
+        now = time.monotonic()
+        refresh = self._state_at is None or now - self._state_at >= self._state_interval
+        if refresh:
+            self._state_at = now
+        got = await self._in_thread(self._counters_sync, view, refresh)
         assert isinstance(got, tuple)
         values: dict[PortKey, object] = got[0]
         errors: list[SourceError] = got[1]

@@ -1,0 +1,118 @@
+"""What the ibsim driver sends to the console, checked without ibsim (a recording fake)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, cast
+
+from mocks.ibsim import MAX_CONSOLE_LINE, IbSim
+from mocks.ibsim_driver import IbSimDriver
+from mocks.topology import fat_tree
+from mocks.traffic import FabricModel
+
+_LINE = re.compile(r'^PerformanceSet "([SH]-[0-9a-f]+)"\[(\d+)\] (\w+)\.(\w+)=(\d+)$')
+
+
+class FakeSim:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.calls: list[tuple[str, str, int]] = []
+
+    def console(self, cmd: Any, timeout: float = 30.0) -> str:
+        lines = [cmd] if isinstance(cmd, str) else list(cmd)
+        self.lines += lines
+        return "\n".join(f"{ln.split(' ', 2)[2]} has been set to x" for ln in lines)
+
+    def unlink(self, node: str, port: int | None = None) -> str:
+        self.calls.append(("unlink", node, port or 0))
+        return ""
+
+    def relink(self, node: str, port: int | None = None) -> str:
+        self.calls.append(("relink", node, port or 0))
+        return ""
+
+    def resweep(self, timeout: float = 60.0) -> None:
+        self.calls.append(("resweep", "", 0))
+
+
+def make() -> tuple[FakeSim, IbSimDriver]:
+    fab = fat_tree(levels=2, radix=8, leaves=2, hosts_per_leaf=4)
+    sim = FakeSim()
+    return sim, IbSimDriver(cast(IbSim, sim), FabricModel(fab, seed=1))
+
+
+def parsed(lines: list[str]) -> dict[tuple[str, int, str], int]:
+    out: dict[tuple[str, int, str], int] = {}
+    for ln in lines:
+        m = _LINE.match(ln)
+        assert m, ln
+        assert len(ln.encode()) <= MAX_CONSOLE_LINE
+        out[(m.group(1), int(m.group(2)), f"{m.group(3)}.{m.group(4)}")] = int(m.group(5))
+    return out
+
+
+def test_first_push_sets_everything_then_only_changes() -> None:
+    sim, drv = make()
+    drv.push()
+    first = parsed(sim.lines)
+    n_ports = len(drv.model.keys)
+    # 4 data/packet counters x 2 copies, 4 unicast/multicast, 13 narrow (no qp1_dropped field)
+    assert len(first) == len(sim.lines) == n_ports * (8 + 4 + 13)
+    sim.lines.clear()
+    drv.push()
+    assert sim.lines == []  # nothing changed
+    key = drv.model.keys[0]
+    drv.model.bump(key, "symbol_errors", 3)
+    drv.push()
+    assert len(sim.lines) == 1 and "PortCounters.SymbolErrorCounter=3" in sim.lines[0]
+
+
+def test_wide_values_go_to_both_copies_and_the_narrow_one_saturates() -> None:
+    sim, drv = make()
+    key = drv.model.keys[2]
+    drv.model.set_value(key, "transmit_data", 5 * 2**32)
+    drv.model.set_value(key, "transmit_packets", 1000)
+    drv.push()
+    vals = parsed(sim.lines)
+    nid = ("S-" if drv.model.fabric.nodes[key[0]].kind == "switch" else "H-") + key[0][2:]
+    assert vals[(nid, key[1], "PortCountersExtended.PortXmitData")] == 5 * 2**32
+    assert vals[(nid, key[1], "PortCounters.PortXmitData")] == 2**32 - 1
+    assert vals[(nid, key[1], "PortCountersExtended.PortXmitPkts")] == 1000
+    assert vals[(nid, key[1], "PortCounters.PortXmitPkts")] == 1000
+    sim.lines.clear()
+    drv.model.set_value(key, "transmit_data", 6 * 2**32)
+    drv.push()
+    # the 32-bit copy stayed saturated: only the 64-bit copy is sent again
+    assert sim.lines == [f'PerformanceSet "{nid}"[{key[1]}] '
+                         f"PortCountersExtended.PortXmitData={6 * 2**32}"]
+
+
+def test_link_changes_unlink_relink_on_the_switch_end_and_resweep() -> None:
+    sim, drv = make()
+    drv.push()
+    host = drv.model.fabric.node_by_desc("host001 mlx5_0")
+    leaf_guid, leaf_port = drv.model.fabric.peer(host.guid, 1)  # type: ignore[misc]
+    drv.model.link_down((host.guid, 1))
+    sim.lines.clear()
+    stats = drv.push()
+    assert (stats.unlinks, stats.relinks) == (1, 0)
+    assert sim.calls == [("unlink", "S-" + leaf_guid[2:], leaf_port), ("resweep", "", 0)]
+    # the model's LinkDowned increment reaches ibsim on both ends (ibsim's Unlink does not count)
+    vals = parsed(sim.lines)
+    assert vals[("H-" + host.guid[2:], 1, "PortCounters.LinkDownedCounter")] == 1
+    assert vals[("S-" + leaf_guid[2:], leaf_port, "PortCounters.LinkDownedCounter")] == 1
+    sim.calls.clear()
+    drv.model.link_up((host.guid, 1))
+    assert drv.push().relinks == 1
+    assert sim.calls == [("relink", "S-" + leaf_guid[2:], leaf_port), ("resweep", "", 0)]
+
+
+def test_ports_limits_counter_pushes_not_link_changes() -> None:
+    fab = fat_tree(levels=2, radix=8, leaves=2, hosts_per_leaf=4)
+    model = FabricModel(fab, seed=1)
+    sim = FakeSim()
+    drv = IbSimDriver(cast(IbSim, sim), model, ports=model.keys[:2])
+    drv.push()
+    assert {(k[0], k[1]) for k in parsed(sim.lines)} == {
+        (("S-" if fab.nodes[g].kind == "switch" else "H-") + g[2:], p) for g, p in model.keys[:2]
+    }
