@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ibmon.linkspeed import LANE_EFFECTIVE_GBPS, WIDTH_LANES
+
 __all__ = [
     "SPEEDS",
     "WIDTHS",
@@ -28,20 +30,10 @@ __all__ = [
     "to_ibsim_netfile",
 ]
 
-#: Effective (post-encoding) data rate per lane in Gb/s, DOMAIN.md section 3.
-_LANE_GBPS: dict[str, float] = {
-    "SDR": 2.0,
-    "DDR": 4.0,
-    "QDR": 8.0,
-    "FDR10": 10.0,
-    "FDR": 13.625,
-    "EDR": 25.0,
-    "HDR": 50.0,
-    "NDR": 100.0,
-    "XDR": 200.0,
-}
+# Lane rates and widths come from ibmon.linkspeed, the one table the daemon also uses.
+_LANE_GBPS = LANE_EFFECTIVE_GBPS
 SPEEDS: tuple[str, ...] = tuple(_LANE_GBPS)
-_WIDTH_LANES: dict[str, int] = {"1X": 1, "2X": 2, "4X": 4, "8X": 8, "12X": 12}
+_WIDTH_LANES = WIDTH_LANES
 WIDTHS: tuple[str, ...] = tuple(_WIDTH_LANES)
 
 # GUID layout: 0x0002c9 (Mellanox OUI) | role byte | 7-hex-digit index | low nibble = port.
