@@ -207,7 +207,7 @@ def prometheus_config(ibmon_port: int, am_port: int, rules: list[Path], dst: Pat
 
 def demo_port(proc: Proc) -> int | None:
     text = proc.log.read_text(errors="replace")
-    m = re.search(r"metrics: http://127\.0\.0\.1:(\d+)/metrics", text)
+    m = re.search(r"metrics:\s+http://127\.0\.0\.1:(\d+)/metrics", text)
     return int(m.group(1)) if m else None
 
 
