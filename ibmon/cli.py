@@ -168,6 +168,11 @@ def _scan_state(cfg: SourceConfig, interval: float) -> tuple[FabricState, bytes]
     return asyncio.run(_two_samples())
 
 
+def _port_order(v: PortView) -> tuple[str, int]:
+    """GUID, then port number as a number (2 before 10), as /metrics orders them."""
+    return (v.identity.guid, int(v.identity.port) if v.identity.port.isdigit() else 0)
+
+
 def _port_json(v: PortView) -> dict[str, Any]:
     ident = v.identity
     return {
@@ -205,7 +210,7 @@ def _fmt_rate(bps: float | None) -> str:
 
 def _table(state: FabricState) -> str:
     rows = [("GUID", "PORT", "NAME", "STATE", "RATE", "TX", "RX", "ERRORS", "SATURATED")]
-    for v in sorted(state.ports.values(), key=lambda v: v.key):
+    for v in sorted(state.ports.values(), key=_port_order):
         ident = v.identity
         errors = sum(
             n
@@ -271,7 +276,7 @@ def scan(
     if fmt is ScanFormat.prom:
         sys.stdout.buffer.write(body)
     elif fmt is ScanFormat.json:
-        ports = [_port_json(v) for v in sorted(state.ports.values(), key=lambda v: v.key)]
+        ports = [_port_json(v) for v in sorted(state.ports.values(), key=_port_order)]
         json.dump({"source": cfg.label, "ports": ports}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
