@@ -12,6 +12,7 @@ import hmac
 import ssl
 import struct
 import zlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,10 +20,12 @@ __all__ = [
     "BasicAuth",
     "Deflated",
     "accepts_gzip",
+    "concat",
     "crc32_combine",
     "deflate_chunks",
     "gzip_parts",
     "hash_password",
+    "inflate",
     "parse_listen",
     "tls_context",
 ]
@@ -151,7 +154,8 @@ def accepts_gzip(accept_encoding: str | None) -> bool:
 
 
 # --- gzip splicing -------------------------------------------------------------------------------
-# The port series are compressed once per state; the small self-metrics head changes per scrape.
+# The port series are compressed once per state, when it is published, and only the compressed
+# stream is kept; the small self-metrics head changes per scrape.
 # A gzip member is header + raw deflate + CRC-32 + length: the head is deflated per scrape and
 # ended with a sync flush (byte aligned, not final), the cached port stream follows unchanged (a
 # fresh deflate stream never refers back before its start), and the CRC of the whole is combined
@@ -198,31 +202,80 @@ def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Deflated:
-    """A raw deflate stream (final block included) of some chunks, with their CRC-32 and size."""
+    """Raw deflate data of some chunks, with their CRC-32 and total size.
 
-    data: bytes
+    ``parts`` concatenated are the deflate stream. A ``final`` stream ends with the last block;
+    a non-final one (a segment) ends byte-aligned after a sync flush and never refers back before
+    its own start, so a segment followed by any other deflate stream is one valid stream
+    (``concat``): the exporter keeps the rarely changing ``_info`` families as such a segment.
+    """
+
+    parts: tuple[bytes, ...]
     crc: int
     size: int
+    final: bool = True
+
+    @property
+    def compressed_size(self) -> int:
+        return sum(len(p) for p in self.parts)
 
 
-def deflate_chunks(chunks: tuple[bytes, ...], level: int) -> Deflated:
-    """Compress the port series once; runs in a worker thread (zlib releases the GIL)."""
+def deflate_chunks(chunks: Iterable[bytes], level: int, *, final: bool = True) -> Deflated:
+    """Compress chunks as they come (a generator never has the whole body in memory).
+
+    Runs in a worker thread for big fabrics; zlib releases the GIL while it compresses.
+    """
     comp = zlib.compressobj(level, zlib.DEFLATED, -zlib.MAX_WBITS)
     parts: list[bytes] = []
     crc = 0
     size = 0
     for chunk in chunks:
-        parts.append(comp.compress(chunk))
+        if piece := comp.compress(chunk):
+            parts.append(piece)
         crc = zlib.crc32(chunk, crc)
         size += len(chunk)
-    parts.append(comp.flush(zlib.Z_FINISH))
-    return Deflated(b"".join(parts), crc, size)
+        del chunk  # a lazy producer builds the next chunk without this one alive
+    parts.append(comp.flush(zlib.Z_FINISH if final else zlib.Z_SYNC_FLUSH))
+    # One contiguous block per stream: zlib's small outputs would otherwise each cost a
+    # separate allocation for as long as the state is served.
+    return Deflated((b"".join(parts),), crc, size, final)
+
+
+def concat(segment: Deflated, tail: Deflated) -> Deflated:
+    """``segment`` then ``tail`` as one stream, without recompressing either."""
+    if segment.final:
+        raise ValueError("only a non-final (sync-flushed) segment can be followed by more data")
+    return Deflated(
+        segment.parts + tail.parts,
+        crc32_combine(segment.crc, tail.crc, tail.size),
+        segment.size + tail.size,
+        tail.final,
+    )
+
+
+def inflate(deflated: Deflated, piece_size: int = 256 * 1024) -> Iterator[bytes]:
+    """Decompress ``deflated`` in pieces of at most ``piece_size`` bytes (plain-text scrapes).
+
+    Memory stays at one piece plus zlib's 32 KB window however big the body is.
+    """
+    decomp = zlib.decompressobj(-zlib.MAX_WBITS)
+    for part in deflated.parts:
+        data = part
+        while data:
+            piece = decomp.decompress(data, piece_size)
+            data = decomp.unconsumed_tail
+            if piece:
+                yield piece
+    if tail := decomp.flush():
+        yield tail
 
 
 def gzip_parts(head: bytes, tail: Deflated, level: int) -> list[bytes]:
-    """One gzip member holding ``head`` followed by the already-deflated ``tail``."""
+    """One gzip member holding ``head`` followed by the already-deflated, final ``tail``."""
+    if not tail.final:
+        raise ValueError("the tail of a gzip member must be a final deflate stream")
     comp = zlib.compressobj(level, zlib.DEFLATED, -zlib.MAX_WBITS)
     head_deflated = comp.compress(head) + comp.flush(zlib.Z_SYNC_FLUSH)
     crc = crc32_combine(zlib.crc32(head), tail.crc, tail.size)
     trailer = struct.pack("<II", crc, (len(head) + tail.size) & 0xFFFFFFFF)
-    return [GZIP_HEADER, head_deflated, tail.data, trailer]
+    return [GZIP_HEADER, head_deflated, *tail.parts, trailer]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from ibmon.counters import CATALOGUE
@@ -161,14 +161,19 @@ _RESETS_HEADER = _header("ibmon_port_counter_resets_total", "counter",
 class PortRenderer:
     """Renders port views, caching each port's escaped label text between renders.
 
-    ``render_chunks`` returns one encoded chunk per non-empty metric family, in a fixed family
-    order and in the order of the given views inside each family. It is not re-entrant: callers
-    that render from several threads hold ``lock``.
+    Chunks are encoded family by family, one chunk per non-empty metric family, in a fixed family
+    order and in the order of the given views inside each family; ``iter_chunks`` yields them one
+    at a time so a consumer (the exporter's compressor) never needs the whole body in memory.
+    With ``keep_descriptive`` the ``_info`` families are kept as bytes until the topology changes;
+    the exporter turns that off and keeps them compressed instead. Not re-entrant: callers that
+    render from several threads hold ``lock``.
     """
 
-    def __init__(self) -> None:
-        self._cache: dict[PortKey, _PortText] = {}
+    def __init__(self, *, keep_descriptive: bool = True) -> None:
+        # Aligned with the last views rendered (sorted, so usually the same ports in the same
+        # order): a port's cache entry is found by position, no per-port key or dict is kept.
         self._texts: list[_PortText] = []
+        self._keep = keep_descriptive
         # The descriptive families change only with topology; reusing last render's encoded
         # chunks saves both the work and a second copy of the longest lines in memory.
         self._info: bytes | None = None
@@ -176,22 +181,31 @@ class PortRenderer:
         self._names = _EscapeMemo()
         self.lock = threading.Lock()
 
-    def _update_texts(self, views: Sequence[PortView]) -> bool:
-        """Refresh the per-port cache; True when the descriptive families must be rebuilt."""
-        old = self._cache
-        new: dict[PortKey, _PortText] = {}
+    def prepare(self, views: Sequence[PortView]) -> bool:
+        """Refresh the label cache for ``views``; True when the ``_info`` families changed.
+
+        The first call always returns True. ``descriptive_chunks`` and ``series_chunks`` render
+        the views last prepared.
+        """
+        old = self._texts
+        by_key: dict[PortKey, _PortText] | None = None
         texts: list[_PortText] = []
-        dirty = False
-        for view in views:
+        dirty = not old
+        for i, view in enumerate(views):
             ident = view.identity
-            key = (ident.guid, ident.port)
             link = view.link
-            text = old.get(key)
+            text = old[i] if i < len(old) else None
             if text is None or (text.identity is not ident and text.identity != ident):
-                text = _PortText(ident, _labels(ident), link, view.active_width,
-                                 view.active_speed)
-                dirty = True
-            elif not (
+                # Not the port at this position last time: ports came or went, or this one's
+                # identity changed. Only then pay for an index of the previous render.
+                if by_key is None:
+                    by_key = {(t.identity.guid, t.identity.port): t for t in old}
+                text = by_key.get((ident.guid, ident.port))
+                if text is None or (text.identity is not ident and text.identity != ident):
+                    text = _PortText(ident, _labels(ident), link, view.active_width,
+                                     view.active_speed)
+                    dirty = True
+            if not (
                 (text.link is link or text.link == link)
                 and text.link_width == view.active_width
                 and text.link_speed == view.active_speed
@@ -201,53 +215,66 @@ class PortRenderer:
                 text.link_speed = view.active_speed
                 dirty = True
             text.identity = ident
-            new[key] = text
             texts.append(text)
         # Same objects in the same order (list == tries identity first): nothing to rebuild.
-        dirty = dirty or texts != self._texts or self._info is None
-        self._cache = new
+        dirty = dirty or texts != old
         self._texts = texts
+        if dirty:
+            self._info = self._link = None
         return dirty
 
-    def _descriptive(self, texts: list[_PortText]) -> None:
-        info = "".join([_info_line(t.identity, t.labels) for t in texts])
-        link = "".join([_link_line(t.labels, t.link, t.link_width, t.link_speed)
-                        for t in texts if t.link is not None])
-        self._info = (_INFO_HEADER + info).encode("utf-8") if info else b""
-        self._link = (_LINK_HEADER + link).encode("utf-8") if link else b""
+    def descriptive_chunks(self) -> Iterator[bytes]:
+        """The ``_info`` families of the views last prepared (from the cache when unchanged).
 
-    def render_chunks(self, views: Iterable[PortView]) -> list[bytes]:
-        views = list(views)
-        if self._update_texts(views):
-            self._descriptive(self._texts)
-        assert self._info is not None
-        assert self._link is not None
-        out = [c for c in (self._info, self._link) if c]
-        texts = self._texts
+        Lazily, one family at a time: without the cache, the first is released before the
+        second is built.
+        """
+        info, link = self._info, self._link
+        if info is None or link is None:
+            texts = self._texts
+            info = _family(_INFO_HEADER, [_info_line(t.identity, t.labels) for t in texts])
+            if self._keep:
+                self._info = info
+            yield from _some(info)
+            info = b""
+            link = _family(_LINK_HEADER, [
+                _link_line(t.labels, t.link, t.link_width, t.link_speed)
+                for t in texts if t.link is not None
+            ])
+            if self._keep:
+                self._link = link
+            yield from _some(link)
+            return
+        yield from _some(info)
+        yield from _some(link)
+
+    def series_chunks(self, views: Sequence[PortView]) -> Iterator[bytes]:
+        """Every other family of the views last prepared, encoded one family at a time."""
         names = self._names
-        pairs = [(t.labels, v) for t, v in zip(texts, views, strict=True)]
+        pairs = [(t.labels, v) for t, v in zip(self._texts, views, strict=True)]
 
-        def family(header: str, lines: list[str], *, floats: bool = False) -> None:
-            if lines:
-                lines.insert(0, header)
-                text = "".join(lines)
-                if floats:
-                    text = _fix_non_finite(text)
-                out.append(text.encode("utf-8"))
-
-        family(_STATE_HEADER, [f"ibmon_port_state{{{lb}}} {v.state}\n"
-                               for lb, v in pairs if v.state is not None])
-        family(_PHYS_HEADER, [f"ibmon_port_physical_state{{{lb}}} {v.phys_state}\n"
-                              for lb, v in pairs if v.phys_state is not None])
-        family(_RATE_HEADER, [f"ibmon_port_rate_bytes_per_second{{{lb}}} "
-                              f"{float(v.rate_bytes_per_second)!r}\n"
-                              for lb, v in pairs if v.rate_bytes_per_second is not None],
-               floats=True)
+        yield from _some(_family(_STATE_HEADER, [
+            f"ibmon_port_state{{{lb}}} {v.state}\n"
+            for lb, v in pairs if v.state is not None
+        ]))
+        yield from _some(_family(_PHYS_HEADER, [
+            f"ibmon_port_physical_state{{{lb}}} {v.phys_state}\n"
+            for lb, v in pairs if v.phys_state is not None
+        ]))
+        yield from _some(_family(_RATE_HEADER, [
+            f"ibmon_port_rate_bytes_per_second{{{lb}}} {float(v.rate_bytes_per_second)!r}\n"
+            for lb, v in pairs if v.rate_bytes_per_second is not None
+        ], floats=True))
         totals = [(lb, v.totals) for lb, v in pairs]
         for name, head, header in _COUNTER_HEADERS:
-            family(header, [f"{head}{lb}}} {t[name]}\n" for lb, t in totals if name in t])
-        family(_HW_HEADER, [f'ibmon_port_hw_counter_total{{{lb},counter="{names[k]}"}} {n}\n'
-                            for lb, v in pairs if v.hw_totals for k, n in v.hw_totals.items()])
+            yield from _some(_family(header, [
+                f"{head}{lb}}} {t[name]}\n" for lb, t in totals if name in t
+            ]))
+        del totals
+        yield from _some(_family(_HW_HEADER, [
+            f'ibmon_port_hw_counter_total{{{lb},counter="{names[k]}"}} {n}\n'
+            for lb, v in pairs if v.hw_totals for k, n in v.hw_totals.items()
+        ]))
         util: list[str] = []
         for lb, v in pairs:
             if v.utilization_tx is not None:
@@ -256,25 +283,61 @@ class PortRenderer:
             if v.utilization_rx is not None:
                 util.append(f'ibmon_port_utilization_ratio{{{lb},direction="receive"}} '
                             f"{float(v.utilization_rx)!r}\n")
-        family(_UTIL_HEADER, util, floats=True)
-        family(_WAIT_HEADER, [f"ibmon_port_transmit_wait_ratio{{{lb}}} "
-                              f"{float(v.xmit_wait_ratio)!r}\n"
-                              for lb, v in pairs if v.xmit_wait_ratio is not None], floats=True)
-        family(_BER_HEADER, [f"ibmon_port_symbol_error_ber{{{lb}}} {float(v.symbol_error_ber)!r}\n"
-                             for lb, v in pairs if v.symbol_error_ber is not None], floats=True)
+        yield from _some(_family(_UTIL_HEADER, util, floats=True))
+        del util
+        yield from _some(_family(_WAIT_HEADER, [
+            f"ibmon_port_transmit_wait_ratio{{{lb}}} {float(v.xmit_wait_ratio)!r}\n"
+            for lb, v in pairs if v.xmit_wait_ratio is not None
+        ], floats=True))
+        yield from _some(_family(_BER_HEADER, [
+            f"ibmon_port_symbol_error_ber{{{lb}}} {float(v.symbol_error_ber)!r}\n"
+            for lb, v in pairs if v.symbol_error_ber is not None
+        ], floats=True))
         # frozensets iterate in hash order, which changes between runs: sort for stable output.
-        family(_COND_HEADER, [f'ibmon_port_condition{{{lb},condition="{names[c]}"}} 1\n'
-                              for lb, v in pairs if v.conditions for c in sorted(v.conditions)])
-        family(_SAT_HEADER, [f'ibmon_port_counter_saturated{{{lb},counter="{names[c]}"}} 1\n'
-                             for lb, v in pairs if v.saturated for c in sorted(v.saturated)])
-        family(_RESETS_HEADER, [
+        yield from _some(_family(_COND_HEADER, [
+            f'ibmon_port_condition{{{lb},condition="{names[c]}"}} 1\n'
+            for lb, v in pairs if v.conditions for c in sorted(v.conditions)
+        ]))
+        yield from _some(_family(_SAT_HEADER, [
+            f'ibmon_port_counter_saturated{{{lb},counter="{names[c]}"}} 1\n'
+            for lb, v in pairs if v.saturated for c in sorted(v.saturated)
+        ]))
+        yield from _some(_family(_RESETS_HEADER, [
             f'ibmon_port_counter_resets_total{{{lb},counter="{names[c]}"}} {n}\n'
             for lb, v in pairs if v.resets for c, n in sorted(v.resets.items())
-        ])
-        return out
+        ]))
+
+    def iter_chunks(self, views: Iterable[PortView]) -> Iterator[bytes]:
+        """Prepare ``views`` and yield every family's chunk, descriptive families first."""
+        views = list(views)
+        self.prepare(views)
+        yield from self.descriptive_chunks()
+        yield from self.series_chunks(views)
+
+    def render_chunks(self, views: Iterable[PortView]) -> list[bytes]:
+        return list(self.iter_chunks(views))
 
     def render(self, views: Iterable[PortView]) -> bytes:
-        return b"".join(self.render_chunks(views))
+        return b"".join(self.iter_chunks(views))
+
+
+def _some(chunk: bytes) -> Iterator[bytes]:
+    """Yield a non-empty chunk from a frame of its own, so no caller variable keeps it alive."""
+    if chunk:
+        yield chunk
+
+
+def _family(header: str, lines: list[str], *, floats: bool = False) -> bytes:
+    """One family's encoded text, or b"" when it has no samples (no header for an empty one)."""
+    if not lines:
+        return b""
+    lines.insert(0, header)
+    text = "".join(lines)
+    lines.clear()  # the caller's list: free the per-line strings before encoding
+    if floats:
+        text = _fix_non_finite(text)
+    return text.encode("utf-8")
+
 
 
 def render_ports(ports: Iterable[PortView]) -> bytes:

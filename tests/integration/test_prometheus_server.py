@@ -103,6 +103,27 @@ async def test_gzip_scrape_is_spliced_per_scrape(exporter: PrometheusExporter,
     assert second == metrics.render() + _ports_body(views)
 
 
+async def test_only_the_compressed_body_is_held_and_info_segment_is_reused(
+    exporter: PrometheusExporter, metrics: SelfMetrics
+) -> None:
+    views = _views(300)
+    exporter.publish(_state(views, 1.0))
+    assert exporter.exposition_size == len(_ports_body(views))
+    assert exporter.exposition_compressed_size < exporter.exposition_size / 4
+    first_segment = exporter._exposition.parts[0]
+    moved = _views(300, base=10**12)  # same ports (equal identities), new counter values
+    exporter.publish(_state(moved, 2.0))
+    assert exporter._exposition.parts[0] is first_segment
+    async with aiohttp.ClientSession() as session:
+        for encoding in ("gzip", "identity"):
+            async with session.get(_url(exporter), headers={"Accept-Encoding": encoding}) as resp:
+                assert await resp.read() == metrics.render() + _ports_body(moved)
+        async with session.head(_url(exporter), headers={"Accept-Encoding": "identity"}) as resp:
+            assert int(resp.headers["Content-Length"]) == (len(metrics.render())
+                                                           + len(_ports_body(moved)))
+            assert await resp.read() == b""
+
+
 async def test_gzip_is_readable_by_a_decompressing_client(exporter: PrometheusExporter,
                                                            metrics: SelfMetrics) -> None:
     views = _views(100)

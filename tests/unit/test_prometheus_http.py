@@ -13,10 +13,12 @@ import pytest
 from exporters.http import (
     BasicAuth,
     accepts_gzip,
+    concat,
     crc32_combine,
     deflate_chunks,
     gzip_parts,
     hash_password,
+    inflate,
     parse_listen,
 )
 from exporters.prometheus import PrometheusExporter
@@ -146,3 +148,52 @@ def test_spliced_gzip_is_one_valid_member() -> None:
 def test_spliced_gzip_with_empty_tail() -> None:
     blob = b"".join(gzip_parts(b"head\n", deflate_chunks((), 1), 1))
     assert gzip.decompress(blob) == b"head\n"
+
+
+def _chunks() -> list[bytes]:
+    rng = random.Random(7)
+    text = [f"ibmon_x{{guid=\"0x{rng.getrandbits(64):016x}\"}} {rng.random()!r}\n".encode()
+            for _ in range(20_000)]
+    return [b"".join(text[:5000]), b"", b"".join(text[5000:]), "n\u0153ud\n".encode()]
+
+
+def test_deflate_takes_a_generator_and_inflate_streams_it_back_in_bounded_pieces() -> None:
+    chunks = _chunks()
+    whole = b"".join(chunks)
+    deflated = deflate_chunks((c for c in chunks), 1)
+    assert deflated.size == len(whole)
+    assert deflated.crc == zlib.crc32(whole)
+    assert deflated.compressed_size < len(whole) / 2
+    pieces = list(inflate(deflated, 4096))
+    assert b"".join(pieces) == whole
+    assert len(pieces) > len(whole) // 4096 - 1
+    assert max(len(p) for p in pieces) <= 4096
+    assert list(inflate(deflate_chunks((), 1))) == []
+
+
+def test_a_segment_and_a_tail_concatenate_into_one_stream() -> None:
+    """The exporter reuses the _info families' compressed segment behind fresh series."""
+    chunks = _chunks()
+    segment = deflate_chunks(chunks[:2], 1, final=False)
+    tail = deflate_chunks(chunks[2:], 1)
+    body = concat(segment, tail)
+    whole = b"".join(chunks)
+    assert body.final
+    assert body.size == len(whole)
+    assert body.crc == zlib.crc32(whole)
+    assert b"".join(inflate(body, 1000)) == whole
+    assert zlib.decompress(b"".join(body.parts), -zlib.MAX_WBITS) == whole
+    blob = b"".join(gzip_parts(b"head\n", body, 1))
+    assert gzip.decompress(blob) == b"head\n" + whole
+    # An empty segment (no ports) is still a valid prefix.
+    assert b"".join(inflate(concat(deflate_chunks((), 1, final=False), tail))) == b"".join(
+        chunks[2:])
+
+
+def test_misordered_streams_are_refused() -> None:
+    final = deflate_chunks([b"x"], 1)
+    segment = deflate_chunks([b"x"], 1, final=False)
+    with pytest.raises(ValueError, match="non-final"):
+        concat(final, segment)
+    with pytest.raises(ValueError, match="final deflate stream"):
+        gzip_parts(b"head", segment, 1)

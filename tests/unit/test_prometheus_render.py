@@ -299,6 +299,39 @@ def test_cache_follows_identity_link_and_membership_changes() -> None:
     assert "0x0002c90300a1b2c4" not in fourth
 
 
+def test_prepare_reports_descriptive_changes_and_chunks_match_render() -> None:
+    """The exporter reuses its compressed _info segment exactly when ``prepare`` says so."""
+    ports = [replace(_port_a(), identity=replace(_port_a().identity, guid=f"0x{i:016x}"))
+             for i in range(1, 6)]
+    renderer = PortRenderer(keep_descriptive=False)
+
+    def body(views: list[PortView]) -> bytes:
+        return b"".join([*renderer.descriptive_chunks(), *renderer.series_chunks(views)])
+
+    assert renderer.prepare(ports) is True
+    assert body(ports) == render_ports(ports)
+    # New values, same ports: the descriptive families are unchanged.
+    moved = [replace(v, totals={"transmit_data": 10**15}) for v in ports]
+    assert renderer.prepare(moved) is False
+    assert body(moved) == render_ports(moved)
+    # A port inserted in the middle shifts positions; cached labels still follow their port.
+    extra = replace(_port_b(), identity=replace(_port_b().identity, guid="0x0000000000000003",
+                                                port="9"))
+    grown = [*moved[:3], extra, *moved[3:]]
+    assert renderer.prepare(grown) is True
+    assert body(grown) == render_ports(grown)
+    assert renderer.prepare(grown) is False
+    # Equal but new identity objects (a source re-creating them each poll) are not a change.
+    fresh = [replace(v, identity=replace(v.identity)) for v in grown]
+    assert renderer.prepare(fresh) is False
+    assert body(fresh) == render_ports(fresh)
+    renamed = [*fresh[:-1], replace(fresh[-1], identity=replace(fresh[-1].identity,
+                                                                 node_desc="renamed"))]
+    assert renderer.prepare(renamed) is True
+    assert b'node_desc="renamed"' in body(renamed)
+    assert renderer.prepare(renamed[1:]) is True  # a port left
+
+
 def _load_bench() -> ModuleType:
     path = REPO / "benchmarks" / "bench_exposition.py"
     spec = importlib.util.spec_from_file_location("bench_exposition", path)
