@@ -141,6 +141,8 @@ class _FabricSourceBase(_SourceBase):
 
 class MadSourceConfig(_FabricSourceBase):
     type: Literal["mad"] = "mad"
+    # MADs in flight at once (the libibumad window); cheap in-process, unlike diags' processes.
+    concurrency: int = Field(default=64, ge=1, le=256)
 
 
 class DiagsSourceConfig(_FabricSourceBase):
