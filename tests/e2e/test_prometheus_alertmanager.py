@@ -264,7 +264,7 @@ def test_scenario_alerts_reach_alertmanager_and_every_query_returns_data(
             procs.append(p)
             stack.callback(p.stop)
         started = time.time()
-        wait_until("ibmon demo to listen", lambda: demo_port(ibmon) is not None, 30, procs)
+        wait_until("ibmon demo to listen", lambda: demo_port(ibmon) is not None, 90, procs)
         ibmon_port = demo_port(ibmon)
         assert ibmon_port is not None
         wait_until("alertmanager ready", lambda: urllib.request.urlopen(
