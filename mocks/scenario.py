@@ -59,6 +59,7 @@ from pydantic import (
 )
 
 from ibmon.counters import BY_NAME
+from ibmon.events import EVENT_TYPES
 from mocks.topology import SPEEDS, WIDTHS, Fabric, fabric_for_hosts, fat_tree
 from mocks.traffic import TICK_SECONDS, WIDE_COUNTERS, FabricModel, counter_max
 
@@ -80,20 +81,7 @@ __all__ = [
     "resolve_port",
 ]
 
-EVENT_TYPES = (
-    "port_down",
-    "link_degraded",
-    "link_flapping",
-    "high_ber",
-    "link_integrity",
-    "receive_errors",
-    "discards",
-    "congestion",
-    "counter_reset",
-    "counter_saturated",
-    "topology_changed",
-    "source_failed",
-)
+# The answer key speaks the daemon's event vocabulary: one list, in ibmon.events.
 
 _PORT_REF = re.compile(r"^(?P<desc>.+?)\s*\[(?P<port>\d+)\]$")
 _NUMBERED = re.compile(r"^(?P<pre>\D*?)(?P<num>\d+)(?P<post>.*)$")
