@@ -16,6 +16,7 @@ __all__ = [
     "BY_SYSFS_EXT",
     "CATALOGUE",
     "DATA_MULTIPLIER",
+    "EXTENDED",
     "CounterSpec",
     "markdown_table",
 ]
@@ -134,6 +135,10 @@ BY_NAME: dict[str, CounterSpec] = {c.name: c for c in CATALOGUE}
 BY_PMA: dict[str, CounterSpec] = {c.pma: c for c in CATALOGUE}
 BY_SYSFS: dict[str, CounterSpec] = {c.sysfs: c for c in CATALOGUE if c.sysfs}
 BY_SYSFS_EXT: dict[str, CounterSpec] = {c.sysfs_ext: c for c in CATALOGUE if c.sysfs_ext}
+
+#: Counters that PortCountersExtended always carries as 64-bit fields (the legacy ``counters_ext/``
+#: files); the error counters have 64-bit copies only with CapMask2 bit 1.
+EXTENDED: frozenset[str] = frozenset(c.name for c in CATALOGUE if c.sysfs_ext)
 
 
 def markdown_table() -> str:

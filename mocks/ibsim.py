@@ -31,6 +31,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 
+from ibmon.counters import CATALOGUE
+
 __all__ = [
     "MAX_CLIENTS",
     "PMA_FIELDS",
@@ -47,37 +49,9 @@ MAX_CONSOLE_LINE = 127
 #: PMA field -> the ibsim attribute that holds it, for ``set_counters`` without a prefix.
 #: PortXmitData & co exist in both attributes; unprefixed names mean the 32-bit PortCounters copy.
 PMA_FIELDS: dict[str, str] = {
-    **dict.fromkeys(
-        (
-            "SymbolErrorCounter",
-            "LinkErrorRecoveryCounter",
-            "LinkDownedCounter",
-            "PortRcvErrors",
-            "PortRcvRemotePhysicalErrors",
-            "PortRcvSwitchRelayErrors",
-            "PortXmitDiscards",
-            "PortXmitConstraintErrors",
-            "PortRcvConstraintErrors",
-            "LocalLinkIntegrityErrors",
-            "ExcessiveBufferOverrunErrors",
-            "VL15Dropped",
-            "PortXmitData",
-            "PortRcvData",
-            "PortXmitPkts",
-            "PortRcvPkts",
-            "PortXmitWait",
-        ),
-        "PortCounters",
-    ),
-    **dict.fromkeys(
-        (
-            "PortUnicastXmitPkts",
-            "PortUnicastRcvPkts",
-            "PortMulticastXmitPkts",
-            "PortMulticastRcvPkts",
-        ),
-        "PortCountersExtended",
-    ),
+    c.pma: "PortCountersExtended" if c.bits == 64 else "PortCounters"
+    for c in CATALOGUE
+    if c.name != "qp1_dropped"  # ibsim's PortCounters has no QP1Dropped field
 }
 # ibsim 0.10 spells the multicast fields with a capital C.
 _IBSIM_SPELLING = {

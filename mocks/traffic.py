@@ -30,7 +30,7 @@ import random
 from array import array
 from dataclasses import dataclass
 
-from ibmon.counters import CATALOGUE
+from ibmon.counters import CATALOGUE, EXTENDED
 from ibmon.model import LinkInfo, PhysState, PortIdentity, PortSample, PortState
 from mocks.topology import SPEEDS, WIDTHS, Fabric, Link, link_rate_bps
 
@@ -49,18 +49,7 @@ COUNTER_NAMES: tuple[str, ...] = tuple(c.name for c in CATALOGUE)
 _IX: dict[str, int] = {n: i for i, n in enumerate(COUNTER_NAMES)}
 
 #: Counters the simulated HCAs and switches report from 64-bit PortCountersExtended fields.
-WIDE_COUNTERS: frozenset[str] = frozenset(
-    {
-        "transmit_data",
-        "receive_data",
-        "transmit_packets",
-        "receive_packets",
-        "unicast_transmit_packets",
-        "unicast_receive_packets",
-        "multicast_transmit_packets",
-        "multicast_receive_packets",
-    }
-)
+WIDE_COUNTERS: frozenset[str] = EXTENDED
 _MAX: tuple[int, ...] = tuple(
     (1 << 64) - 1 if c.name in WIDE_COUNTERS else c.max_value for c in CATALOGUE
 )

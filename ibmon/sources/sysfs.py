@@ -64,7 +64,7 @@ from pathlib import Path
 
 import structlog
 
-from ibmon.counters import BY_NAME, BY_SYSFS, BY_SYSFS_EXT
+from ibmon.counters import BY_NAME, BY_SYSFS, BY_SYSFS_EXT, EXTENDED
 from ibmon.model import (
     PortIdentity,
     PortKey,
@@ -93,18 +93,7 @@ _READ_SIZE = 4096
 _O_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 
 #: Counters the kernel takes from PortCountersExtended when the device has extended width.
-_EXT_TABLE_COUNTERS = frozenset(
-    {
-        "transmit_data",
-        "receive_data",
-        "transmit_packets",
-        "receive_packets",
-        "unicast_transmit_packets",
-        "unicast_receive_packets",
-        "multicast_transmit_packets",
-        "multicast_receive_packets",
-    }
-)
+_EXT_TABLE_COUNTERS = EXTENDED
 #: Files that exist in ``counters/`` only when the kernel chose the extended-width table.
 _EXT_TABLE_MARKERS = frozenset(
     BY_NAME[n].sysfs or ""
