@@ -9,6 +9,7 @@ into edge-triggered events, so detectors never have to remember whether they alr
 from __future__ import annotations
 
 import builtins
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Literal
@@ -21,6 +22,7 @@ __all__ = [
     "KEEP",
     "DetectorSettings",
     "Finding",
+    "IncreaseWindow",
     "Keep",
     "PortDetector",
     "Verdict",
@@ -127,3 +129,65 @@ def key_from_json(raw: Any) -> PortKey:
     if not isinstance(raw, list) or len(raw) != 2 or not all(isinstance(x, str) for x in raw):
         raise ValueError(f"bad port key {raw!r}")
     return (raw[0], raw[1])
+
+
+class IncreaseWindow:
+    """Per port: how much a software-accumulated total rose within a sliding time window.
+
+    Shared by the detectors that judge "N increments in T seconds" (flapping, BER). Totals come
+    from the tracker, so hardware resets never show as drops. Increases less than ``grain``
+    seconds after the previous recorded one are merged into it (bounded memory for a counter
+    that rises every poll; the merged increase then leaves the window up to one grain early).
+    """
+
+    def __init__(self, window: float, grain: float = 0.0) -> None:
+        self.window = window
+        self.grain = grain
+        self._last: dict[PortKey, int] = {}
+        self._hist: dict[PortKey, deque[tuple[float, int]]] = {}
+
+    def observe(self, key: PortKey, now: float, total: int) -> int:
+        """Record the port's current total; return its increase within the trailing window."""
+        prev = self._last.get(key)
+        self._last[key] = total
+        hist = self._hist.get(key)
+        if prev is not None and total > prev:
+            if hist is None:
+                hist = self._hist[key] = deque()
+            if hist and now - hist[-1][0] < self.grain:
+                t, n = hist[-1]
+                hist[-1] = (t, n + total - prev)
+            else:
+                hist.append((now, total - prev))
+        if hist is None:
+            return 0
+        horizon = now - self.window
+        while hist and hist[0][0] <= horizon:
+            hist.popleft()
+        if not hist:
+            del self._hist[key]
+            return 0
+        return sum(n for _, n in hist)
+
+    def forget(self, key: PortKey) -> None:
+        self._last.pop(key, None)
+        self._hist.pop(key, None)
+
+    def dump(self, offset: float) -> dict[str, Any]:
+        """JSON state with wall-clock times (``offset`` = wall - monotonic) to survive reboots."""
+        return {
+            "last": [[*key_to_json(k), v] for k, v in self._last.items()],
+            "hist": [
+                [*key_to_json(k), [[t + offset, n] for t, n in h]] for k, h in self._hist.items()
+            ],
+        }
+
+    def load(self, data: Any, offset: float) -> None:
+        if not isinstance(data, dict):
+            raise ValueError("expected an object")
+        last = {key_from_json(r[:2]): int(r[2]) for r in data.get("last", [])}
+        hist = {
+            key_from_json(r[:2]): deque((float(t) - offset, int(n)) for t, n in r[2])
+            for r in data.get("hist", [])
+        }
+        self._last, self._hist = last, hist

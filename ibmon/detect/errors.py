@@ -9,7 +9,6 @@ costs one integer and an erroring one at most a few hundred tuples.
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -18,6 +17,7 @@ from ibmon.detect.base import (
     KEEP,
     DetectorSettings,
     Finding,
+    IncreaseWindow,
     PortDetector,
     Severity,
     Verdict,
@@ -30,7 +30,6 @@ from ibmon.model import PortKey, PortState, PortView
 __all__ = ["Discards", "HighBer", "LinkIntegrity", "ReceiveErrors"]
 
 _ACTIVE = int(PortState.ACTIVE)
-_NEG_INF = float("-inf")
 
 
 class HighBerSettings(DetectorSettings):
@@ -56,34 +55,13 @@ class HighBer(PortDetector):
         super().__init__(settings)
         assert isinstance(settings, HighBerSettings)
         self._s = settings
-        self._grain = settings.window / 300
-        self._last: dict[PortKey, int] = {}
-        # (time of change, total after it); the first entry is the total before the window.
-        self._hist: dict[PortKey, deque[tuple[float, int]]] = {}
+        self._window = IncreaseWindow(settings.window, grain=settings.window / 300)
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
         total = view.totals.get("symbol_errors")
         if total is None:
             return KEEP
-        prev = self._last.get(key)
-        self._last[key] = total
-        hist = self._hist.get(key)
-        if prev is not None and total > prev:
-            if hist is None:
-                hist = self._hist[key] = deque([(_NEG_INF, prev)])
-            last_t = hist[-1][0]
-            if len(hist) > 1 and now - last_t < self._grain:
-                hist[-1] = (last_t, total)  # coalesce: bounded memory, errs low by one grain
-            else:
-                hist.append((now, total))
-        delta = 0
-        if hist is not None:
-            horizon = now - self._s.window
-            while len(hist) > 1 and hist[1][0] <= horizon:
-                hist.popleft()
-            delta = total - hist[0][1]
-            if len(hist) == 1:
-                del self._hist[key]
+        delta = self._window.observe(key, now, total)
         if view.state != _ACTIVE:
             return KEEP  # no link to measure
         rate = view.rate_bytes_per_second
@@ -116,28 +94,16 @@ class HighBer(PortDetector):
         )
 
     def forget(self, key: PortKey) -> None:
-        self._last.pop(key, None)
-        self._hist.pop(key, None)
+        self._window.forget(key)
 
     def dump(self, offset: float) -> Any:
-        return {
-            "last": [[*key_to_json(k), v] for k, v in self._last.items()],
-            "hist": [
-                [*key_to_json(k), [[None if t == _NEG_INF else t + offset, n] for t, n in h]]
-                for k, h in self._hist.items()
-            ],
-        }
+        return self._window.dump(offset)
 
     def load(self, data: Any, offset: float) -> None:
-        if not isinstance(data, dict):
-            raise ValueError("high_ber: expected an object")
-        last = {key_from_json(r[:2]): int(r[2]) for r in data.get("last", [])}
-        hist: dict[PortKey, deque[tuple[float, int]]] = {}
-        for r in data.get("hist", []):
-            hist[key_from_json(r[:2])] = deque(
-                (_NEG_INF if t is None else float(t) - offset, int(n)) for t, n in r[2]
-            )
-        self._last, self._hist = last, hist
+        try:
+            self._window.load(data, offset)
+        except (TypeError, IndexError, ValueError) as exc:
+            raise ValueError(f"high_ber: {exc}") from None
 
 
 class LinkIntegritySettings(DetectorSettings):

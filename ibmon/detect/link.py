@@ -8,7 +8,7 @@ compare against a configured expected rate or the majority rate of the host's ot
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,6 +18,7 @@ from ibmon.detect.base import (
     KEEP,
     DetectorSettings,
     Finding,
+    IncreaseWindow,
     PortDetector,
     Severity,
     Verdict,
@@ -102,29 +103,13 @@ class LinkFlapping(PortDetector):
         super().__init__(settings)
         assert isinstance(settings, LinkFlappingSettings)
         self._s = settings
-        self._last: dict[PortKey, int] = {}
-        self._downs: dict[PortKey, deque[tuple[float, int]]] = {}
+        self._window = IncreaseWindow(settings.window)
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
         total = view.totals.get("link_downed")
         if total is None:
             return KEEP
-        prev = self._last.get(key)
-        self._last[key] = total
-        downs = self._downs.get(key)
-        if prev is not None and total > prev:
-            if downs is None:
-                downs = self._downs[key] = deque()
-            downs.append((now, total - prev))
-        if downs is None:
-            return None
-        horizon = now - self._s.window
-        while downs and downs[0][0] <= horizon:
-            downs.popleft()
-        if not downs:
-            del self._downs[key]
-            return None
-        n = sum(d for _, d in downs)
+        n = self._window.observe(key, now, total)
         if n < self._s.count:
             return None
         minutes = self._s.window / 60
@@ -137,27 +122,16 @@ class LinkFlapping(PortDetector):
         )
 
     def forget(self, key: PortKey) -> None:
-        self._last.pop(key, None)
-        self._downs.pop(key, None)
+        self._window.forget(key)
 
     def dump(self, offset: float) -> Any:
-        return {
-            "last": [[*key_to_json(k), v] for k, v in self._last.items()],
-            "downs": [
-                [*key_to_json(k), [[t + offset, n] for t, n in d]] for k, d in self._downs.items()
-            ],
-        }
+        return self._window.dump(offset)
 
     def load(self, data: Any, offset: float) -> None:
-        if not isinstance(data, dict):
-            raise ValueError("link_flapping: expected an object")
-        last: dict[PortKey, int] = {}
-        for row in data.get("last", []):
-            last[key_from_json(row[:2])] = int(row[2])
-        downs: dict[PortKey, deque[tuple[float, int]]] = {}
-        for row in data.get("downs", []):
-            downs[key_from_json(row[:2])] = deque((float(t) - offset, int(n)) for t, n in row[2])
-        self._last, self._downs = last, downs
+        try:
+            self._window.load(data, offset)
+        except (TypeError, IndexError, ValueError) as exc:
+            raise ValueError(f"link_flapping: {exc}") from None
 
 
 class LinkDegradedSettings(DetectorSettings):
