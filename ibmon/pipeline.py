@@ -55,7 +55,8 @@ class Pipeline:
 
     The source object is passed to each ``poll`` rather than owned: the daemon builds new
     source objects on a config reload, and the pipeline (with its accumulated totals and firing
-    conditions) carries on with them. ``clock`` (monotonic) and ``wall`` are injectable for tests.
+    conditions) carries on with them. ``clock`` (monotonic) and ``wall`` are injectable for tests;
+    ``log_failures=False`` is for commands that report a failed poll themselves (``scan``).
     """
 
     def __init__(
@@ -68,6 +69,7 @@ class Pipeline:
         tick_seconds: float = 64e-9,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        log_failures: bool = True,
     ) -> None:
         self.cfg = cfg
         self.label = cfg.label
@@ -77,6 +79,9 @@ class Pipeline:
         self.status = SourceStatus(name=self.label, kind=cfg.type)
         #: Simulated or real monotonic time of the latest successful sample.
         self.sampled_at: float | None = None
+        #: Why the latest poll failed; None after a successful one.
+        self.error: str | None = None
+        self._log_failures = log_failures
         self._fabric = fabric
         self._clock = clock
         self._wall = wall
@@ -178,6 +183,7 @@ class Pipeline:
         m.source_ports.labels(self.label).set(len(views))
         self._views = MappingProxyType(views)
         self.sampled_at = snap.monotonic
+        self.error = None
         self.status = SourceStatus(
             name=self.label, kind=self.cfg.type, up=True, last_success=snap.wall, ports=len(views)
         )
@@ -201,7 +207,9 @@ class Pipeline:
             ports=prev.ports,
             last_error=f"{reason}: {text}",
         )
-        log.error("source_failed", source=self.label, reason=reason, error=text)
+        self.error = text
+        if self._log_failures:
+            log.error("source_failed", source=self.label, reason=reason, error=text)
         return events
 
     def observe_publish(self, seconds: float) -> None:

@@ -1,4 +1,4 @@
-"""Every command x every output format, piped into its real consumer, on a tree that makes ibmon warn.
+"""Every command x every output format, piped into its real consumer, on a tree that warns.
 
 stdout carries exactly the requested output; logs go to stderr (JSON lines, since stderr is a
 pipe here) at the configured level. The sysfs tree has everything that makes the sysfs source
@@ -41,6 +41,7 @@ def noisy_tree(root: Path) -> None:
 
 def ibmon(*args: str, root: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IBMON_LOG")}
+    env["COLUMNS"] = "160"  # rich's width when stdout is not a terminal: rows stay one line
     argv = [sys.executable, "-m", "ibmon", *args]
     if root is not None:
         argv += ["--sysfs-root", str(root)]
