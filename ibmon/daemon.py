@@ -185,15 +185,16 @@ class Daemon:
         for consumer in self._event_consumers():
             self._consumers.append(self._feed(tg, consumer))
         self._chores.append(tg.create_task(self._saver(), name="state-saver"))
-        if (period := watchdog_interval()) is not None:
-            self._chores.append(tg.create_task(self._watchdog(period), name="watchdog"))
         while True:
             self._reload.clear()
             await self._sync_exporters(tg)
             self._polls = self._start_polls(tg)
             await self._publish()
-            self.ready.set()
             notify("READY=1\nSTATUS=polling " + ", ".join(sorted(self._pipelines)))
+            if not self.ready.is_set() and (period := watchdog_interval()) is not None:
+                # systemd expects the first WATCHDOG=1 after READY=1.
+                self._chores.append(tg.create_task(self._watchdog(period), name="watchdog"))
+            self.ready.set()
             while not (self._stop.is_set() or self._reload.is_set()):
                 await self._wake.wait()
                 self._wake.clear()
