@@ -118,7 +118,7 @@ class DirectSampler:
         pipeline = self.pipeline
         self.events.extend(await pipeline.poll(self.source))
         if pipeline.error is not None:
-            raise SourceUnavailableError(f"{self.cfg.label} ({self.cfg.type}): {pipeline.error}")
+            raise SourceUnavailableError(pipeline.error)
         state = build_state([pipeline])
         rows = worst_first(state, pipeline.active())
         ports = [port_json(v, a) for v, a in rows[: self.limit]]
