@@ -20,15 +20,15 @@ from typing import Any
 
 from aiohttp import web
 
+from exporters.ports import port_json
 from ibmon.detect.engine import ActiveCondition
-from ibmon.events import Event
+from ibmon.events import Event, severity_rank
 from ibmon.model import PortKey, PortView
-from ibmon.state import FabricState
+from ibmon.state import FabricState, in_port_order
 
 __all__ = ["ApiProvider", "api_routes", "port_json", "worst_first"]
 
 MAX_LIMIT = 100_000
-_SEVERITY = {"info": 0, "warning": 1, "critical": 2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,38 +41,8 @@ class ApiProvider:
     ready: Callable[[], bool]
 
 
-def port_json(view: PortView, active: Sequence[ActiveCondition] = ()) -> dict[str, Any]:
-    ident = view.identity
-    link = view.link
-    return {
-        "guid": ident.guid, "port": ident.port, "device": ident.device,
-        "node_desc": ident.node_desc, "node_type": ident.node_type, "lid": ident.lid,
-        "link_layer": ident.link_layer, "source": ident.source,
-        "state": view.state, "phys_state": view.phys_state,
-        "rate_bytes_per_second": view.rate_bytes_per_second,
-        "active_width": view.active_width, "active_speed": view.active_speed,
-        "remote": None if link is None else {
-            "guid": link.remote_guid, "port": link.remote_port,
-            "node_desc": link.remote_node_desc, "max_width": link.max_width,
-            "max_speed": link.max_speed,
-        },
-        "utilization": {"transmit": view.utilization_tx, "receive": view.utilization_rx},
-        "transmit_wait_ratio": view.xmit_wait_ratio,
-        "symbol_error_ber": view.symbol_error_ber,
-        "totals": view.totals, "rates": view.rates, "saturated": sorted(view.saturated),
-        "resets": view.resets,
-        "conditions": sorted(view.conditions),
-        "active": [
-            {"type": a.type, "severity": a.finding.severity, "since": a.since,
-             "value": a.finding.value, "message": a.finding.message,
-             "details": a.finding.details}
-            for a in active
-        ],
-    }
-
-
 def _score(view: PortView, active: Sequence[ActiveCondition]) -> tuple[float, ...]:
-    worst = max((_SEVERITY[a.finding.severity] for a in active), default=-1)
+    worst = max((severity_rank(a.finding.severity) for a in active), default=-1)
     return (
         worst,
         len(active),
@@ -85,10 +55,11 @@ def _score(view: PortView, active: Sequence[ActiveCondition]) -> tuple[float, ..
 def worst_first(
     state: FabricState, conditions: Iterable[ActiveCondition]
 ) -> list[tuple[PortView, list[ActiveCondition]]]:
+    """Ports by how bad they look; equally bad ports in the one port order (stable sort)."""
     by_port: dict[PortKey, list[ActiveCondition]] = {}
     for a in conditions:
         by_port.setdefault(a.key, []).append(a)
-    rows = [(v, by_port.get(k, [])) for k, v in state.ports.items()]
+    rows = [(v, by_port.get(v.key, [])) for v in in_port_order(state.ports.values())]
     rows.sort(key=lambda r: _score(*r), reverse=True)
     return rows
 

@@ -168,7 +168,10 @@ def _close_socket(client: aiomqtt.Client) -> None:
 
 
 class MqttPublisher:
-    """Owns one broker connection for the daemon's lifetime (across config reloads)."""
+    """Owns one broker connection for the daemon's lifetime (across config reloads).
+
+    Both an ``exporters.base.Exporter`` (retained port state) and an ``EventConsumer`` (events).
+    """
 
     def __init__(
         self,
@@ -180,6 +183,7 @@ class MqttPublisher:
         backoff_max: float = 30.0,
         flush_timeout: float = 3.0,
     ) -> None:
+        self.name = "mqtt"
         self.config = config
         self.fabric = fabric
         self.topics = Topics(config.prefix, fabric)
@@ -228,16 +232,19 @@ class MqttPublisher:
             self.submit(event)
 
     def attach(self, bus: EventBus) -> None:
-        """Receive every event the bus publishes from now on, until ``stop``."""
+        """Receive every event the bus publishes from now on, until ``stop`` (standalone use;
+        the daemon subscribes itself and runs ``consume`` in its TaskGroup instead)."""
         if self._bus_task is not None:
             return
-        self._bus, self._sub = bus, bus.subscribe("mqtt", maxsize=self.config.queue_size)
-        self._bus_task = asyncio.create_task(self._consume(self._sub), name="mqtt-events")
+        self._bus, self._sub = bus, bus.subscribe(self.name, maxsize=self.config.queue_size)
+        self._bus_task = asyncio.create_task(self.consume(self._sub), name="mqtt-events")
 
-    async def _consume(self, sub: Subscription) -> None:
+    async def consume(self, events: Subscription) -> None:
+        """``exporters.base.EventConsumer``: move events from a bus subscription to the send
+        queue, until cancelled (never waits for the broker)."""
         while True:
-            first = await sub.queue.get()
-            self.submit_many([first, *sub.drain(BATCH * 10)])
+            first = await events.queue.get()
+            self.submit_many([first, *events.drain(BATCH * 10)])
 
     def publish_state(self, state: FabricState) -> None:
         """Remember the newest fabric state; the sender diffs it against what it published."""
@@ -245,10 +252,18 @@ class MqttPublisher:
         self._state_dirty = True
         self._wake.set()
 
-    async def start(self) -> None:
-        """Start the connection task; a broker that is down is retried, never an error here."""
+    async def publish(self, state: FabricState) -> None:
+        """``exporters.base.Exporter``: ``publish_state`` (O(1); the sender does the work)."""
+        self.publish_state(state)
+
+    async def start(self, tg: asyncio.TaskGroup | None = None) -> None:
+        """Start the connection task (in ``tg``, the daemon's TaskGroup, when given); a broker
+        that is down is retried, never an error here."""
         if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="mqtt")
+            if tg is not None:
+                self._task = tg.create_task(self._run(), name="mqtt")
+            else:
+                self._task = asyncio.create_task(self._run(), name="mqtt")
 
     async def stop(self) -> None:
         """Flush what fits in ``flush_timeout``, publish ``offline`` and disconnect."""

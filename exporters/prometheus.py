@@ -1,6 +1,6 @@
 """The Prometheus endpoint: port series pre-rendered once per FabricState, served to any scraper.
 
-Polling never waits on a scrape: ``publish``/``publish_async`` render the ports when a new state
+Polling never waits on a scrape: ``publish``/``publish_now`` render the ports when a new state
 exists and swap one reference; a scrape takes that reference once and streams it, so a publish in
 the middle of a scrape cannot mix two states in one body. Self metrics are small and rendered per
 scrape, so they are always current.
@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
 
+import structlog
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 
@@ -44,9 +45,11 @@ from exporters.http import (
 from exporters.render import PortRenderer
 from ibmon.model import PortView
 from ibmon.selfmetrics import SelfMetrics
-from ibmon.state import FabricState
+from ibmon.state import FabricState, in_port_order
 
 __all__ = ["CONTENT_TYPE", "PrometheusExporter", "exposition"]
+
+log = structlog.get_logger("ibmon.prometheus")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: Level 1 compresses 62 MB of exposition about 11:1 in about a fifth of a second; level 6 gains
@@ -59,12 +62,6 @@ _INDEX = b"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>ibmon</title></head>
 <body><h1>ibmon</h1><p><a href="metrics">Metrics</a></p></body></html>
 """
-
-
-def _port_order(view: PortView) -> tuple[str, int, str]:
-    """GUID, then port number ("2" before "10") without parsing untrusted text as int."""
-    port = view.identity.port
-    return (view.identity.guid, len(port), port)
 
 
 _EMPTY = deflate_chunks((), GZIP_LEVEL)
@@ -119,11 +116,12 @@ class _Compressor:
 
 
 class PrometheusExporter:
-    """Serves ``/metrics`` (self metrics + pre-rendered port series) and ``/``.
+    """An ``exporters.base.Exporter``: serves ``/metrics`` (self metrics + pre-rendered port
+    series) and ``/``.
 
-    ``publish`` renders and compresses in the calling thread (the event loop): fine for
-    node-local fabrics; the daemon uses ``publish_async`` for large fabrics so the loop never
-    stalls on rendering.
+    ``publish_now`` renders and compresses in the calling thread (the event loop): fine for
+    node-local fabrics; ``publish`` (the ``exporters.base.Exporter`` method the daemon calls)
+    renders in a worker thread so the loop never stalls on a large fabric.
     Both must be called from the event loop thread. ``basic_auth_file`` (format in
     ``exporters.http.BasicAuth``) and ``tls_cert``/``tls_key`` are read here, so a bad file is a
     config error at startup, not a failing scrape later.
@@ -138,6 +136,8 @@ class PrometheusExporter:
         tls_key: Path | None = None,
         basic_auth_file: Path | None = None,
     ) -> None:
+        self.name = "prometheus"
+        self._listen = listen
         self._host, self._port = parse_listen(listen)
         if (tls_cert is None) != (tls_key is None):
             raise ValueError("tls_cert and tls_key must be given together")
@@ -171,7 +171,7 @@ class PrometheusExporter:
     # --- publishing -----------------------------------------------------------------------------
 
     def _render(self, state: FabricState, *, wait: bool) -> Deflated:
-        views = sorted(state.ports.values(), key=_port_order)
+        views = in_port_order(state.ports.values())
         compressor = self._compressor
         if not compressor.lock.acquire(blocking=wait):
             # A worker thread holds the cached renderer; never block the loop on it.
@@ -192,15 +192,16 @@ class PrometheusExporter:
             # The previous body is released just above unless a scrape still streams it.
             release_free_memory()
 
-    def publish(self, state: FabricState) -> None:
-        """Render ``state``'s ports now and serve them from the next scrape on."""
+    def publish_now(self, state: FabricState) -> None:
+        """Render ``state``'s ports now, in the calling thread, and serve them from the next
+        scrape on (tests, benchmarks, small node-local fabrics)."""
         if state is self._state:
             return
         seq = next(self._seq)
         self._install(seq, state, self._render(state, wait=False))
 
-    async def publish_async(self, state: FabricState) -> None:
-        """Like ``publish``, rendering in a worker thread while the loop keeps running."""
+    async def publish(self, state: FabricState) -> None:
+        """Like ``publish_now``, rendering in a worker thread while the loop keeps running."""
         if state is self._state:
             return
         seq = next(self._seq)
@@ -261,7 +262,8 @@ class PrometheusExporter:
 
     # --- lifecycle ------------------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, tg: asyncio.TaskGroup | None = None) -> None:
+        """Listen; aiohttp runs the server, so ``tg`` (the ``Exporter`` interface) is unused."""
         if self._runner is not None:
             raise RuntimeError("exporter already started")
         runner = web.AppRunner(self._app, access_log=None, shutdown_timeout=5.0)
@@ -273,6 +275,7 @@ class PrometheusExporter:
             await runner.cleanup()
             raise
         self._runner = runner
+        log.info("listening", address=self._listen, port=self.port)
 
     async def stop(self) -> None:
         runner, self._runner = self._runner, None
@@ -302,5 +305,5 @@ class PrometheusExporter:
 
 def exposition(self_metrics: SelfMetrics, state: FabricState) -> bytes:
     """The ``/metrics`` body for one state without a server (``ibmon scan --format prom``)."""
-    views = sorted(state.ports.values(), key=_port_order)
+    views = in_port_order(state.ports.values())
     return self_metrics.render() + PortRenderer().render(views)

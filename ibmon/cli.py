@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import sys
-import time
-from enum import StrEnum
 from pathlib import Path
-from types import MappingProxyType
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 
 import typer
+from pydantic import TypeAdapter, ValidationError
 
 from ibmon import __version__
 from ibmon.config import (
@@ -27,8 +24,14 @@ from ibmon.config import (
     SysfsSourceConfig,
     load_settings,
 )
-from ibmon.model import PortView
-from ibmon.state import FabricState, SourceStatus
+from ibmon.log import Level
+from ibmon.sources.registry import SOURCES
+
+if TYPE_CHECKING:
+    SourceName = str
+else:
+    # The --source choices are the registered source types: a new source needs no edit here.
+    SourceName = Literal[tuple(SOURCES)]
 
 __all__ = ["app", "main"]
 
@@ -66,26 +69,68 @@ def _load(config: Path | None, **overrides: Any) -> Settings:
         _die(str(exc))
 
 
-def _run_daemon(settings: Settings, config_path: Path | None, banner: str | None = None) -> None:
-    from ibmon.daemon import Daemon
+LogLevelOption = Annotated[
+    Level | None,
+    typer.Option("--log-level", help="Log level (default: the config's [log] level, else info)."),
+]
+
+
+def _configure_logging(settings: Settings, level: str | None) -> None:
+    """Logs go to stderr at the configured level: the flag, else the config, else info."""
     from ibmon.log import configure_logging
 
-    configure_logging(settings.log.level, settings.log.format)
+    configure_logging(level or settings.log.level, settings.log.format)
+
+
+def _source_config(name: str, **options: Any) -> SourceConfig:
+    """A source config from CLI options, validated by the config model.
+
+    Only options the source type has are passed (``--ca``/``--port`` mean nothing to sysfs), and
+    only when given, so everything else takes the model's default.
+    """
+    adapter: TypeAdapter[SourceConfig] = TypeAdapter(SourceConfig)
+    schema = adapter.json_schema()
+    model = schema["discriminator"]["mapping"][name].rsplit("/", 1)[-1]
+    fields = schema["$defs"][model]["properties"]
+    data = {k: v for k, v in options.items() if v is not None and k in fields}
+    try:
+        return adapter.validate_python({"type": name, **data})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = str(err["loc"][-1]) if err["loc"] else name
+        _die(f"--source {name}: {where}: {err['msg'].removeprefix('Value error, ')}")
+
+
+def _require_devices(cfg: SourceConfig) -> None:
+    """A sysfs root without devices is a usage mistake: say so before sampling nothing."""
+    if isinstance(cfg, SysfsSourceConfig):
+        from ibmon.sources.sysfs import has_devices
+
+        if not has_devices(cfg.root):
+            _die(f"no InfiniBand devices under {cfg.root}/class/infiniband")
+
+
+def _run_daemon(settings: Settings, config_path: Path | None, banner: str | None = None) -> None:
+    from ibmon.daemon import Daemon
 
     async def _main() -> None:
         daemon = Daemon(settings, config_path=config_path)
-        task = asyncio.create_task(daemon.run())
-        if banner:
-            await daemon.ready.wait()
-            exporter = daemon.exporter
-            port = exporter.port if exporter else 0
-            print(banner.format(port=port), file=sys.stderr, flush=True)
-        await task
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(daemon.run(), name="daemon")
+            if banner:
+                await daemon.ready.wait()
+                exporter = daemon.exporter
+                port = exporter.port if exporter else 0
+                print(banner.format(port=port), file=sys.stderr, flush=True)
 
     try:
         asyncio.run(_main())
-    except OSError as exc:  # e.g. listen address in use: an operator problem, not a crash
-        _die(f"cannot start: {exc.strerror or exc}")
+    except* OSError as group:  # e.g. listen address in use: an operator problem, not a crash
+        exc = group.exceptions[0]
+        while isinstance(exc, BaseExceptionGroup):
+            exc = exc.exceptions[0]
+        strerror = getattr(exc, "strerror", None)
+        _die(f"cannot start: {strerror or exc}")
 
 
 @app.command()
@@ -94,6 +139,7 @@ def run(
     listen: Annotated[
         str | None, typer.Option(help="Override prometheus.listen (host:port).")
     ] = None,
+    log_level: LogLevelOption = None,
 ) -> None:
     """Run the daemon (default: the sysfs source on this host)."""
     overrides: dict[str, Any] = {}
@@ -104,6 +150,7 @@ def run(
             overrides["prometheus"].model_dump()
         )
     settings = _load(config, **overrides)
+    _configure_logging(settings, log_level)
     if not settings.sources:
         from ibmon.sources.sysfs import has_devices
 
@@ -116,171 +163,46 @@ def run(
     _run_daemon(settings, config)
 
 
-class ScanSource(StrEnum):
-    sysfs = "sysfs"
-    mock = "mock"
-    mad = "mad"
-    diags = "diags"
-
-
-class ScanFormat(StrEnum):
-    table = "table"
-    json = "json"
-    prom = "prom"
-
-
-def _scan_state(cfg: SourceConfig, interval: float) -> tuple[FabricState, bytes]:
-    from exporters.prometheus import exposition
-    from ibmon.selfmetrics import SelfMetrics
-    from ibmon.sources.registry import build_source
-    from ibmon.tracker import Tracker
-
-    async def _two_samples() -> tuple[FabricState, bytes]:
-        source = build_source(cfg)
-        metrics = SelfMetrics()
-        tracker = Tracker()
-        try:
-            await source.discover()
-            views: dict[Any, PortView] = {}
-            for i in range(2):
-                if i:
-                    await asyncio.sleep(interval)
-                started = time.monotonic()
-                snap = await source.sample()
-                views = tracker.update(snap)
-                metrics.poll_duration.labels(cfg.label).observe(time.monotonic() - started)
-                for err in snap.errors:
-                    metrics.poll_errors.labels(cfg.label, err.reason).inc()
-        finally:
-            await source.close()
-        metrics.source_up.labels(cfg.label).set(1)
-        metrics.last_success.labels(cfg.label).set(snap.wall)
-        metrics.source_ports.labels(cfg.label).set(len(views))
-        state = FabricState(
-            generated=snap.wall,
-            ports=MappingProxyType(views),
-            sources=MappingProxyType(
-                {cfg.label: SourceStatus(cfg.label, cfg.type, True, snap.wall, len(views))}
-            ),
-        )
-        return state, exposition(metrics, state)
-
-    return asyncio.run(_two_samples())
-
-
-def _port_order(v: PortView) -> tuple[str, int]:
-    """GUID, then port number as a number (2 before 10), as /metrics orders them."""
-    return (v.identity.guid, int(v.identity.port) if v.identity.port.isdigit() else 0)
-
-
-def _port_json(v: PortView) -> dict[str, Any]:
-    ident = v.identity
-    return {
-        "guid": ident.guid,
-        "port": ident.port,
-        "device": ident.device,
-        "node_desc": ident.node_desc,
-        "node_type": ident.node_type,
-        "lid": ident.lid,
-        "link_layer": ident.link_layer,
-        "state": v.state,
-        "phys_state": v.phys_state,
-        "rate_bytes_per_second": v.rate_bytes_per_second,
-        "active_width": v.active_width,
-        "active_speed": v.active_speed,
-        "totals": v.totals,
-        "rates": v.rates,
-        "saturated": sorted(v.saturated),
-        "resets": v.resets,
-        "hw_totals": v.hw_totals,
-        "utilization": {"transmit": v.utilization_tx, "receive": v.utilization_rx},
-        "transmit_wait_ratio": v.xmit_wait_ratio,
-    }
-
-
-def _fmt_rate(bps: float | None) -> str:
-    if bps is None:
-        return "-"
-    for unit in ("B/s", "kB/s", "MB/s", "GB/s"):
-        if abs(bps) < 1000:
-            return f"{bps:.1f} {unit}"
-        bps /= 1000
-    return f"{bps:.1f} TB/s"
-
-
-def _table(state: FabricState) -> str:
-    rows = [("GUID", "PORT", "NAME", "STATE", "RATE", "TX", "RX", "ERRORS", "SATURATED")]
-    for v in sorted(state.ports.values(), key=_port_order):
-        ident = v.identity
-        errors = sum(
-            n
-            for name, n in v.totals.items()
-            if name not in {"transmit_data", "receive_data", "transmit_wait"}
-            and "packets" not in name
-        )
-        rows.append(
-            (
-                ident.guid,
-                ident.port,
-                (ident.node_desc or ident.device)[:32],
-                str(v.state if v.state is not None else "-"),
-                _fmt_rate(v.rate_bytes_per_second),
-                _fmt_rate(v.rates.get("transmit_data")),
-                _fmt_rate(v.rates.get("receive_data")),
-                str(errors),
-                ",".join(sorted(v.saturated)),
-            )
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return (
-        "\n".join(
-            "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
-        )
-        + "\n"
-    )
+Format = Literal["table", "json", "prom"]
 
 
 @app.command()
 def scan(
-    source: Annotated[ScanSource, typer.Option(help="Which source to sample.")] = ScanSource.sysfs,
+    source: Annotated[SourceName, typer.Option(help="Which source to sample.")] = "sysfs",
     sysfs_root: Annotated[Path, typer.Option(help="sysfs root (tests, containers).")] = Path(
         "/sys"
     ),
     interval: Annotated[
         float, typer.Option(min=0.0, max=3600.0, help="Seconds between the two samples.")
     ] = 1.0,
-    fmt: Annotated[ScanFormat, typer.Option("--format", help="Output format.")] = ScanFormat.table,
+    fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = "table",
     ca: Annotated[str | None, typer.Option(help="Local CA for mad/diags.")] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(help="Local CA port for mad/diags (default: the CA's first active port)."),
+    ] = None,
     scenario: Annotated[str, typer.Option(help="Scenario for --source mock.")] = "healthy",
+    log_level: LogLevelOption = None,
 ) -> None:
-    """Sample twice, INTERVAL apart, and print ports with totals and rates."""
-    cfg: SourceConfig
-    if source is ScanSource.sysfs:
-        cfg = SysfsSourceConfig(root=sysfs_root)
-    elif source is ScanSource.mock:
-        cfg = MockSourceConfig(scenario=scenario)
-    else:
-        from ibmon.config import DiagsSourceConfig, MadSourceConfig
+    """Poll twice, INTERVAL apart, and print what the daemon would show: totals, rates,
+    conditions and BER."""
+    from ibmon.scan import ScanError, run_scan
 
-        cls = MadSourceConfig if source is ScanSource.mad else DiagsSourceConfig
-        cfg = cls(ca=ca)
-    if source is ScanSource.sysfs:
-        from ibmon.sources.sysfs import has_devices
-
-        if not has_devices(sysfs_root):
-            _die(f"no InfiniBand devices under {sysfs_root}/class/infiniband")
+    settings = _load(None)
+    _configure_logging(settings, log_level)
+    cfg = _source_config(str(source), root=sysfs_root, scenario=scenario, ca=ca, port=port)
+    _require_devices(cfg)
     try:
-        state, body = _scan_state(cfg, interval)
-    except (OSError, RuntimeError, ValueError) as exc:
+        result = asyncio.run(run_scan(cfg, settings, interval=interval))
+    except (ScanError, OSError, RuntimeError, ValueError) as exc:
         _die(f"scan failed: {exc}")
-    if fmt is ScanFormat.prom:
-        sys.stdout.buffer.write(body)
-    elif fmt is ScanFormat.json:
-        ports = [_port_json(v) for v in sorted(state.ports.values(), key=_port_order)]
-        json.dump({"source": cfg.label, "ports": ports}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+    if fmt == "prom":
+        sys.stdout.buffer.write(result.prom())
+    elif fmt == "json":
+        sys.stdout.write(result.json())
     else:
-        sys.stdout.write(_table(state))
+        sys.stdout.write(result.table())
+    sys.stdout.flush()
 
 
 @app.command("check-config")
@@ -305,48 +227,46 @@ def top(
         str, typer.Option(help="A running daemon's listener (its JSON API).")
     ] = "http://127.0.0.1:9683",
     source: Annotated[
-        ScanSource | None,
+        SourceName | None,
         typer.Option(help="Sample this source directly instead of reading a daemon."),
     ] = None,
     sysfs_root: Annotated[Path, typer.Option(help="sysfs root for --source sysfs.")] = Path("/sys"),
     scenario: Annotated[str, typer.Option(help="Scenario for --source mock.")] = "demo",
     ca: Annotated[str | None, typer.Option(help="Local CA for --source mad/diags.")] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(help="Local CA port for mad/diags (default: the CA's first active port)."),
+    ] = None,
     interval: Annotated[float, typer.Option(min=0.1, max=3600.0, help="Refresh, seconds.")] = 2.0,
     limit: Annotated[int, typer.Option(min=1, max=10_000, help="Ports to show.")] = 20,
     once: Annotated[bool, typer.Option("--once", help="Print one frame and exit.")] = False,
+    log_level: LogLevelOption = None,
 ) -> None:
     """Live view of the worst ports, active conditions and recent events."""
     from ibmon.top import ApiReader, DirectSampler, run_top
 
+    settings = _load(None)
+    _configure_logging(settings, log_level)
     reader: ApiReader | DirectSampler
     if source is None:
         if not url.startswith(("http://", "https://")):
             _die(f"--url must start with http:// or https://, got {url!r}")
         reader = ApiReader(url, limit=limit)
+        where = url
     else:
-        cfg: SourceConfig
-        if source is ScanSource.sysfs:
-            from ibmon.sources.sysfs import has_devices
-
-            if not has_devices(sysfs_root):
-                _die(f"no InfiniBand devices under {sysfs_root}/class/infiniband")
-            cfg = SysfsSourceConfig(root=sysfs_root)
-        elif source is ScanSource.mock:
-            cfg = MockSourceConfig(scenario=scenario)
-        else:
-            from ibmon.config import DiagsSourceConfig, MadSourceConfig
-
-            cfg = (MadSourceConfig if source is ScanSource.mad else DiagsSourceConfig)(ca=ca)
+        cfg = _source_config(str(source), root=sysfs_root, scenario=scenario, ca=ca, port=port)
+        _require_devices(cfg)
         try:
-            reader = DirectSampler(cfg, limit=limit)
+            reader = DirectSampler(cfg, limit=limit, settings=settings)
         except (OSError, RuntimeError, ValueError) as exc:
             _die(f"cannot sample {cfg.type}: {exc}")
+        where = f"source {cfg.label}"
     try:
         asyncio.run(run_top(reader, interval=interval, once=once, limit=limit))
     except KeyboardInterrupt:
         pass
     except OSError as exc:
-        _die(f"cannot read {url}: {getattr(exc, 'reason', None) or exc}")
+        _die(f"cannot read {where}: {getattr(exc, 'reason', None) or exc}")
 
 
 @app.command()
@@ -360,6 +280,7 @@ def demo(
         float, typer.Option(min=0.01, max=10000.0, help="Simulated seconds per real second.")
     ] = 10.0,
     interval: Annotated[float, typer.Option(min=0.05, help="Poll interval, real seconds.")] = 1.0,
+    log_level: LogLevelOption = None,
 ) -> None:
     """Run the full daemon on the built-in simulated fabric with a scenario playing."""
     from mocks.scenario import ScenarioError, load_scenario
@@ -376,6 +297,7 @@ def demo(
         prometheus={"listen": listen},
         sources=[src.model_dump()],
     )
+    _configure_logging(settings, log_level)
     host = listen.rsplit(":", 1)[0]
     banner = (
         f"ibmon demo: scenario {scenario!r}, simulated time x{speed:g}.\n"
@@ -459,7 +381,12 @@ def main(argv: list[str] | None = None) -> None:
 
     Typer vendors its click fork privately, so its usage errors are recognised by their public
     shape (``format_message`` and ``exit_code``) rather than by importing a private class.
+    Logging is configured first of all (stderr only), before any command code can log; commands
+    that know their configured level configure it again.
     """
+    from ibmon.log import configure_from_environment
+
+    configure_from_environment()
     try:
         rc = app(args=argv, standalone_mode=False, prog_name="ibmon")
     except (typer.Exit, typer.Abort) as exc:

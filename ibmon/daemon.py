@@ -1,14 +1,17 @@
-"""The composition root: sources, tracker, detectors and exporters in one TaskGroup.
+"""The composition root: pipelines, outputs and housekeeping, all in one ``asyncio.TaskGroup``.
 
-One named task per source poll loop, one for the systemd watchdog, one supervisor that waits for
-SIGTERM/SIGINT (stop) or SIGHUP (reload). A reload re-reads the config file; a bad new config is
-logged and the running one stays. Trackers survive reloads, so accumulated totals are never lost.
+Inside the group: one named task per source poll loop, one per event consumer (log, event file,
+MQTT), the exporters' own background tasks (MQTT's connection), the state saver and the systemd
+watchdog. The main task waits for SIGTERM/SIGINT (stop) or SIGHUP (reload). A reload re-reads
+the config file (a bad one is logged and the running config stays), replaces the source objects
+and any output whose configuration changed, and keeps every ``Pipeline``: accumulated totals and
+firing conditions survive, so nothing is re-announced.
 
-After each poll the source's detection engine turns the tracker's views into events (and fills
-the views' conditions) before they are published; events go to the bounded event bus, whose
-consumers (log, event file, MQTT) can never slow polling down. Tracker and engine state is saved
-atomically to ``state.path`` periodically, soon after any event, and at stop, and restored at
-start, so a restart (even ``kill -9``) counts every increment once and re-announces nothing.
+Each poll goes through the source's ``Pipeline`` (``ibmon.pipeline``): events go to the bounded
+event bus, whose consumers can never slow polling down, and the merged ``FabricState`` is
+published to every exporter (``exporters.base``). Pipeline state is saved atomically to
+``state.path`` periodically, soon after any event, and at stop, and restored at start, so a
+restart (even ``kill -9``) counts every increment once and re-announces nothing.
 """
 
 from __future__ import annotations
@@ -18,36 +21,60 @@ import contextlib
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 
 import structlog
 from prometheus_client import Counter
 
 from exporters.api import ApiProvider, api_routes
-from exporters.mqtt import MqttPublisher
+from exporters.base import EventConsumer, Exporter
 from exporters.prometheus import PrometheusExporter
-from ibmon.config import ConfigError, PrometheusConfig, Settings, SourceConfig, load_settings
-from ibmon.detect.engine import ActiveCondition, Engine
-from ibmon.events import Event, EventBus, EventFileWriter, log_events
-from ibmon.model import PortKey, PortView
+from ibmon.config import ConfigError, Settings, SourceConfig, load_settings
+from ibmon.detect.engine import ActiveCondition
+from ibmon.events import Event, EventBus, EventFileWriter, EventLog, Subscription
 from ibmon.persist import StateFile
+from ibmon.pipeline import Pipeline, build_state
 from ibmon.sdnotify import notify, watchdog_interval
 from ibmon.selfmetrics import SelfMetrics
 from ibmon.sources import Source
 from ibmon.sources.registry import build_source
-from ibmon.state import EMPTY_STATE, FabricState, SourceStatus
-from ibmon.tracker import Tracker
+from ibmon.state import EMPTY_STATE, FabricState
 
 __all__ = ["Daemon"]
 
 log = structlog.get_logger("ibmon.daemon")
 
-#: A poll that takes longer than this many intervals (and at least MIN_POLL_TIMEOUT) has hung.
-POLL_TIMEOUT_INTERVALS = 5
-MIN_POLL_TIMEOUT = 10.0
 #: After a poll with events, save state this soon (at most this often), not only periodically.
 EVENT_SAVE_DELAY = 1.0
+#: At stop, how long consumers get to take what the last poll published.
+DRAIN_SECONDS = 1.0
+DRAIN_STEP = 0.05
+#: How long a source gets to close.
+CLOSE_TIMEOUT = 1.0
+
+
+@dataclass(slots=True)
+class _Consuming:
+    """An event consumer at work: its bus subscription and the task reading it."""
+
+    subscription: Subscription
+    task: asyncio.Task[None]
+
+
+@dataclass(slots=True)
+class _Output:
+    """A running exporter, the configuration it was built from, and its event feed, if any."""
+
+    config: object
+    exporter: Exporter
+    feed: _Consuming | None
+
+
+@dataclass(slots=True)
+class _Poll:
+    source: Source
+    task: asyncio.Task[None]
 
 
 class Daemon:
@@ -64,19 +91,17 @@ class Daemon:
         self.config_path = config_path
         self.metrics = SelfMetrics()
         self.state: FabricState = EMPTY_STATE
+        self.ready = asyncio.Event()
         self._source_factory = source_factory
-        self._trackers: dict[str, Tracker] = {}
-        self._views: dict[str, dict[PortKey, PortView]] = {}
-        self._status: dict[str, SourceStatus] = {}
+        self._pipelines: dict[str, Pipeline] = {}
+        self._engine_tables = settings.detect.tables()
+        self._outputs: dict[str, _Output] = {}
+        self._consumers: list[_Consuming] = []
+        self._polls: list[_Poll] = []
+        self._chores: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
         self._reload = asyncio.Event()
-        self._exporter: PrometheusExporter | None = None
-        self._exporter_cfg: PrometheusConfig | None = None
-        self._mqtt: MqttPublisher | None = None
-        self._mqtt_key: tuple[object, str] | None = None
-        self.ready = asyncio.Event()
-        self._engines: dict[str, Engine] = {}
-        self._engine_tables = settings.detect.tables()
+        self._wake = asyncio.Event()
         self._restored: dict[str, dict[str, object]] = {}
         self._statefile = StateFile(settings.state.path)
         self._dirty = asyncio.Event()
@@ -104,41 +129,24 @@ class Daemon:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
 
     def reload(self) -> None:
         self._reload.set()
+        self._wake.set()
 
     @property
     def exporter(self) -> PrometheusExporter | None:
-        return self._exporter
+        """The ``/metrics`` listener (tests and the CLI banner read its port)."""
+        out = self._outputs.get("prometheus")
+        return out.exporter if out and isinstance(out.exporter, PrometheusExporter) else None
 
     def conditions(self) -> list[ActiveCondition]:
         """Every firing condition of every source (for the API and ``ibmon top``)."""
-        return [a for engine in self._engines.values() for a in engine.active()]
+        return [a for pipeline in self._pipelines.values() for a in pipeline.active()]
 
     def _count_event(self, event: Event) -> None:
         self.metrics.events.labels(event.type, event.severity).inc()
-
-    def _apply_reload(self) -> None:
-        if self.config_path is None:
-            log.info("reload_skipped", reason="no config file")
-            return
-        try:
-            new = load_settings(self.config_path)
-        except ConfigError as exc:
-            log.error("reload_rejected", error=str(exc))
-            return
-        self.settings = new
-        tables = new.detect.tables()
-        if tables != self._engine_tables:
-            # New thresholds: fresh detectors, but active conditions and windows carry over.
-            self._engine_tables = tables
-            for label, old in list(self._engines.items()):
-                engine = self._new_engine(label)
-                with contextlib.suppress(ValueError):
-                    engine.load(old.dump())
-                self._engines[label] = engine
-        log.info("config_reloaded", path=str(self.config_path))
 
     # -- main loop ---------------------------------------------------------------------------
 
@@ -154,232 +162,244 @@ class Daemon:
                 loop.add_signal_handler(sig, handler)
                 installed.append(sig)
         self._load_state()
-        consumers = self._start_consumers()
         try:
-            while not self._stop.is_set():
-                self._reload.clear()
-                await self._run_generation()
-                if self._reload.is_set() and not self._stop.is_set():
-                    self._apply_reload()
+            async with asyncio.TaskGroup() as tg:
+                try:
+                    await self._serve(tg)
+                finally:
+                    await self._shutdown()
+        except BaseExceptionGroup as group:
+            # One failure (e.g. the listen address is taken) is reported as itself.
+            only = group.exceptions[0]
+            if len(group.exceptions) == 1 and isinstance(only, Exception):
+                raise only from None
+            raise
         finally:
-            notify("STOPPING=1")
             self._save_state()
-            if self._exporter is not None:
-                await self._exporter.stop()
-                self._exporter = None
-            await self._stop_mqtt()
-            await self._stop_consumers(consumers)
             for sig in installed:
                 loop.remove_signal_handler(sig)
             log.info("stopped")
 
-    async def _ensure_exporter(self) -> None:
-        cfg = self.settings.prometheus
-        if self._exporter is not None and self._exporter_cfg == cfg:
-            return
-        if self._exporter is not None:
-            await self._exporter.stop()
-        self._exporter = PrometheusExporter(
-            listen=cfg.listen,
-            self_metrics=self.metrics,
-            tls_cert=cfg.tls_cert,
-            tls_key=cfg.tls_key,
-            basic_auth_file=cfg.basic_auth_file,
-        )
-        self._exporter.add_routes(
-            api_routes(
-                ApiProvider(
-                    state=lambda: self.state,
-                    conditions=self.conditions,
-                    events=lambda: self.bus.history,
-                    ready=self.ready.is_set,
-                )
-            )
-        )
-        self._exporter_cfg = cfg
-        await self._exporter.start()
-        log.info("listening", address=cfg.listen, port=self._exporter.port)
+    async def _serve(self, tg: asyncio.TaskGroup) -> None:
+        """Start everything, then run generations of poll loops until a stop."""
+        for consumer in self._event_consumers():
+            self._consumers.append(self._feed(tg, consumer))
+        self._chores.append(tg.create_task(self._saver(), name="state-saver"))
+        while True:
+            self._reload.clear()
+            await self._sync_exporters(tg)
+            self._polls = self._start_polls(tg)
+            await self._publish()
+            notify("READY=1\nSTATUS=polling " + ", ".join(sorted(self._pipelines)))
+            if not self.ready.is_set() and (period := watchdog_interval()) is not None:
+                # systemd expects the first WATCHDOG=1 after READY=1.
+                self._chores.append(tg.create_task(self._watchdog(period), name="watchdog"))
+            self.ready.set()
+            while not (self._stop.is_set() or self._reload.is_set()):
+                await self._wake.wait()
+                self._wake.clear()
+            await self._stop_polls()
+            if self._stop.is_set():
+                return
+            self._apply_reload()
 
-    async def _ensure_mqtt(self) -> None:
-        """Start, keep or replace the MQTT publisher; a down broker is its problem, not ours."""
-        cfg = self.settings.mqtt
-        key = None if cfg is None else (cfg, self.settings.fabric)
-        if self._mqtt is not None and self._mqtt_key == key:
-            return
-        await self._stop_mqtt()
-        if cfg is None:
-            return
-        self._mqtt = MqttPublisher(cfg, fabric=self.settings.fabric, metrics=self.metrics)
-        self._mqtt_key = key
-        await self._mqtt.start()
-        self._mqtt.attach(self.bus)
-        self._mqtt.publish_state(self.state)
+    async def _shutdown(self) -> None:
+        """Stop polling, let consumers take the last events, stop outputs, end the chores."""
+        notify("STOPPING=1")
+        await self._stop_polls()
+        await self._drain([c.subscription for c in self._all_feeds()])
+        await _cancel([c.task for c in self._all_feeds()])
+        for name in list(self._outputs):
+            await self._stop_exporter(name)
+        await _cancel(self._chores)
 
-    async def _stop_mqtt(self) -> None:
-        if self._mqtt is not None:
-            await self._mqtt.stop()
-            self._mqtt = None
-            self._mqtt_key = None
+    def _all_feeds(self) -> list[_Consuming]:
+        return self._consumers + [o.feed for o in self._outputs.values() if o.feed is not None]
 
-    async def _run_generation(self) -> None:
-        """Run every configured source until a stop or reload is requested."""
-        await self._ensure_exporter()
-        await self._ensure_mqtt()
-        sources: list[tuple[SourceConfig, Source]] = []
-        for cfg in self.settings.sources:
-            try:
-                sources.append((cfg, self._source_factory(cfg)))
-            except Exception as exc:  # a broken source must not take the others down
-                self._fail(cfg.label, cfg.type, "init_failed", exc)
-        live = {cfg.label for cfg, _ in sources}
-        for label in list(self._views):
-            if label not in {c.label for c in self.settings.sources}:
-                self._views.pop(label, None)
-                self._status.pop(label, None)
+    def _apply_reload(self) -> None:
+        if self.config_path is None:
+            log.info("reload_skipped", reason="no config file")
+            return
         try:
-            async with asyncio.TaskGroup() as tg:
-                tasks = [
-                    tg.create_task(self._poll_loop(cfg, src), name=f"poll:{cfg.label}")
-                    for cfg, src in sources
-                ]
-                if (period := watchdog_interval()) is not None:
-                    tasks.append(tg.create_task(self._watchdog(period), name="watchdog"))
-                tasks.append(tg.create_task(self._saver(), name="state-saver"))
-                self.ready.set()
-                notify("READY=1\nSTATUS=polling " + ", ".join(sorted(live)))
-                waiters = [
-                    asyncio.ensure_future(self._stop.wait()),
-                    asyncio.ensure_future(self._reload.wait()),
-                ]
-                try:
-                    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    for w in waiters:
-                        w.cancel()
-                    for t in tasks:
-                        t.cancel()
-        finally:
-            for _, src in sources:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(src.close(), timeout=1.0)
+            new = load_settings(self.config_path)
+        except ConfigError as exc:
+            log.error("reload_rejected", error=str(exc))
+            return
+        self.settings = new
+        tables = new.detect.tables()
+        if tables != self._engine_tables:
+            self._engine_tables = tables
+            for pipeline in self._pipelines.values():
+                pipeline.retune(tables)
+        log.info("config_reloaded", path=str(self.config_path))
 
     async def _watchdog(self, period: float) -> None:
         while True:
             notify("WATCHDOG=1")
             await asyncio.sleep(period)
 
-    # -- polling -----------------------------------------------------------------------------
+    # -- outputs -----------------------------------------------------------------------------
 
-    def _fail(self, label: str, kind: str, reason: str, exc: BaseException | str) -> None:
-        self._emit(
-            self._engine(label).source_poll(False, wall=time.time(), reason=reason, error=str(exc))
+    def _wanted_exporters(self) -> dict[str, tuple[object, Callable[[], Exporter]]]:
+        """Every exporter the config asks for: name -> (the config it is built from, factory).
+
+        An exporter whose config is unchanged across a reload keeps running (and its MQTT
+        connection stays up); one whose config changed is replaced.
+        """
+        s = self.settings
+        wanted: dict[str, tuple[object, Callable[[], Exporter]]] = {
+            "prometheus": (s.prometheus, self._prometheus),
+        }
+        if (mqtt := s.mqtt) is not None:
+            from exporters.mqtt import MqttPublisher
+
+            wanted["mqtt"] = (
+                (mqtt, s.fabric),
+                lambda: MqttPublisher(mqtt, fabric=s.fabric, metrics=self.metrics),
+            )
+        return wanted
+
+    def _event_consumers(self) -> list[EventConsumer]:
+        """The consumers that only take events (exporters that also take them are fed too)."""
+        cfg = self.settings.events
+        consumers: list[EventConsumer] = [EventLog()]
+        if cfg.file is not None:
+            consumers.append(
+                EventFileWriter(cfg.file, max_bytes=cfg.max_bytes, backups=cfg.backups)
+            )
+        return consumers
+
+    def _prometheus(self) -> PrometheusExporter:
+        cfg = self.settings.prometheus
+        exporter = PrometheusExporter(
+            listen=cfg.listen,
+            self_metrics=self.metrics,
+            tls_cert=cfg.tls_cert,
+            tls_key=cfg.tls_key,
+            basic_auth_file=cfg.basic_auth_file,
         )
-        self.metrics.poll_errors.labels(label, reason).inc()
-        self.metrics.source_up.labels(label).set(0)
-        prev = self._status.get(label)
-        self._status[label] = SourceStatus(
-            name=label,
-            kind=kind,
-            up=False,
-            last_success=prev.last_success if prev else None,
-            ports=prev.ports if prev else 0,
-            last_error=f"{reason}: {exc}",
+        provider = ApiProvider(
+            state=lambda: self.state,
+            conditions=self.conditions,
+            events=lambda: self.bus.history,
+            ready=self.ready.is_set,
         )
-        log.error("source_failed", source=label, reason=reason, error=str(exc))
+        exporter.add_routes(api_routes(provider))
+        return exporter
 
-    async def _poll_loop(self, cfg: SourceConfig, source: Source) -> None:
-        label = cfg.label
-        tracker = self._tracker(label)
-        engine = self._engine(label)
-        timeout = max(cfg.interval * POLL_TIMEOUT_INTERVALS, MIN_POLL_TIMEOUT)
-        topo_interval = getattr(cfg, "topology_interval", None)
-        next_discover = 0.0
-        next_poll = time.monotonic()
-        while True:
-            started = time.monotonic()
-            try:
-                async with asyncio.timeout(timeout):
-                    if started >= next_discover:
-                        await source.discover()
-                        next_discover = started + topo_interval if topo_interval else float("inf")
-                    snap = await source.sample()
-            except TimeoutError:
-                self._fail(label, cfg.type, "poll_timeout", f"poll took over {timeout:.0f}s")
-            except Exception as exc:
-                self._fail(label, cfg.type, "poll_failed", exc)
-            else:
-                views = tracker.update(snap)
-                events = engine.process(views, monotonic=snap.monotonic, wall=snap.wall)
-                events += engine.source_poll(True, wall=snap.wall)
-                self._emit(events)
-                for err in snap.errors:
-                    self.metrics.poll_errors.labels(label, err.reason).inc()
-                self._views[label] = views
-                self.metrics.source_up.labels(label).set(1)
-                self.metrics.last_success.labels(label).set(snap.wall)
-                self.metrics.source_ports.labels(label).set(len(views))
-                self._status[label] = SourceStatus(
-                    name=label, kind=cfg.type, up=True, last_success=snap.wall, ports=len(views)
-                )
-            self.metrics.poll_duration.labels(label).observe(time.monotonic() - started)
-            await self._publish()
-            next_poll += cfg.interval
-            now = time.monotonic()
-            if next_poll < now:  # fell behind: skip missed ticks rather than burst
-                next_poll = now + cfg.interval
-            await asyncio.sleep(next_poll - now)
+    def _feed(self, tg: asyncio.TaskGroup, consumer: EventConsumer) -> _Consuming:
+        sub = self.bus.subscribe(consumer.name, maxsize=self.settings.events.queue_size)
+        task = tg.create_task(consumer.consume(sub), name=f"events:{consumer.name}")
+        return _Consuming(sub, task)
 
-    async def _publish(self) -> None:
-        ports: dict[PortKey, PortView] = {}
-        for cfg in self.settings.sources:  # first configured source wins a shared port
-            for key, view in self._views.get(cfg.label, {}).items():
-                ports.setdefault(key, view)
-        state = FabricState(
-            generated=time.time(),
-            ports=MappingProxyType(ports),
-            sources=MappingProxyType(dict(self._status)),
+    async def _sync_exporters(self, tg: asyncio.TaskGroup) -> None:
+        wanted = self._wanted_exporters()
+        for name, out in list(self._outputs.items()):
+            if name not in wanted or wanted[name][0] != out.config:
+                await self._stop_exporter(name)
+        for name, (config, make) in wanted.items():
+            if name in self._outputs:
+                continue
+            exporter = make()
+            await exporter.start(tg)
+            feed = self._feed(tg, exporter) if isinstance(exporter, EventConsumer) else None
+            self._outputs[name] = _Output(config, exporter, feed)
+            await exporter.publish(self.state)
+
+    async def _stop_exporter(self, name: str) -> None:
+        out = self._outputs.pop(name)
+        if out.feed is not None:
+            await self._drain([out.feed.subscription])
+            await _cancel([out.feed.task])
+            self.bus.unsubscribe(out.feed.subscription)
+        await out.exporter.stop()
+
+    async def _drain(self, subscriptions: list[Subscription]) -> None:
+        """Give consumers a moment to take what is queued for them (never waits long)."""
+        for _ in range(round(DRAIN_SECONDS / DRAIN_STEP)):
+            if all(s.queue.empty() for s in subscriptions):
+                break
+            await asyncio.sleep(DRAIN_STEP)
+        await asyncio.sleep(0)
+
+    async def _publish(self, pipeline: Pipeline | None = None) -> None:
+        started = time.monotonic()
+        state = build_state(
+            self._pipelines[c.label] for c in self.settings.sources if c.label in self._pipelines
         )
         self.state = state
-        if self._mqtt is not None:
-            self._mqtt.publish_state(state)
-        if self._exporter is not None:
-            await self._exporter.publish_async(state)
+        for out in list(self._outputs.values()):
+            await out.exporter.publish(state)
+        if pipeline is not None:
+            pipeline.observe_publish(time.monotonic() - started)
 
-    # -- detection, events, persistence ------------------------------------------------------
+    # -- polling -----------------------------------------------------------------------------
 
-    def _tracker(self, label: str) -> Tracker:
-        tracker = self._trackers.get(label)
-        if tracker is None:
-            tracker = self._trackers[label] = Tracker(
-                tick_seconds=self.settings.detect.tick_seconds
-            )
-            saved = self._restored.get(label, {}).get("tracker")
-            if saved is not None and self._persistent(label):
-                try:
-                    tracker.load(saved)  # type: ignore[arg-type]
-                except ValueError as exc:
-                    self._state_problem("corrupt", f"source {label}: {exc}")
-        return tracker
+    def _start_polls(self, tg: asyncio.TaskGroup) -> list[_Poll]:
+        polls: list[_Poll] = []
+        for cfg in self.settings.sources:
+            pipeline = self._pipeline(cfg)
+            try:
+                source = self._source_factory(cfg)
+            except Exception as exc:  # a broken source must not take the others down
+                self._emit(pipeline.fail("init_failed", exc))
+                continue
+            task = tg.create_task(self._poll_loop(pipeline, source), name=f"poll:{cfg.label}")
+            polls.append(_Poll(source, task))
+        return polls
 
-    def _new_engine(self, label: str) -> Engine:
-        return Engine(self._engine_tables, fabric=self.settings.fabric, source=label)
+    async def _stop_polls(self) -> None:
+        polls, self._polls = self._polls, []
+        await _cancel([p.task for p in polls])
+        for p in polls:
+            try:
+                await asyncio.wait_for(p.source.close(), timeout=CLOSE_TIMEOUT)
+            except Exception as exc:
+                log.warning(
+                    "source_close_failed",
+                    source=getattr(p.source, "name", "?"),
+                    error=str(exc) or type(exc).__name__,
+                )
 
-    def _engine(self, label: str) -> Engine:
-        engine = self._engines.get(label)
-        if engine is None:
-            engine = self._engines[label] = self._new_engine(label)
-            saved = self._restored.get(label, {}).get("engine")
-            if saved is not None and self._persistent(label):
-                try:
-                    engine.load(saved)  # type: ignore[arg-type]
-                except ValueError as exc:
-                    self._state_problem("corrupt", f"source {label}: {exc}")
-        return engine
+    async def _poll_loop(self, pipeline: Pipeline, source: Source) -> None:
+        interval = pipeline.cfg.interval
+        next_poll = time.monotonic()
+        while True:
+            self._emit(await pipeline.poll(source))
+            await self._publish(pipeline)
+            next_poll += interval
+            now = time.monotonic()
+            if next_poll < now:  # fell behind: skip missed ticks rather than burst
+                next_poll = now + interval
+            await asyncio.sleep(next_poll - now)
+
+    def _pipeline(self, cfg: SourceConfig) -> Pipeline:
+        """The source's pipeline: kept across reloads, restored from the state file when new."""
+        pipeline = self._pipelines.get(cfg.label)
+        if pipeline is not None:
+            pipeline.configure(cfg)
+            return pipeline
+        pipeline = self._pipelines[cfg.label] = Pipeline(
+            cfg,
+            metrics=self.metrics,
+            tables=self._engine_tables,
+            fabric=self.settings.fabric,
+            tick_seconds=self.settings.detect.tick_seconds,
+        )
+        saved = self._restored.get(cfg.label)
+        if saved is not None and self._persistent(cfg.label):
+            try:
+                pipeline.load(saved)
+            except ValueError as exc:
+                self._state_problem("corrupt", f"source {cfg.label}: {exc}")
+        return pipeline
 
     def _emit(self, events: list[Event]) -> None:
         if events:
             self.bus.publish_many(events)
             self._dirty.set()
+
+    # -- persistence -------------------------------------------------------------------------
 
     def _state_problem(self, reason: str, detail: str) -> None:
         self.state_errors.labels(reason).inc()
@@ -422,16 +442,11 @@ class Daemon:
         return not any(c.label == label and c.type == "mock" for c in self.settings.sources)
 
     def _snapshot_state(self) -> dict[str, dict[str, object]]:
-        out: dict[str, dict[str, object]] = {}
-        for label in self._trackers.keys() | self._engines.keys():
-            if not self._persistent(label):
-                continue
-            part: dict[str, object] = {}
-            if label in self._trackers:
-                part["tracker"] = self._trackers[label].dump()
-            if label in self._engines:
-                part["engine"] = self._engines[label].dump()
-            out[label] = part
+        out: dict[str, dict[str, object]] = {
+            label: pipeline.dump()
+            for label, pipeline in self._pipelines.items()
+            if self._persistent(label)
+        }
         # Sources not polled yet this run keep what was restored for them.
         for label, part in self._restored.items():
             if self._persistent(label):
@@ -466,30 +481,9 @@ class Daemon:
             else:
                 self._save_failing = False
 
-    def _start_consumers(self) -> list[asyncio.Task[None]]:
-        cfg = self.settings.events
-        tasks = [
-            asyncio.create_task(
-                log_events(self.bus.subscribe("log", maxsize=cfg.queue_size)), name="events:log"
-            )
-        ]
-        if cfg.file is not None:
-            writer = EventFileWriter(cfg.file, max_bytes=cfg.max_bytes, backups=cfg.backups)
-            tasks.append(
-                asyncio.create_task(
-                    writer.run(self.bus.subscribe("file", maxsize=cfg.queue_size)),
-                    name="events:file",
-                )
-            )
-        return tasks
 
-    async def _stop_consumers(self, tasks: list[asyncio.Task[None]]) -> None:
-        # Give consumers a moment to drain what the last poll published, then stop them.
-        for _ in range(20):
-            if all(s.queue.empty() for s in self.bus.subscriptions):
-                break
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel tasks of the daemon's TaskGroup and wait until they have ended."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

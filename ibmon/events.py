@@ -29,6 +29,7 @@ __all__ = [
     "Event",
     "EventBus",
     "EventFileWriter",
+    "EventLog",
     "PortRef",
     "Severity",
     "Status",
@@ -229,6 +230,15 @@ class EventBus:
 _log = structlog.get_logger("ibmon.events")
 
 
+class EventLog:
+    """``exporters.base.EventConsumer``: every event in the structured log (``log_events``)."""
+
+    name = "log"
+
+    async def consume(self, events: Subscription) -> None:
+        await log_events(events)
+
+
 async def log_events(sub: Subscription) -> None:
     """Consumer: every event as one structured log line (``event_firing``/``event_resolved``)."""
     async for event in sub:
@@ -256,6 +266,8 @@ class EventFileWriter:
     A write error is logged and the batch is lost; the writer keeps going.
     """
 
+    name = "file"
+
     def __init__(self, path: Path, *, max_bytes: int = 10_000_000, backups: int = 3) -> None:
         if max_bytes < 1 or backups < 0:
             raise ValueError("max_bytes must be positive and backups non-negative")
@@ -265,7 +277,8 @@ class EventFileWriter:
         self.written = 0
         self.errors = 0
 
-    async def run(self, sub: Subscription) -> None:
+    async def consume(self, sub: Subscription) -> None:
+        """``exporters.base.EventConsumer``: write batches until cancelled."""
         while True:
             first = await sub.queue.get()
             batch = [first, *sub.drain(999)]

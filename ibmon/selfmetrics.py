@@ -20,10 +20,13 @@ __all__ = ["MqttMetrics", "SelfMetrics"]
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
 POLL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+#: Stages range from microseconds (tracking one host's ports) to seconds (a fabric sweep).
+STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, *POLL_BUCKETS)
 
 
 class SelfMetrics:
-    """The ``ibmon_source_*``, ``ibmon_events_total`` and ``ibmon_build_info`` series."""
+    """The ``ibmon_source_*``, ``ibmon_pipeline_*``, ``ibmon_events_total`` and
+    ``ibmon_build_info`` series."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -43,6 +46,12 @@ class SelfMetrics:
         self.poll_errors = Counter(
             "ibmon_source_poll_errors", "Values or polls a source could not read, by reason.",
             ["source", "reason"], registry=r,
+        )
+        self.stage_seconds = Histogram(
+            "ibmon_pipeline_stage_seconds",
+            "Wall time of one stage of a poll: sample (reading the source, discovery included"
+            " when due), track, detect, publish.",
+            ["source", "stage"], buckets=STAGE_BUCKETS, registry=r,
         )
         self.last_success = Gauge(
             "ibmon_source_last_success_timestamp_seconds",

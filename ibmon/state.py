@@ -6,13 +6,27 @@ and never see a half-updated fabric.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from ibmon.model import PortKey, PortView
 
-__all__ = ["EMPTY_STATE", "FabricState", "SourceStatus"]
+__all__ = ["EMPTY_STATE", "FabricState", "SourceStatus", "in_port_order", "port_order"]
+
+
+def port_order(view: PortView) -> tuple[str, int, str]:
+    """The one order ports are listed in (``/metrics``, ``scan``, ties in the API).
+
+    GUID, then port number as a number ("2" before "10"), compared by length then text, so
+    untrusted port strings are never parsed as integers.
+    """
+    port = view.identity.port
+    return (view.identity.guid, len(port), port)
+
+
+def in_port_order(views: Iterable[PortView]) -> list[PortView]:
+    return sorted(views, key=port_order)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """``ibmon top``: a live terminal view of the worst ports, their conditions and recent events.
 
 Two ways to get data, one view: read a running daemon's JSON API (``--url``), or sample a source
-directly (``--source``) with an in-process tracker and detection engine, for a host where no
+directly (``--source``) through the same ``Pipeline`` the daemon uses, for a host where no
 daemon runs. Node descriptions are untrusted text: they are shown with rich markup escaped.
 """
 
@@ -22,18 +22,22 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from exporters.api import port_json, worst_first
-from ibmon.config import SourceConfig
-from ibmon.detect.engine import Engine
-from ibmon.events import Event
-from ibmon.state import FabricState
-from ibmon.tracker import Tracker
+from exporters.api import worst_first
+from exporters.ports import port_json, state_label
+from ibmon.config import Settings, SourceConfig
+from ibmon.events import Event, severity_rank
+from ibmon.pipeline import Pipeline, build_state
+from ibmon.selfmetrics import SelfMetrics
+from ibmon.sources import Source
 
-__all__ = ["ApiReader", "DirectSampler", "render", "run_top"]
+__all__ = ["ApiReader", "DirectSampler", "SourceUnavailableError", "render", "run_top"]
 
 Frame = tuple[list[dict[str, Any]], list[dict[str, Any]], str]
-_SEVERITIES = ("info", "warning", "critical")
 _STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+class SourceUnavailableError(OSError):
+    """A direct sample failed; shown in place of the frame (and the reason, for ``--once``)."""
 
 
 def _pct(x: Any) -> str:
@@ -54,11 +58,11 @@ def render(ports: list[dict[str, Any]], events: list[dict[str, Any]], title: str
     for p in ports[:limit]:
         name = escape(f"{p.get('node_desc') or p.get('device') or p['guid']} [{p['port']}]")
         worst = max((a.get("severity", "info") for a in p.get("active", [])),
-                    key=_SEVERITIES.index, default=None)
+                    key=severity_rank, default=None)
         conds = ", ".join(p.get("conditions", [])) or ""
         util = p.get("utilization") or {}
         table.add_row(
-            name, str(p.get("state") if p.get("state") is not None else "-"),
+            name, state_label(p.get("state"), p.get("phys_state")),
             _pct(util.get("transmit")), _pct(util.get("receive")),
             _pct(p.get("transmit_wait_ratio")), _ber(p.get("symbol_error_ber")),
             Text(conds, style=_STYLE.get(worst or "", "")),
@@ -95,33 +99,31 @@ class ApiReader:
 
 
 class DirectSampler:
-    """Frames from sampling a source in-process (no daemon needed)."""
+    """Frames from sampling a source in-process through the daemon's pipeline (no daemon)."""
 
-    def __init__(self, cfg: SourceConfig, *, limit: int = 20,
-                 factory: Callable[[SourceConfig], Any] | None = None) -> None:
+    def __init__(self, cfg: SourceConfig, *, limit: int = 20, settings: Settings | None = None,
+                 factory: Callable[[SourceConfig], Source] | None = None) -> None:
         from ibmon.sources.registry import build_source
 
+        settings = settings or Settings()
         self.cfg = cfg
         self.limit = limit
         self.source = (factory or build_source)(cfg)
-        self.tracker = Tracker()
-        self.engine = Engine(source=cfg.label)
+        self.pipeline = Pipeline(cfg, metrics=SelfMetrics(), tables=settings.detect.tables(),
+                                 fabric=settings.fabric,
+                                 tick_seconds=settings.detect.tick_seconds, log_failures=False)
         self.events: deque[Event] = deque(maxlen=50)
-        self._discovered = False
 
     async def frame(self) -> Frame:
-        if not self._discovered:
-            await self.source.discover()
-            self._discovered = True
-        snap = await self.source.sample()
-        views = self.tracker.update(snap)
-        self.events.extend(self.engine.process(views, monotonic=snap.monotonic,
-                                               wall=snap.wall))
-        state = FabricState(generated=snap.wall, ports=views)
-        rows = worst_first(state, self.engine.active())
+        pipeline = self.pipeline
+        self.events.extend(await pipeline.poll(self.source))
+        if pipeline.error is not None:
+            raise SourceUnavailableError(pipeline.error)
+        state = build_state([pipeline])
+        rows = worst_first(state, pipeline.active())
         ports = [port_json(v, a) for v, a in rows[: self.limit]]
         events = [e.model_dump(mode="json") for e in self.events]
-        title = f"ibmon top - {self.cfg.label} ({self.cfg.type}) - {len(views)} ports"
+        title = f"ibmon top - {self.cfg.label} ({self.cfg.type}) - {len(state.ports)} ports"
         return ports, events, title
 
     async def close(self) -> None:

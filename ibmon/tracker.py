@@ -23,7 +23,7 @@ from dataclasses import fields
 from typing import Any, Final
 
 from ibmon.counters import CATALOGUE
-from ibmon.model import GUID_RE, PortKey, PortSample, PortView, Snapshot
+from ibmon.model import GUID_RE, PortKey, PortSample, PortState, PortView, Snapshot
 
 __all__ = ["STATE_VERSION", "Tracker"]
 
@@ -42,6 +42,7 @@ _MULT: Final[dict[str, int]] = {c.name: c.multiplier for c in CATALOGUE}
 _NMAX: Final[dict[str, int]] = {c.name: c.max_value if c.bits < 64 else -1 for c in CATALOGUE}
 
 _NO_NAMES: Final[frozenset[str]] = frozenset()
+_ACTIVE: Final = int(PortState.ACTIVE)
 
 _VIEW_FIELDS: Final = (
     "identity", "state", "phys_state", "rate_bytes_per_second", "active_width", "active_speed",
@@ -286,10 +287,18 @@ class Tracker:
         rates: dict[str, float],
         hw_rates: dict[str, float],
     ) -> PortView:
+        """The published view. A port that is not Active carries no link rate, no rates, no
+        utilization and no transmit-wait ratio: its link moves no data, so any figure would be
+        left over from before it went down (decided here once, for every output). Its totals
+        still accumulate. A state of ``None`` (a source that cannot tell) counts as Active."""
         rate_bps = sample.rate_bps
         link_bytes: float | None = None
         util_tx: float | None = None
         util_rx: float | None = None
+        if sample.state is not None and sample.state != _ACTIVE:
+            rates = {}
+            hw_rates = {}
+            rate_bps = None
         if rate_bps is not None and math.isfinite(rate_bps) and rate_bps >= 0:
             link_bytes = rate_bps / 8.0
             if link_bytes > 0:

@@ -1,4 +1,4 @@
-"""Play a scenario on the simulated clock through tracker + detection engine (tests only)."""
+"""Play a scenario on the simulated clock through the one poll pipeline (tests only)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ibmon.detect.engine import Engine
+from ibmon.config import MockSourceConfig
 from ibmon.events import Event
+from ibmon.pipeline import Pipeline
+from ibmon.selfmetrics import SelfMetrics
 from ibmon.sources.mock import MockSource
-from ibmon.tracker import Tracker
 from mocks.scenario import ManualClock, Scenario, load_scenario, resolve_port
 
 
@@ -30,14 +31,16 @@ def play(
     coarse_interval: float = 30.0,
 ) -> tuple[Scenario, MockSource, list[Seen]]:
     """Poll every ``interval`` (default: the scenario's) simulated seconds from t=0; after
-    ``coarse_after`` poll every ``coarse_interval`` instead (hours of quiet fabric, fast)."""
+    ``coarse_after`` poll every ``coarse_interval`` instead (hours of quiet fabric, fast).
+
+    Each poll is ``Pipeline.poll``, exactly as in the daemon, ``scan`` and ``top``."""
     sc = load_scenario(name)
     clock = ManualClock()
     source = MockSource.from_scenario(name, clock=clock)
-    tracker = Tracker(tick_seconds=sc.tick_seconds)
-    engine = Engine(tables, fabric="test", source="mock")
-    seen: list[Seen] = []
     step = interval or sc.poll_interval
+    pipeline = Pipeline(MockSourceConfig(name="mock", interval=step), metrics=SelfMetrics(),
+                        tables=tables, fabric="test", tick_seconds=sc.tick_seconds)
+    seen: list[Seen] = []
     end = sc.duration if until is None else until
     times: list[float] = []
     t = 0.0
@@ -49,10 +52,10 @@ def play(
     async def run() -> None:
         for t in times:
             clock.t = t
-            snap = await source.sample()
-            views = tracker.update(snap)
-            for ev in engine.process(views, monotonic=snap.monotonic, wall=snap.wall):
-                seen.append(Seen(snap.monotonic, ev))
+            events = await pipeline.poll(source)
+            assert pipeline.error is None, pipeline.error
+            assert pipeline.sampled_at is not None
+            seen.extend(Seen(pipeline.sampled_at, ev) for ev in events)
 
     asyncio.run(run())
     return sc, source, seen

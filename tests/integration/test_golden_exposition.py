@@ -20,7 +20,7 @@ from tests.syspkg import require_binary
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "scan.prom"
 VOLATILE = re.compile(
-    r"^(ibmon_source_poll_duration_seconds_(?:bucket|sum)\{[^}]*\}"
+    r"^((?:ibmon_source_poll_duration|ibmon_pipeline_stage)_seconds_(?:bucket|sum)\{[^}]*\}"
     r"|ibmon_source_last_success_timestamp_seconds\{[^}]*\}"
     r"|ibmon_build_info\{[^}]*\}) .*$",
     re.MULTILINE,

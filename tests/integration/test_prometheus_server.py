@@ -71,7 +71,7 @@ def _url(exp: PrometheusExporter, path: str = "/metrics", scheme: str = "http",
 
 async def test_plain_scrape(exporter: PrometheusExporter, metrics: SelfMetrics) -> None:
     views = _views(40)
-    exporter.publish(_state(views))
+    exporter.publish_now(_state(views))
     async with aiohttp.ClientSession() as session, session.get(
         _url(exporter), headers={"Accept-Encoding": "identity"}
     ) as resp:
@@ -86,7 +86,7 @@ async def test_plain_scrape(exporter: PrometheusExporter, metrics: SelfMetrics) 
 async def test_gzip_scrape_is_spliced_per_scrape(exporter: PrometheusExporter,
                                                  metrics: SelfMetrics) -> None:
     views = _views(300)
-    exporter.publish(_state(views))
+    exporter.publish_now(_state(views))
     async with aiohttp.ClientSession(auto_decompress=False) as session:
         async with session.get(_url(exporter), headers={"Accept-Encoding": "gzip"}) as resp:
             raw = await resp.read()
@@ -107,12 +107,12 @@ async def test_only_the_compressed_body_is_held_and_info_segment_is_reused(
     exporter: PrometheusExporter, metrics: SelfMetrics
 ) -> None:
     views = _views(300)
-    exporter.publish(_state(views, 1.0))
+    exporter.publish_now(_state(views, 1.0))
     assert exporter.exposition_size == len(_ports_body(views))
     assert exporter.exposition_compressed_size < exporter.exposition_size / 4
     first_segment = exporter._exposition.parts[0]
     moved = _views(300, base=10**12)  # same ports (equal identities), new counter values
-    exporter.publish(_state(moved, 2.0))
+    exporter.publish_now(_state(moved, 2.0))
     assert exporter._exposition.parts[0] is first_segment
     async with aiohttp.ClientSession() as session:
         for encoding in ("gzip", "identity"):
@@ -127,7 +127,7 @@ async def test_only_the_compressed_body_is_held_and_info_segment_is_reused(
 async def test_gzip_is_readable_by_a_decompressing_client(exporter: PrometheusExporter,
                                                            metrics: SelfMetrics) -> None:
     views = _views(100)
-    exporter.publish(_state(views))
+    exporter.publish_now(_state(views))
     async with aiohttp.ClientSession() as session, session.get(_url(exporter)) as resp:
         assert resp.headers["Content-Encoding"] == "gzip"  # aiohttp asks for gzip by default
         assert await resp.read() == metrics.render() + _ports_body(views)
@@ -141,9 +141,9 @@ async def test_before_first_publish_serves_self_metrics(exporter: PrometheusExpo
 
 
 async def test_publish_replaces_series(exporter: PrometheusExporter) -> None:
-    exporter.publish(_state(_views(10)))
+    exporter.publish_now(_state(_views(10)))
     newer = _views(5, base=10**9, desc="renamed")
-    await exporter.publish_async(_state(newer, 2.0))
+    await exporter.publish(_state(newer, 2.0))
     async with aiohttp.ClientSession() as session, session.get(_url(exporter)) as resp:
         text = await resp.text()
     assert _ports_body(newer).decode() in text
@@ -152,10 +152,10 @@ async def test_publish_replaces_series(exporter: PrometheusExporter) -> None:
 
 
 async def test_an_older_render_never_replaces_a_newer_one(exporter: PrometheusExporter) -> None:
-    older = asyncio.create_task(exporter.publish_async(_state(_views(3000), 1.0)))
+    older = asyncio.create_task(exporter.publish(_state(_views(3000), 1.0)))
     await asyncio.sleep(0)  # the worker thread is rendering the big, older state
     newer = _views(2, desc="newest")
-    exporter.publish(_state(newer, 2.0))
+    exporter.publish_now(_state(newer, 2.0))
     await older
     async with aiohttp.ClientSession() as session, session.get(_url(exporter)) as resp:
         text = await resp.text()
@@ -235,7 +235,7 @@ async def test_tls(self_signed: tuple[Path, Path], metrics: SelfMetrics) -> None
     views = _views(20)
     async with PrometheusExporter(listen="127.0.0.1:0", self_metrics=metrics,
                                   tls_cert=cert, tls_key=key) as exp:
-        exp.publish(_state(views))
+        exp.publish_now(_state(views))
         trusting = ssl.create_default_context(cafile=str(cert))
         status, body = await asyncio.to_thread(_fetch, _url(exp, scheme="https"), trusting)
         assert status == 200
@@ -261,7 +261,7 @@ def _has_ipv6_loopback() -> bool:
 async def test_ipv6_listen(metrics: SelfMetrics) -> None:
     views = _views(3)
     async with PrometheusExporter(listen="[::1]:0", self_metrics=metrics) as exp:
-        exp.publish(_state(views))
+        exp.publish_now(_state(views))
         status, body = await asyncio.to_thread(_fetch, _url(exp, host="[::1]"))
     assert status == 200
     assert body == metrics.render() + _ports_body(views)
@@ -278,7 +278,7 @@ async def test_scrape_in_flight_keeps_its_state(exporter: PrometheusExporter,
                                                 metrics: SelfMetrics) -> None:
     """A publish while a slow scraper is mid-body must not mix two states in that body."""
     first = _views(3000)  # ~10 MB, far beyond socket buffers
-    exporter.publish(_state(first, 1.0))
+    exporter.publish_now(_state(first, 1.0))
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.setblocking(False)
@@ -290,7 +290,7 @@ async def test_scrape_in_flight_keeps_its_state(exporter: PrometheusExporter,
         head = await reader.readuntil(b"\r\n\r\n")
         assert b" 200 " in head.split(b"\r\n")[0]
         start = await reader.readexactly(64 * 1024)
-        exporter.publish(_state(_views(3000, base=10**12, desc="second"), 2.0))
+        exporter.publish_now(_state(_views(3000, base=10**12, desc="second"), 2.0))
         await asyncio.sleep(0.05)  # let the server run with the new state in place
         length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
                       if line.lower().startswith(b"content-length:"))

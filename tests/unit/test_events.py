@@ -65,7 +65,7 @@ async def test_file_consumer_appends_json_lines_and_rotates(tmp_path: Path) -> N
     path = tmp_path / "events" / "events.jsonl"
     writer = EventFileWriter(path, max_bytes=2000, backups=2)
     bus = EventBus()
-    task = asyncio.create_task(writer.run(bus.subscribe("file")))
+    task = asyncio.create_task(writer.consume(bus.subscribe("file")))
     for n in range(40):
         bus.publish(ev(n))
         await asyncio.sleep(0)

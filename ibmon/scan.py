@@ -1,0 +1,141 @@
+"""``ibmon scan``: two polls through the one pipeline, printed as a table, JSON or exposition.
+
+The scan shows what the daemon would show at that moment: the same pipeline (tracker and
+detectors) turns the second sample into rates, conditions and BER, and ``--format prom`` is the
+body ``/metrics`` would serve for that state (``exporters.prometheus.exposition``). The first
+poll is the baseline every rate needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import structlog
+
+from exporters.ports import port_json, state_label
+from ibmon.config import Settings, SourceConfig
+from ibmon.detect.engine import ActiveCondition
+from ibmon.model import PortKey, PortView
+from ibmon.pipeline import Pipeline, build_state
+from ibmon.selfmetrics import SelfMetrics
+from ibmon.sources.registry import build_source
+from ibmon.state import FabricState, in_port_order
+
+__all__ = ["Scan", "ScanError", "run_scan"]
+
+log = structlog.get_logger("ibmon.scan")
+
+#: Counters that are not errors (the table's ERRORS column sums the others).
+_NOT_ERRORS = frozenset({"transmit_data", "receive_data", "transmit_wait"})
+
+
+class ScanError(Exception):
+    """The source could not be polled; the message says why (for one line on stderr)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Scan:
+    """The state after the second poll, the conditions firing then, and the self metrics."""
+
+    label: str
+    state: FabricState
+    conditions: tuple[ActiveCondition, ...]
+    metrics: SelfMetrics
+
+    def by_port(self) -> Mapping[PortKey, list[ActiveCondition]]:
+        out: dict[PortKey, list[ActiveCondition]] = {}
+        for a in self.conditions:
+            out.setdefault(a.key, []).append(a)
+        return out
+
+    def prom(self) -> bytes:
+        from exporters.prometheus import exposition
+
+        return exposition(self.metrics, self.state)
+
+    def json(self) -> str:
+        by_port = self.by_port()
+        views = in_port_order(self.state.ports.values())
+        ports = [port_json(v, by_port.get(v.key, [])) for v in views]
+        return json.dumps({"source": self.label, "ports": ports}, indent=2) + "\n"
+
+    def table(self) -> str:
+        return render_table(in_port_order(self.state.ports.values()))
+
+
+async def run_scan(cfg: SourceConfig, settings: Settings, *, interval: float) -> Scan:
+    """Poll ``cfg``'s source twice, ``interval`` seconds apart; ScanError if a poll fails."""
+    source = build_source(cfg)
+    pipeline = Pipeline(
+        cfg,
+        metrics=SelfMetrics(),
+        tables=settings.detect.tables(),
+        fabric=settings.fabric,
+        tick_seconds=settings.detect.tick_seconds,
+        log_failures=False,  # the CLI prints the one error line itself
+    )
+    try:
+        for i in range(2):
+            if i:
+                await asyncio.sleep(interval)
+            await pipeline.poll(source)
+            if pipeline.error is not None:
+                raise ScanError(pipeline.error)
+    finally:
+        try:
+            await asyncio.wait_for(source.close(), timeout=1.0)
+        except Exception as exc:
+            log.warning("source_close_failed", source=cfg.label, error=str(exc) or repr(exc))
+    state = build_state([pipeline])
+    return Scan(cfg.label, state, tuple(pipeline.active()), pipeline.metrics)
+
+
+def _fmt_rate(bps: float | None) -> str:
+    if bps is None:
+        return "-"
+    for unit in ("B/s", "kB/s", "MB/s", "GB/s"):
+        if abs(bps) < 1000:
+            return f"{bps:.1f} {unit}"
+        bps /= 1000
+    return f"{bps:.1f} TB/s"
+
+
+def _fmt_ber(ber: float | None) -> str:
+    return "-" if ber is None else ("0" if not ber else f"{ber:.1e}")
+
+
+def _row(v: PortView) -> tuple[str, ...]:
+    ident = v.identity
+    errors = sum(
+        n for name, n in v.totals.items() if name not in _NOT_ERRORS and "packets" not in name
+    )
+    return (
+        ident.guid,
+        ident.port,
+        (ident.node_desc or ident.device)[:32],
+        state_label(v.state, v.phys_state),
+        _fmt_rate(v.rate_bytes_per_second),
+        _fmt_rate(v.rates.get("transmit_data")),
+        _fmt_rate(v.rates.get("receive_data")),
+        str(errors),
+        _fmt_ber(v.symbol_error_ber),
+        ",".join(sorted(v.saturated)),
+        ",".join(sorted(v.conditions)),
+    )
+
+
+_HEADER = (
+    "GUID", "PORT", "NAME", "STATE", "RATE", "TX", "RX", "ERRORS", "BER", "SATURATED",
+    "CONDITIONS",
+)
+
+
+def render_table(views: list[PortView]) -> str:
+    """Aligned columns, one port a line, in the given order (words start under their header)."""
+    rows: list[tuple[str, ...]] = [_HEADER, *(_row(v) for v in views)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(_HEADER))]
+    lines = ("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+    return "\n".join(lines) + "\n"
