@@ -46,7 +46,7 @@ _NO_NAMES: Final[frozenset[str]] = frozenset()
 _VIEW_FIELDS: Final = (
     "identity", "state", "phys_state", "rate_bytes_per_second", "active_width", "active_speed",
     "link", "totals", "rates", "saturated", "resets", "hw_totals", "hw_rates", "utilization_tx",
-    "utilization_rx", "xmit_wait_ratio",
+    "utilization_rx", "xmit_wait_ratio", "symbol_error_ber", "conditions", "hw_gauges",
 )
 if tuple(f.name for f in fields(PortView))[: len(_VIEW_FIELDS)] != _VIEW_FIELDS:
     # _view passes these positionally; a reordered PortView must fail loudly, not mislabel.
@@ -321,6 +321,9 @@ class Tracker:
             util_tx,
             util_rx,
             wait_ratio,
+            None,  # symbol_error_ber and conditions: the detection engine fills them
+            _NO_NAMES,
+            sample.hw_gauges,  # settings and levels pass through as read (the sample is fresh)
         )
 
     # ------------------------------------------------------------------ persistence
