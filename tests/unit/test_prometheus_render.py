@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import re
 import subprocess
 import sys
@@ -25,7 +26,9 @@ from exporters.render import (
 from ibmon.counters import BY_NAME, CATALOGUE
 from ibmon.model import LinkInfo, PortIdentity, PortView
 from ibmon.selfmetrics import SelfMetrics
+from ibmon.sources.sysfs import SysfsSource
 from ibmon.state import FabricState
+from ibmon.tracker import Tracker
 from tests.syspkg import require_binary
 
 REPO = Path(__file__).resolve().parents[2]
@@ -165,6 +168,24 @@ def test_optional_families_absent_when_nothing_to_report() -> None:
         assert family not in text
     assert "ibmon_port_info{" in text
     assert render_ports([]) == b""
+
+
+async def test_real_mlx5_hw_counters_export_counts_as_totals_and_lifespan_as_gauge() -> None:
+    """A real capture through source, tracker and renderer: the setting is no total."""
+    root = (REPO / ".." / "shared" / "real-fixtures" / "procfs" / "testdata"
+            / "fixtures.ttar.d" / "fixtures" / "sys")
+    if not root.is_dir():
+        if os.environ.get("CI"):
+            pytest.fail(f"real fixtures absent: {root}")
+        pytest.skip(f"real fixtures absent: {root}")
+    snap = await SysfsSource(root=root, include=["mlx5_0"]).sample()
+    text = render_ports(Tracker().update(snap).values()).decode()
+    totals = re.findall(r'^ibmon_port_hw_stat_total\{[^}]*stat="(\w+)"\} \d+$', text, re.M)
+    gauges = re.findall(r'^ibmon_port_hw_stat\{[^}]*stat="(\w+)"\} (\d+)$', text, re.M)
+    assert len(totals) == 24
+    assert "req_cqe_error" in totals
+    assert "lifespan" not in totals
+    assert gauges == [("lifespan", "10")]
 
 
 def test_down_port_without_state_values_keeps_info_and_totals() -> None:
