@@ -20,12 +20,12 @@ from ibmon.detect.base import (
     Finding,
     IncreaseWindow,
     PortDetector,
-    Severity,
     Verdict,
     describe,
     key_from_json,
     key_to_json,
 )
+from ibmon.events import Severity
 from ibmon.linkspeed import SPEED_ORDER, WIDTH_LANES
 from ibmon.model import PortKey, PortState, PortView
 
