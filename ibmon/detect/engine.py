@@ -164,47 +164,57 @@ class Engine:
         now = monotonic
         for det in self.detectors:
             det.begin(now, views)
-            check = det.check
             if det.oneshot:
-                for key, view in views.items():
-                    verdict = check(key, view, now, None)
-                    if isinstance(verdict, Finding):
-                        events.append(
-                            self._event(
-                                det.type,
-                                "firing",
-                                verdict,
-                                view.identity,
-                                peer_ref(view),
-                                wall=wall,
-                            )
-                        )
+                self._instants(det, views, now, wall, events)
             else:
-                active = self._active[det.type]
-                get = active.get
-                for key, view in views.items():
-                    cur = get(key)
-                    verdict = check(key, view, now, cur.finding if cur else None)
-                    if verdict is None:
-                        if cur is not None:
-                            del active[key]
-                            events.append(self._resolved(cur, view, wall))
-                    elif verdict is KEEP:
-                        continue
-                    elif isinstance(verdict, Finding):
-                        self._holds(
-                            kind=det.type,
-                            key=key,
-                            view=view,
-                            finding=verdict,
-                            cur=cur,
-                            wall=wall,
-                            events=events,
-                        )
+                self._conditions(det, views, now, wall, events)
             for identity, finding in det.vanished(now, views):
                 events.append(self._event(det.type, "firing", finding, identity, None, wall=wall))
         self._fill_conditions(views)
         return events
+
+    def _instants(
+        self,
+        det: PortDetector,
+        views: Mapping[PortKey, PortView],
+        now: float,
+        wall: float,
+        events: list[Event],
+    ) -> None:
+        """A oneshot detector: one ``firing`` event per finding, nothing remembered."""
+        check = det.check
+        for key, view in views.items():
+            verdict = check(key, view, now, None)
+            if isinstance(verdict, Finding):
+                events.append(
+                    self._event(det.type, "firing", verdict, view.identity, peer_ref(view),
+                                wall=wall)
+                )
+
+    def _conditions(
+        self,
+        det: PortDetector,
+        views: Mapping[PortKey, PortView],
+        now: float,
+        wall: float,
+        events: list[Event],
+    ) -> None:
+        """A condition detector: edges only, from the verdict against what is active."""
+        check = det.check
+        active = self._active[det.type]
+        get = active.get
+        for key, view in views.items():
+            cur = get(key)
+            verdict = check(key, view, now, cur.finding if cur else None)
+            if verdict is None:
+                if cur is not None:
+                    del active[key]
+                    events.append(self._resolved(cur, view, wall))
+            elif verdict is KEEP:
+                continue
+            elif isinstance(verdict, Finding):
+                self._holds(kind=det.type, key=key, view=view, finding=verdict, cur=cur,
+                            wall=wall, events=events)
 
     def _holds(
         self,
