@@ -129,8 +129,10 @@ class ReferenceCollector(Collector):
                 if spec.name in v.totals:
                     fam.add_metric([v.identity.guid, v.identity.port], v.totals[spec.name])
             yield fam
-        hw = CounterMetricFamily("ibmon_port_hw_counter", "hw_counters.",
-                                 labels=["guid", "port", "counter"])
+        hw = CounterMetricFamily("ibmon_port_hw_stat", "hw_counters.",
+                                 labels=["guid", "port", "stat"])
+        hw_gauge = GaugeMetricFamily("ibmon_port_hw_stat", "hw_counters settings.",
+                                     labels=["guid", "port", "stat"])
         util = GaugeMetricFamily("ibmon_port_utilization_ratio", "Utilization.",
                                  labels=["guid", "port", "direction"])
         wait = GaugeMetricFamily("ibmon_port_transmit_wait_ratio", "Wait.",
@@ -138,14 +140,16 @@ class ReferenceCollector(Collector):
         ber = GaugeMetricFamily("ibmon_port_symbol_error_ber", "BER.", labels=["guid", "port"])
         cond = GaugeMetricFamily("ibmon_port_condition", "Conditions.",
                                  labels=["guid", "port", "condition"])
-        sat = GaugeMetricFamily("ibmon_port_counter_saturated", "Saturated.",
+        sat = GaugeMetricFamily("ibmon_port_saturated", "Saturated.",
                                 labels=["guid", "port", "counter"])
-        resets = CounterMetricFamily("ibmon_port_counter_resets", "Resets.",
+        resets = CounterMetricFamily("ibmon_port_resets", "Resets.",
                                      labels=["guid", "port", "counter"])
         for v in vs:
             g, p = v.identity.guid, v.identity.port
             for name, total in v.hw_totals.items():
                 hw.add_metric([g, p, name], total)
+            for name, value in v.hw_gauges.items():
+                hw_gauge.add_metric([g, p, name], value)
             if v.utilization_tx is not None:
                 util.add_metric([g, p, "transmit"], v.utilization_tx)
             if v.utilization_rx is not None:
@@ -160,7 +164,7 @@ class ReferenceCollector(Collector):
                 sat.add_metric([g, p, c], 1)
             for c, n in sorted(v.resets.items()):
                 resets.add_metric([g, p, c], n)
-        yield from (hw, util, wait, ber, cond, sat, resets)
+        yield from (hw, hw_gauge, util, wait, ber, cond, sat, resets)
 
 
 def reference_render(views: Sequence[PortView]) -> bytes:

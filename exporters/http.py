@@ -16,6 +16,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ibmon.config import parse_listen  # the one listen-address rule, shared with config checks
+
 __all__ = [
     "BasicAuth",
     "Deflated",
@@ -29,26 +31,6 @@ __all__ = [
     "parse_listen",
     "tls_context",
 ]
-
-
-def parse_listen(listen: str) -> tuple[str, int]:
-    """``host:port`` or ``[v6addr]:port`` to ``(host, port)``; ValueError with a usable message.
-
-    An empty host is refused rather than read as "every interface": exposing metrics (node
-    descriptions, topology) to the network should be written down, e.g. ``0.0.0.0:9683``.
-    """
-    host, sep, port_text = listen.rpartition(":")
-    if not sep or not port_text.isdigit() or int(port_text) > 65535:
-        raise ValueError(f"listen address {listen!r}: expected host:port or [ipv6]:port")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-        if not host:
-            raise ValueError(f"listen address {listen!r}: empty IPv6 address")
-    elif ":" in host:
-        raise ValueError(f"listen address {listen!r}: put IPv6 addresses in brackets, [::1]:9683")
-    if not host:
-        raise ValueError(f"listen address {listen!r}: give a host, e.g. 0.0.0.0:9683 for all")
-    return host, int(port_text)
 
 
 def hash_password(password: str) -> str:

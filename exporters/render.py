@@ -13,7 +13,10 @@ Format rules this module keeps (promtool checks them in the tests):
   family name must equal the sample name, otherwise promtool reports "no help text";
 - label values escape backslash, double quote and newline, and are valid UTF-8 (lone surrogates,
   which ``os.fsdecode`` can produce from sysfs, become U+FFFD);
-- floats use Go's spelling for non-finite values: ``NaN``, ``+Inf``, ``-Inf``.
+- floats use Go's spelling for non-finite values: ``NaN``, ``+Inf``, ``-Inf``;
+- no family name contains a type word (promtool's lint): which hardware counter a saturation or
+  reset series is about is its ``counter`` label, and driver ``hw_counters`` are "stats"
+  (``ibmon_port_hw_stat_total`` for counts, ``ibmon_port_hw_stat`` for settings and levels).
 """
 
 from __future__ import annotations
@@ -142,8 +145,11 @@ _COUNTER_HEADERS = tuple(
     (spec.name, spec.metric + "{", _header(spec.metric, "counter", spec.help))
     for spec in CATALOGUE
 )
-_HW_HEADER = _header("ibmon_port_hw_counter_total", "counter",
-                     "Vendor hw_counters of the port (sysfs), software-accumulated.")
+_HW_HEADER = _header("ibmon_port_hw_stat_total", "counter",
+                     "Driver hw_counters of the port that count (sysfs), software-accumulated.")
+_HW_GAUGE_HEADER = _header("ibmon_port_hw_stat", "gauge",
+                           "Driver hw_counters of the port that are settings or levels (sysfs), "
+                           "as read, e.g. lifespan in milliseconds.")
 _UTIL_HEADER = _header("ibmon_port_utilization_ratio", "gauge",
                        "Data rate over link rate, 0 to 1, per direction.")
 _WAIT_HEADER = _header("ibmon_port_transmit_wait_ratio", "gauge",
@@ -152,9 +158,9 @@ _BER_HEADER = _header("ibmon_port_symbol_error_ber", "gauge",
                       "Symbol errors per bit received over the detector's window.")
 _COND_HEADER = _header("ibmon_port_condition", "gauge",
                        "1 while a detector reports the condition on the port.")
-_SAT_HEADER = _header("ibmon_port_counter_saturated", "gauge",
+_SAT_HEADER = _header("ibmon_port_saturated", "gauge",
                       "1 while the hardware counter is stuck at its maximum (rate unknown).")
-_RESETS_HEADER = _header("ibmon_port_counter_resets_total", "counter",
+_RESETS_HEADER = _header("ibmon_port_resets_total", "counter",
                          "Hardware counter resets ibmon observed and accumulated across.")
 
 
@@ -250,62 +256,10 @@ class PortRenderer:
 
     def series_chunks(self, views: Sequence[PortView]) -> Iterator[bytes]:
         """Every other family of the views last prepared, encoded one family at a time."""
-        names = self._names
         pairs = [(t.labels, v) for t, v in zip(self._texts, views, strict=True)]
-
-        yield from _some(_family(_STATE_HEADER, [
-            f"ibmon_port_state{{{lb}}} {v.state}\n"
-            for lb, v in pairs if v.state is not None
-        ]))
-        yield from _some(_family(_PHYS_HEADER, [
-            f"ibmon_port_physical_state{{{lb}}} {v.phys_state}\n"
-            for lb, v in pairs if v.phys_state is not None
-        ]))
-        yield from _some(_family(_RATE_HEADER, [
-            f"ibmon_port_rate_bytes_per_second{{{lb}}} {float(v.rate_bytes_per_second)!r}\n"
-            for lb, v in pairs if v.rate_bytes_per_second is not None
-        ], floats=True))
-        totals = [(lb, v.totals) for lb, v in pairs]
-        for name, head, header in _COUNTER_HEADERS:
-            yield from _some(_family(header, [
-                f"{head}{lb}}} {t[name]}\n" for lb, t in totals if name in t
-            ]))
-        del totals
-        yield from _some(_family(_HW_HEADER, [
-            f'ibmon_port_hw_counter_total{{{lb},counter="{names[k]}"}} {n}\n'
-            for lb, v in pairs if v.hw_totals for k, n in v.hw_totals.items()
-        ]))
-        util: list[str] = []
-        for lb, v in pairs:
-            if v.utilization_tx is not None:
-                util.append(f'ibmon_port_utilization_ratio{{{lb},direction="transmit"}} '
-                            f"{float(v.utilization_tx)!r}\n")
-            if v.utilization_rx is not None:
-                util.append(f'ibmon_port_utilization_ratio{{{lb},direction="receive"}} '
-                            f"{float(v.utilization_rx)!r}\n")
-        yield from _some(_family(_UTIL_HEADER, util, floats=True))
-        del util
-        yield from _some(_family(_WAIT_HEADER, [
-            f"ibmon_port_transmit_wait_ratio{{{lb}}} {float(v.xmit_wait_ratio)!r}\n"
-            for lb, v in pairs if v.xmit_wait_ratio is not None
-        ], floats=True))
-        yield from _some(_family(_BER_HEADER, [
-            f"ibmon_port_symbol_error_ber{{{lb}}} {float(v.symbol_error_ber)!r}\n"
-            for lb, v in pairs if v.symbol_error_ber is not None
-        ], floats=True))
-        # frozensets iterate in hash order, which changes between runs: sort for stable output.
-        yield from _some(_family(_COND_HEADER, [
-            f'ibmon_port_condition{{{lb},condition="{names[c]}"}} 1\n'
-            for lb, v in pairs if v.conditions for c in sorted(v.conditions)
-        ]))
-        yield from _some(_family(_SAT_HEADER, [
-            f'ibmon_port_counter_saturated{{{lb},counter="{names[c]}"}} 1\n'
-            for lb, v in pairs if v.saturated for c in sorted(v.saturated)
-        ]))
-        yield from _some(_family(_RESETS_HEADER, [
-            f'ibmon_port_counter_resets_total{{{lb},counter="{names[c]}"}} {n}\n'
-            for lb, v in pairs if v.resets for c, n in sorted(v.resets.items())
-        ]))
+        yield from _link_chunks(pairs)
+        yield from _counter_chunks(pairs, self._names)
+        yield from _health_chunks(pairs, self._names)
 
     def iter_chunks(self, views: Iterable[PortView]) -> Iterator[bytes]:
         """Prepare ``views`` and yield every family's chunk, descriptive families first."""
@@ -319,6 +273,78 @@ class PortRenderer:
 
     def render(self, views: Iterable[PortView]) -> bytes:
         return b"".join(self.iter_chunks(views))
+
+
+_Pairs = list[tuple[str, PortView]]  # (cached guid/port label text, view)
+
+
+def _link_chunks(pairs: _Pairs) -> Iterator[bytes]:
+    """State, physical state and link rate."""
+    yield from _some(_family(_STATE_HEADER, [
+        f"ibmon_port_state{{{lb}}} {v.state}\n"
+        for lb, v in pairs if v.state is not None
+    ]))
+    yield from _some(_family(_PHYS_HEADER, [
+        f"ibmon_port_physical_state{{{lb}}} {v.phys_state}\n"
+        for lb, v in pairs if v.phys_state is not None
+    ]))
+    yield from _some(_family(_RATE_HEADER, [
+        f"ibmon_port_rate_bytes_per_second{{{lb}}} {float(v.rate_bytes_per_second)!r}\n"
+        for lb, v in pairs if v.rate_bytes_per_second is not None
+    ], floats=True))
+
+
+def _counter_chunks(pairs: _Pairs, names: _EscapeMemo) -> Iterator[bytes]:
+    """The catalogue's totals, then the driver's hw_counters (counts, then settings/levels)."""
+    totals = [(lb, v.totals) for lb, v in pairs]
+    for name, head, header in _COUNTER_HEADERS:
+        yield from _some(_family(header, [
+            f"{head}{lb}}} {t[name]}\n" for lb, t in totals if name in t
+        ]))
+    del totals
+    yield from _some(_family(_HW_HEADER, [
+        f'ibmon_port_hw_stat_total{{{lb},stat="{names[k]}"}} {n}\n'
+        for lb, v in pairs if v.hw_totals for k, n in v.hw_totals.items()
+    ]))
+    yield from _some(_family(_HW_GAUGE_HEADER, [
+        f'ibmon_port_hw_stat{{{lb},stat="{names[k]}"}} {n}\n'
+        for lb, v in pairs if v.hw_gauges for k, n in v.hw_gauges.items()
+    ]))
+
+
+def _health_chunks(pairs: _Pairs, names: _EscapeMemo) -> Iterator[bytes]:
+    """Utilization, transmit wait, BER, conditions, saturation and resets."""
+    util: list[str] = []
+    for lb, v in pairs:
+        if v.utilization_tx is not None:
+            util.append(f'ibmon_port_utilization_ratio{{{lb},direction="transmit"}} '
+                        f"{float(v.utilization_tx)!r}\n")
+        if v.utilization_rx is not None:
+            util.append(f'ibmon_port_utilization_ratio{{{lb},direction="receive"}} '
+                        f"{float(v.utilization_rx)!r}\n")
+    yield from _some(_family(_UTIL_HEADER, util, floats=True))
+    del util
+    yield from _some(_family(_WAIT_HEADER, [
+        f"ibmon_port_transmit_wait_ratio{{{lb}}} {float(v.xmit_wait_ratio)!r}\n"
+        for lb, v in pairs if v.xmit_wait_ratio is not None
+    ], floats=True))
+    yield from _some(_family(_BER_HEADER, [
+        f"ibmon_port_symbol_error_ber{{{lb}}} {float(v.symbol_error_ber)!r}\n"
+        for lb, v in pairs if v.symbol_error_ber is not None
+    ], floats=True))
+    # frozensets iterate in hash order, which changes between runs: sort for stable output.
+    yield from _some(_family(_COND_HEADER, [
+        f'ibmon_port_condition{{{lb},condition="{names[c]}"}} 1\n'
+        for lb, v in pairs if v.conditions for c in sorted(v.conditions)
+    ]))
+    yield from _some(_family(_SAT_HEADER, [
+        f'ibmon_port_saturated{{{lb},counter="{names[c]}"}} 1\n'
+        for lb, v in pairs if v.saturated for c in sorted(v.saturated)
+    ]))
+    yield from _some(_family(_RESETS_HEADER, [
+        f'ibmon_port_resets_total{{{lb},counter="{names[c]}"}} {n}\n'
+        for lb, v in pairs if v.resets for c, n in sorted(v.resets.items())
+    ]))
 
 
 def _some(chunk: bytes) -> Iterator[bytes]:
@@ -337,7 +363,6 @@ def _family(header: str, lines: list[str], *, floats: bool = False) -> bytes:
     if floats:
         text = _fix_non_finite(text)
     return text.encode("utf-8")
-
 
 
 def render_ports(ports: Iterable[PortView]) -> bytes:

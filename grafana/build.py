@@ -18,6 +18,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from ibmon.detect.congestion import CongestionSettings
+from ibmon.detect.errors import HighBerSettings
+from ibmon.detect.link import LinkFlappingSettings
+
 __all__ = ["DASHBOARDS", "OUT_DIR", "check", "dashboards", "panel_exprs", "render", "write"]
 
 Json = dict[str, Any]
@@ -31,8 +35,14 @@ RI = "$__rate_interval"
 NODE = "* on(guid, port) group_left(node_desc) ibmon_port_info"
 SWITCH_PORTS = 'max by (guid, port) (ibmon_port_info{node_type="switch"})'
 SWITCH_NAMES = 'max by (guid, node_desc) (ibmon_port_info{node_type="switch"})'
-HOTSPOT_UTILIZATION = 0.4  # [detect.congestion] hotspot_utilization default
-CONGESTED = 0.10  # [detect.congestion] warning default
+# Thresholds the panels draw and explain are the detectors' defaults, read from their settings
+# models: a changed default changes the dashboards (and --check fails until they are rebuilt).
+_CONGESTION = CongestionSettings()
+HOTSPOT_UTILIZATION = _CONGESTION.hotspot_utilization
+CONGESTED = _CONGESTION.warning
+_BER = HighBerSettings()
+_FLAP = LinkFlappingSettings()
+FLAP_RULE = f"{_FLAP.count} or more link-downs in {_FLAP.window / 60:g} minutes"
 
 
 # --- panels ---------------------------------------------------------------------------------
@@ -308,7 +318,7 @@ def link_health() -> Json:
         stat("High BER", "Ports whose symbol-error BER the detector flags.",
              'count(ibmon_port_condition{condition="high_ber"} == 1) or vector(0)', "none",
              thresholds=((None, "green"), (1, "orange"))),
-        stat("Flapping", "Links with 3 or more link-downs in 10 minutes.",
+        stat("Flapping", f"Links with {FLAP_RULE}.",
              'count(ibmon_port_condition{condition="flapping"} == 1) or vector(0)', "none",
              thresholds=((None, "green"), (1, "orange"))),
         stat("Degraded", "Links below the width or speed both ends support.",
@@ -319,15 +329,15 @@ def link_health() -> Json:
              'count(ibmon_port_condition{condition="link_integrity"} == 1) or vector(0)',
              "none", thresholds=((None, "green"), (1, "red"))),
         timeseries("Symbol error BER (worst 10)", "Symbol errors over bits carried, over "
-                   "ibmon's sliding window. IBTA limit 1e-12; ibmon warns at 1e-12 and is "
-                   "critical at 1e-10.",
+                   f"ibmon's sliding window. IBTA limit 1e-12; ibmon warns at {_BER.warning:g} "
+                   f"and is critical at {_BER.critical:g}.",
                    [(f"topk(10, ibmon_port_symbol_error_ber > 0) {NODE}",
                      "{{node_desc}} [{{port}}]")], "sci", log=True),
         timeseries("Symbol errors per second (worst 10)", "Rate of SymbolErrorCounter.",
                    [(f"topk(10, rate(ibmon_port_symbol_errors_total[{RI}]) {NODE})",
                      "{{node_desc}} [{{port}}]")], "cps"),
-        timeseries("Link downs (flaps)", "LinkDownedCounter increases per port; three within "
-                   "10 minutes is flapping.",
+        timeseries("Link downs (flaps)", "LinkDownedCounter increases per port; "
+                   f"{FLAP_RULE} is flapping.",
                    [(f"topk(10, increase(ibmon_port_link_downed_total[{RI}]) {NODE})",
                      "{{node_desc}} [{{port}}]")], "none", bars=True),
         timeseries("Link error recoveries and integrity errors", "Retrains, local link "

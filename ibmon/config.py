@@ -7,6 +7,7 @@ which the CLI prints before exiting 2.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import tomllib
 from contextvars import ContextVar
@@ -78,15 +79,37 @@ Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
-    """Split ``host:port`` or ``[v6addr]:port`` into host and port."""
-    m = re.fullmatch(r"\[([0-9a-fA-F:.%a-zA-Z]+)\]:(\d+)|([^:\[\]]+):(\d+)", listen.strip())
-    if not m:
-        raise ValueError(f"listen address {listen!r} must be host:port or [ipv6]:port")
-    host = m.group(1) or m.group(3)
-    port = int(m.group(2) or m.group(4))
-    if not 0 <= port <= 65535:
-        raise ValueError(f"port {port} out of range 0-65535")
-    return host, port
+    """``host:port`` or ``[v6addr]:port`` to ``(host, port)``; ValueError with a usable message.
+
+    The one listen-address rule, used by config validation and by the exporter alike, so a
+    value ``check-config`` accepts is one the server can bind. An empty host is refused rather
+    than read as "every interface": exposing metrics (node descriptions, topology) to the
+    network should be written down, e.g. ``0.0.0.0:9683``. IPv6 addresses go in brackets (a
+    bare ``::1:9683`` is ambiguous); port 0 asks the kernel for a free port.
+    """
+    host, sep, port_text = listen.rpartition(":")
+    if (
+        not sep
+        or not (port_text.isascii() and port_text.isdigit())
+        or int(port_text) > 65535
+        or any(ch.isspace() for ch in listen)
+    ):
+        raise ValueError(f"listen address {listen!r}: expected host:port or [ipv6]:port")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(
+                f"listen address {listen!r}: brackets hold an IPv6 address, e.g. [::1]:9683"
+            ) from None
+    elif ":" in host:
+        raise ValueError(f"listen address {listen!r}: put IPv6 addresses in brackets, [::1]:9683")
+    elif "[" in host or "]" in host:
+        raise ValueError(f"listen address {listen!r}: unbalanced brackets")
+    if not host:
+        raise ValueError(f"listen address {listen!r}: give a host, e.g. 0.0.0.0:9683 for all")
+    return host, int(port_text)
 
 
 class _Section(BaseModel):

@@ -17,7 +17,10 @@ __all__ = [
     "CATALOGUE",
     "DATA_MULTIPLIER",
     "EXTENDED",
+    "HW_GAUGE_NAMES",
+    "HW_GAUGE_PREFIXES",
     "CounterSpec",
+    "is_hw_gauge",
     "markdown_table",
 ]
 
@@ -139,6 +142,25 @@ BY_SYSFS_EXT: dict[str, CounterSpec] = {c.sysfs_ext: c for c in CATALOGUE if c.s
 #: Counters that PortCountersExtended always carries as 64-bit fields (the legacy ``counters_ext/``
 #: files); the error counters have 64-bit copies only with CapMask2 bit 1.
 EXTENDED: frozenset[str] = frozenset(c.name for c in CATALOGUE if c.sysfs_ext)
+
+
+#: Files in a port's ``hw_counters/`` directory that are not counts. The kernel's RDMA core adds
+#: ``lifespan`` to every such directory: how long (ms) read values are cached, a writable setting.
+HW_GAUGE_NAMES: frozenset[str] = frozenset({"lifespan"})
+#: Driver statistics that are levels, not counts: Broadcom bnxt_re reports the objects in use now
+#: (``active_qps``, ``active_mrs``...) and the most ever in use (``watermark_qps``...). The mlx5
+#: capture in the tests has no other non-count entry.
+HW_GAUGE_PREFIXES: tuple[str, ...] = ("active_", "watermark_")
+
+
+def is_hw_gauge(name: str) -> bool:
+    """True for an ``hw_counters/`` entry that must be exported as it is, never accumulated.
+
+    Accumulating a level or a setting as a total would turn every decrease into a "reset" and
+    make ``rate()`` meaningless, so these become ``ibmon_port_hw_stat{stat}`` gauges instead of
+    ``ibmon_port_hw_stat_total{stat}``.
+    """
+    return name in HW_GAUGE_NAMES or name.startswith(HW_GAUGE_PREFIXES)
 
 
 def markdown_table() -> str:

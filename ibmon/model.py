@@ -121,7 +121,9 @@ class PortSample:
 
     ``counters`` maps catalogue names to raw values (data counters still in 4-octet words).
     ``wide`` names the counters that were read from a 64-bit field; all others are taken to
-    have the catalogue's narrow width and to saturate there.
+    have the catalogue's narrow width and to saturate there. ``hw_counters`` are driver counts
+    (accumulated like counters); ``hw_gauges`` are driver entries that are settings or levels
+    (``lifespan``, ``active_qps``): reported as read, never accumulated.
     """
 
     identity: PortIdentity
@@ -134,6 +136,7 @@ class PortSample:
     wide: frozenset[str] = frozenset()
     hw_counters: dict[str, int] = field(default_factory=dict)
     link: LinkInfo | None = None
+    hw_gauges: dict[str, int] = field(default_factory=dict)
 
     @property
     def key(self) -> PortKey:
@@ -166,7 +169,8 @@ class PortView:
 
     ``totals`` are software-accumulated (bytes for data counters) and never decrease. ``rates``
     are per second and absent for a counter that is saturated or has no previous sample.
-    ``resets`` lists only counters that were reset at least once.
+    ``resets`` lists only counters that were reset at least once. ``hw_gauges`` are the
+    sample's driver settings and levels, as read.
     """
 
     identity: PortIdentity
@@ -187,6 +191,7 @@ class PortView:
     xmit_wait_ratio: float | None = None
     symbol_error_ber: float | None = None
     conditions: frozenset[str] = frozenset()
+    hw_gauges: dict[str, int] = field(default_factory=dict)
 
     @property
     def key(self) -> PortKey:

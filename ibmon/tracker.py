@@ -47,7 +47,7 @@ _ACTIVE: Final = int(PortState.ACTIVE)
 _VIEW_FIELDS: Final = (
     "identity", "state", "phys_state", "rate_bytes_per_second", "active_width", "active_speed",
     "link", "totals", "rates", "saturated", "resets", "hw_totals", "hw_rates", "utilization_tx",
-    "utilization_rx", "xmit_wait_ratio",
+    "utilization_rx", "xmit_wait_ratio", "symbol_error_ber", "conditions", "hw_gauges",
 )
 if tuple(f.name for f in fields(PortView))[: len(_VIEW_FIELDS)] != _VIEW_FIELDS:
     # _view passes these positionally; a reordered PortView must fail loudly, not mislabel.
@@ -330,6 +330,9 @@ class Tracker:
             util_tx,
             util_rx,
             wait_ratio,
+            None,  # symbol_error_ber and conditions: the detection engine fills them
+            _NO_NAMES,
+            sample.hw_gauges,  # settings and levels pass through as read (the sample is fresh)
         )
 
     # ------------------------------------------------------------------ persistence

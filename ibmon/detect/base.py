@@ -12,10 +12,11 @@ import builtins
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Final, Literal
+from typing import Any, ClassVar, Final
 
 from pydantic import BaseModel, ConfigDict
 
+from ibmon.events import EventType, Severity
 from ibmon.model import PortKey, PortView
 
 __all__ = [
@@ -30,9 +31,6 @@ __all__ = [
     "key_from_json",
     "key_to_json",
 ]
-
-Severity = Literal["info", "warning", "critical"]
-
 
 class Keep:
     """The "no opinion this poll" verdict (a singleton)."""
@@ -82,7 +80,7 @@ class PortDetector:
     monotonic) so they survive a reboot, when the monotonic clock restarts.
     """
 
-    type: ClassVar[str]
+    type: ClassVar[EventType]
     condition: ClassVar[str | None] = None
     oneshot: ClassVar[bool] = False
     settings_model: ClassVar[builtins.type[DetectorSettings]] = DetectorSettings

@@ -19,12 +19,12 @@ from ibmon.detect.base import (
     Finding,
     IncreaseWindow,
     PortDetector,
-    Severity,
     Verdict,
     describe,
     key_from_json,
     key_to_json,
 )
+from ibmon.events import Severity
 from ibmon.model import PortKey, PortState, PortView
 
 __all__ = ["Discards", "HighBer", "LinkIntegrity", "ReceiveErrors"]

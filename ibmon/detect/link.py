@@ -20,22 +20,21 @@ from ibmon.detect.base import (
     Finding,
     IncreaseWindow,
     PortDetector,
-    Severity,
     Verdict,
     describe,
     key_from_json,
     key_to_json,
 )
+from ibmon.events import Severity
+from ibmon.linkspeed import SPEED_ORDER, WIDTH_LANES
 from ibmon.model import PortKey, PortState, PortView
 
 __all__ = ["LinkDegraded", "LinkFlapping", "PortDown"]
 
 _ACTIVE = int(PortState.ACTIVE)
 _STATE_NAMES = {s.value: s.name.lower().replace("_", " ") for s in PortState}
-_LANES = {"1X": 1, "2X": 2, "4X": 4, "8X": 8, "12X": 12}
-_SPEED_RANK = {
-    n: i for i, n in enumerate(("SDR", "DDR", "QDR", "FDR10", "FDR", "EDR", "HDR", "NDR", "XDR"))
-}
+# Derived from linkspeed's tables (the one copy), never restated here.
+_SPEED_RANK = {name: i for i, name in enumerate(SPEED_ORDER)}
 
 
 class PortDownSettings(DetectorSettings):
@@ -211,7 +210,7 @@ class LinkDegraded(PortDetector):
     def _fabric(
         self, view: PortView, width: str, speed: str, max_width: str, max_speed: str
     ) -> Verdict:
-        lanes, max_lanes = _LANES.get(width), _LANES.get(max_width)
+        lanes, max_lanes = WIDTH_LANES.get(width), WIDTH_LANES.get(max_width)
         rank, max_rank = _SPEED_RANK.get(speed), _SPEED_RANK.get(max_speed)
         if lanes is None or max_lanes is None or rank is None or max_rank is None:
             return KEEP

@@ -5,9 +5,12 @@ Not a port detector: the daemon reports each poll's outcome and gets back the ed
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field
 
-from ibmon.detect.base import DetectorSettings, Finding, Severity
+from ibmon.detect.base import DetectorSettings, Finding
+from ibmon.events import EventType, Severity
 
 __all__ = ["SourceFailed", "SourceFailedSettings"]
 
@@ -20,7 +23,7 @@ class SourceFailedSettings(DetectorSettings):
 class SourceFailed:
     """Tracks consecutive failures of one source; ``observe`` returns the edge verdict."""
 
-    type = "source_failed"
+    type: ClassVar[EventType] = "source_failed"
 
     def __init__(self, settings: SourceFailedSettings, source: str) -> None:
         self.settings = settings

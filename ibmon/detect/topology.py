@@ -16,12 +16,12 @@ from ibmon.detect.base import (
     DetectorSettings,
     Finding,
     PortDetector,
-    Severity,
     Verdict,
     describe,
     key_from_json,
     key_to_json,
 )
+from ibmon.events import Severity
 from ibmon.model import PortIdentity, PortKey, PortView
 
 __all__ = ["TopologyChanged"]

@@ -32,9 +32,11 @@ Decisions a user can rely on:
   wide (it cannot have come from the narrow field). Legacy ``counters_ext/`` (mlx4, kernels before
   4.5) values are 64-bit and preferred over the same counter in ``counters/``; if the legacy file
   is unreadable the ``counters/`` value is kept.
-- ``hw_counters/`` of each port are read generically (name -> int), except ``lifespan``, which is
-  the driver's cache lifetime setting in milliseconds, not a counter. Device-level
-  ``hw_counters/`` are not read yet (``PortSample`` has no place for them).
+- ``hw_counters/`` of each port are read generically (name -> int). Entries that are settings or
+  levels rather than counts (``lifespan``, the kernel's cache lifetime in milliseconds, and
+  driver levels such as bnxt_re's ``active_*``/``watermark_*``: ``ibmon.counters.is_hw_gauge``)
+  go to ``PortSample.hw_gauges``, the rest to ``hw_counters``. Device-level ``hw_counters/``
+  are not read yet (``PortSample`` has no place for them).
 - ``node_type`` ``2`` is a switch, ``3`` a router; every other type (CA, RNIC, usNIC) is ``ca``.
 - Directory listings are cached at discovery; each poll only lists ``class/infiniband`` and each
   device's ``ports/`` to notice a device or port that appeared or vanished, and re-discovers then.
@@ -64,7 +66,7 @@ from pathlib import Path
 
 import structlog
 
-from ibmon.counters import BY_NAME, BY_SYSFS, BY_SYSFS_EXT, EXTENDED
+from ibmon.counters import BY_NAME, BY_SYSFS, BY_SYSFS_EXT, EXTENDED, is_hw_gauge
 from ibmon.model import (
     PortIdentity,
     PortKey,
@@ -104,7 +106,6 @@ _EXT_TABLE_MARKERS = frozenset(
         "multicast_receive_packets",
     )
 )
-_HW_NOT_COUNTERS = frozenset({"lifespan"})
 _NODE_TYPES = {2: "switch", 3: "router"}
 _RATE_RE = re.compile(
     r"^(?P<num>\d+(?:\.\d+)?)\s*G[bB](?:/sec|/s|ps)(?:\s*\((?P<detail>[^)]*)\))?$"
@@ -228,7 +229,8 @@ class _Port:
     port: str
     # (catalogue name, path, narrow maximum, wide whenever read)
     counters: list[tuple[str, str, int, bool]]
-    hw: list[tuple[str, str]]
+    hw: list[tuple[str, str]]  # (name, path) of hw_counters/ entries that count
+    hw_gauges: list[tuple[str, str]]  # ... and of those that are settings or levels
     lid: str | None
     sm_lid: str | None
     state: str | None
@@ -363,6 +365,8 @@ class SysfsSource:
                             "link_layer" in attrs)
         link_layer = ll_raw.decode("ascii", "replace").strip() if ll_raw else ""
         lid, sm_lid = attr("lid"), attr("sm_lid")
+        hw_dir = os.path.join(base, "hw_counters")
+        hw = [(h, os.path.join(hw_dir, h)) for h in sorted(_listdir(hw_dir))]
         identity = dataclasses.replace(
             template,
             port=key[1],
@@ -376,11 +380,8 @@ class SysfsSource:
             device=template.device,
             port=key[1],
             counters=self._counter_plan(base),
-            hw=[
-                (h, os.path.join(base, "hw_counters", h))
-                for h in sorted(_listdir(os.path.join(base, "hw_counters")))
-                if h not in _HW_NOT_COUNTERS
-            ],
+            hw=[(h, path) for h, path in hw if not is_hw_gauge(h)],
+            hw_gauges=[(h, path) for h, path in hw if is_hw_gauge(h)],
             lid=lid,
             sm_lid=sm_lid,
             state=attr("state"),
@@ -487,18 +488,8 @@ class SysfsSource:
                     wide.add(cname)
             else:
                 self._fail(errors, _text_reason(s), path, key)
-        hw: dict[str, int] = {}
-        for hname, path in p.hw:
-            try:
-                raw = rd(path)
-            except OSError as exc:
-                self._fail(errors, _oserror_reason(exc), path, key)
-                continue
-            s = raw.strip()
-            if s.isdigit():
-                hw[hname] = int(s)
-            else:
-                self._fail(errors, _text_reason(s), path, key)
+        hw = self._read_hw(p.hw, key, errors)
+        hw_gauges = self._read_hw(p.hw_gauges, key, errors) if p.hw_gauges else {}
 
         lid = self._parsed(p.lid, key, errors, parse_lid)
         sm_lid = self._parsed(p.sm_lid, key, errors, parse_lid)
@@ -517,6 +508,7 @@ class SysfsSource:
             counters=values,
             wide=frozenset(wide),
             hw_counters=hw,
+            hw_gauges=hw_gauges,
         )
         if p.rate is not None:
             rate_raw = self._read(p.rate, key, errors, True)
@@ -541,6 +533,24 @@ class SysfsSource:
         except OSError as exc:
             self._fail(errors, _oserror_reason(exc), path, key)
             return None
+
+    def _read_hw(
+        self, files: list[tuple[str, str]], key: PortKey, errors: list[SourceError]
+    ) -> dict[str, int]:
+        """``hw_counters/`` entries as name -> int; a bad file costs only its own value."""
+        out: dict[str, int] = {}
+        for name, path in files:
+            try:
+                raw = read_sysfs(path)
+            except OSError as exc:
+                self._fail(errors, _oserror_reason(exc), path, key)
+                continue
+            s = raw.strip()
+            if s.isdigit():
+                out[name] = int(s)
+            else:
+                self._fail(errors, _text_reason(s), path, key)
+        return out
 
     def _parsed(
         self,

@@ -14,7 +14,10 @@ import pytest
 import yaml
 
 from ibmon.config import load_settings
+from ibmon.detect.congestion import CongestionSettings
 from ibmon.detect.engine import parse_detect_tables
+from ibmon.detect.errors import HighBerSettings
+from ibmon.detect.link import LinkFlappingSettings
 from tests.promql_sources import ALERT_RULES, RECORDING_RULES, REPO, rule_exprs
 from tests.syspkg import require_binary
 
@@ -118,6 +121,36 @@ def test_rules_use_rate_or_increase_on_counters_never_delta() -> None:
             assert re.search(r"\b(rate|increase)\($", before), (
                 f"{e.where}: counter {m.group()} not inside rate()/increase()"
             )
+
+
+def _alert(name: str, severity: str) -> dict[str, Any]:
+    (rule,) = [r for r in alerts() if r["alert"] == name and r["labels"]["severity"] == severity]
+    return rule
+
+
+def _threshold(expr: str, metric: str) -> float:
+    (value,) = re.findall(rf"{metric}\s*>=\s*([0-9.e+-]+)", expr)
+    return float(value)
+
+
+def test_rule_levels_equal_the_detector_defaults() -> None:
+    """The levels the rules restate (their header says so) are the [detect] defaults."""
+    ber, congestion, flap = HighBerSettings(), CongestionSettings(), LinkFlappingSettings()
+    rule = _alert("IBLinkHighBER", "critical")
+    assert _threshold(rule["expr"], "ibmon_port_symbol_error_ber") == ber.critical
+    assert f"critical at {ber.critical:g}" in rule["annotations"]["description"]
+    rule = _alert("IBPortCongestion", "critical")
+    assert _threshold(rule["expr"], "ibmon_port_transmit_wait_ratio") == congestion.critical
+    assert f"critical at {congestion.critical:.0%}" in rule["annotations"]["description"]
+    # the warning's runbook tells hotspot from backpressure at the detector's utilization
+    text = _alert("IBPortCongestion", "warning")["annotations"]["description"]
+    assert f"ge (first . | value) {congestion.hotspot_utilization}" in text
+    rule = _alert("IBLinkFlapping", "warning")
+    assert f"[{flap.window / 60:g}m]" in rule["expr"]
+    assert f"ibmon flags {flap.count} or more" in rule["annotations"]["description"]
+    header = ALERT_RULES.read_text(encoding="utf-8").split("groups:", 1)[0]
+    assert f"BER >= {ber.critical:g}" in header
+    assert f"wait ratio >= {congestion.critical:g}" in header
 
 
 # --- Alertmanager ---------------------------------------------------------------------------

@@ -5,16 +5,21 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import get_args
 
 import pytest
+from pydantic import ValidationError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from detect_views import view
 
 from ibmon.config import ConfigError, load_settings
+from ibmon.detect.base import Finding, PortDetector, Verdict
 from ibmon.detect.engine import DETECTORS, Engine
-from ibmon.events import Event
+from ibmon.detect.source import SourceFailed
+from ibmon.events import EVENT_TYPES, SEVERITIES, Event, severity_rank
+from ibmon.model import PortKey, PortView
 
 
 def step(engine: Engine, t: float, *, boot: float = 1e9, **fields: object) -> list[Event]:
@@ -125,3 +130,56 @@ def test_event_json_follows_the_contract() -> None:
     assert data["fabric"] == "prod"
     assert data["port"] == {"guid": "0x0002c90300a1b2c3", "port": "1",
                             "node_desc": "host042 mlx5_0", "device": "mlx5_0", "lid": 7}
+
+
+def test_event_types_are_the_detectors_plus_source_failed() -> None:
+    """One list of event types: every detector's, plus the one the engine raises itself."""
+    assert len(set(EVENT_TYPES)) == len(EVENT_TYPES)
+    assert set(EVENT_TYPES) == set(DETECTORS) | {SourceFailed.type}
+    assert SourceFailed.type not in DETECTORS
+
+
+def test_conditions_are_the_design_contract() -> None:
+    """``ibmon_port_condition{condition}`` values: the rules and dashboards select on these."""
+    conditions = [cls.condition for cls in DETECTORS.values() if cls.condition is not None]
+    assert sorted(conditions) == sorted([
+        "down", "degraded", "flapping", "high_ber", "link_integrity", "receive_errors",
+        "discards", "congestion"])
+
+
+def test_a_detector_with_an_unknown_type_fails_at_engine_construction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Bogus(PortDetector):
+        type = "port_gone"  # type: ignore[assignment]
+
+    monkeypatch.setitem(DETECTORS, "port_gone", Bogus)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="unknown event type 'port_gone'"):
+        Engine()
+
+
+def test_engine_events_are_validated_so_a_bad_finding_fails_where_it_is_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A severity the Event model does not know is an error at the engine, not in a consumer."""
+    original = DETECTORS["congestion"].check
+
+    def fatal(self: PortDetector, key: PortKey, view: PortView, now: float,
+              active: Finding | None) -> Verdict:
+        verdict = original(self, key, view, now, active)
+        return Finding("fatal", 1.0) if isinstance(verdict, Finding) else verdict  # type: ignore[arg-type]
+
+    engine = Engine()
+    for t in range(2):
+        step(engine, t, xmit_wait_ratio=0.3, utilization_tx=0.9)
+    monkeypatch.setattr(DETECTORS["congestion"], "check", fatal)
+    with pytest.raises(ValidationError, match="severity"):
+        step(engine, 2, xmit_wait_ratio=0.3, utilization_tx=0.9)
+
+
+def test_severities_are_one_ordered_list() -> None:
+    assert SEVERITIES == ("info", "warning", "critical")
+    assert [severity_rank(s) for s in SEVERITIES] == [0, 1, 2]
+    assert set(SEVERITIES) == set(get_args(Event.model_fields["severity"].annotation))
+    with pytest.raises(KeyError):
+        severity_rank("fatal")

@@ -11,6 +11,7 @@ from detect_views import GUID, PEER, link, view
 
 from ibmon.detect.engine import Engine
 from ibmon.events import Event
+from ibmon.linkspeed import SPEED_ORDER, WIDTH_LANES, is_degraded
 from ibmon.model import LinkInfo, PortView
 
 
@@ -55,6 +56,19 @@ def test_degraded_fabric_link_uses_max_common_width_and_speed() -> None:
     (done,) = step(engine, [view(link=link())], 2)
     assert done.status == "resolved"
     assert step(engine, [view(link=link(speed="FDR", max_speed="FDR"))], 3) == []
+
+
+def test_degraded_agrees_with_linkspeed_on_every_width_and_speed() -> None:
+    """The detector orders widths and speeds by linkspeed's tables, the one copy of them."""
+    widths = sorted(WIDTH_LANES, key=WIDTH_LANES.__getitem__)
+    cases = [(w, "EDR", m, "EDR") for w in widths for m in widths]
+    cases += [("4X", s, "4X", m) for s in SPEED_ORDER for m in SPEED_ORDER]
+    for n, (w, s, mw, ms) in enumerate(cases):
+        engine = Engine()
+        fired = step(engine, [view(link=link(width=w, speed=s, max_width=mw, max_speed=ms))], n)
+        assert bool(fired) == is_degraded(w, s, mw, ms), (w, s, mw, ms)
+    # a speed linkspeed does not know gives no opinion rather than a guess
+    assert step(Engine(), [view(link=link(speed="ZDR", max_speed="XDR"))], 0) == []
 
 
 def test_node_local_degraded_against_majority_and_expected_rate() -> None:

@@ -47,6 +47,7 @@ def full_view() -> PortView:
         rates={spec.name: 1.0 for spec in CATALOGUE},
         saturated=frozenset({"symbol_errors"}), resets={"transmit_data": 1},
         hw_totals={"out_of_buffer": 1}, hw_rates={"out_of_buffer": 1.0},
+        hw_gauges={"lifespan": 10},
         utilization_tx=0.5, utilization_rx=0.25, xmit_wait_ratio=0.1, symbol_error_ber=1e-12,
         conditions=frozenset(CONDITIONS),
     )
@@ -104,10 +105,15 @@ def test_reference_exposition_has_the_contract_metrics(known: dict[str, set[str]
     for name in ("ibmon_port_condition", "ibmon_port_transmit_wait_ratio",
                  "ibmon_port_symbol_error_ber", "ibmon_events_total", "ibmon_mqtt_connected",
                  "ibmon_mqtt_published_total", "ibmon_mqtt_dropped_total", "ibmon_link_info",
-                 "ibmon_port_counter_saturated", "ibmon_source_poll_errors_total",
+                 "ibmon_port_saturated", "ibmon_port_resets_total", "ibmon_port_hw_stat_total",
+                 "ibmon_port_hw_stat", "ibmon_source_poll_errors_total",
                  "ibmon_source_poll_duration_seconds_bucket"):
         assert name in known, name
     assert known["ibmon_port_condition"] == {"guid", "port", "condition"}
+    assert known["ibmon_port_saturated"] == {"guid", "port", "counter"}
+    assert known["ibmon_port_hw_stat"] == {"guid", "port", "stat"}
+    # promtool's lint: no metric name contains a type word ("counter" is a label here)
+    assert not [n for n in known if re.search(r"counter|gauge|histogram|summary", n)]
     assert known["ibmon_port_info"] == {"guid", "port", "device", "node_desc", "node_type", "lid",
                                         "link_layer", "source"}
 

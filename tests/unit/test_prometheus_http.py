@@ -8,8 +8,11 @@ import random
 import zlib
 from pathlib import Path
 
+import pydantic
 import pytest
 
+import exporters.http
+import ibmon.config
 from exporters.http import (
     BasicAuth,
     accepts_gzip,
@@ -22,6 +25,7 @@ from exporters.http import (
     parse_listen,
 )
 from exporters.prometheus import PrometheusExporter
+from ibmon.config import PrometheusConfig
 from ibmon.selfmetrics import SelfMetrics
 
 
@@ -39,12 +43,23 @@ def test_parse_listen(listen: str, expected: tuple[str, int]) -> None:
     assert parse_listen(listen) == expected
 
 
-@pytest.mark.parametrize(
-    "listen", ["9683", ":9683", "host:", "host:port", "::1:9683", "[]:1", "h:65536", "h:-1"]
-)
+BAD_LISTEN = ["9683", ":9683", "host:", "host:port", "::1:9683", "[]:1", "h:65536", "h:-1",
+              "[127.0.0.1]:80", "[host]:80", "[::1:80", "h]:80", " 127.0.0.1:9683",
+              "127.0.0.1 :9683", "h:\u00b2", "h:+80", "h:٣"]
+
+
+@pytest.mark.parametrize("listen", BAD_LISTEN)
 def test_parse_listen_rejects(listen: str) -> None:
     with pytest.raises(ValueError, match="listen address"):
         parse_listen(listen)
+
+
+@pytest.mark.parametrize("listen", BAD_LISTEN)
+def test_config_refuses_exactly_what_the_exporter_cannot_bind(listen: str) -> None:
+    """One rule: check-config accepts a listen address only if the exporter does."""
+    assert exporters.http.parse_listen is ibmon.config.parse_listen
+    with pytest.raises(pydantic.ValidationError, match="listen address"):
+        PrometheusConfig(listen=listen)
 
 
 @pytest.mark.parametrize(

@@ -101,6 +101,7 @@ async def test_real_mlx5_values_and_identity() -> None:
     assert p.hw_counters["rx_read_requests"] == 175528982
     assert p.hw_counters["req_cqe_error"] == 3481
     assert "lifespan" not in p.hw_counters  # a cache setting in ms, not a counter
+    assert p.hw_gauges == {"lifespan": 10}  # ... reported as it is instead
     assert len(p.hw_counters) == 24
 
 
@@ -236,7 +237,8 @@ async def test_identity_from_written_tree(tmp_path: Path) -> None:
 async def test_counters_and_hw_counters(tmp_path: Path) -> None:
     write_device(tmp_path, "mlx5_0", hw_counters={"dev_level": 99})
     write_port(tmp_path, "mlx5_0", 1,
-               hw_counters={"out_of_buffer": 12, "np_cnp_sent": 3, "lifespan": 10})
+               hw_counters={"out_of_buffer": 12, "np_cnp_sent": 3, "lifespan": 10,
+                            "active_qps": 4, "watermark_qps": 9})
     snap = await sample(tmp_path)
     p = snap.ports[(GUID, "1")]
     assert p.counters == {
@@ -251,6 +253,8 @@ async def test_counters_and_hw_counters(tmp_path: Path) -> None:
     }
     assert len(p.counters) == len(FULL_COUNTERS)
     assert p.hw_counters == {"out_of_buffer": 12, "np_cnp_sent": 3}
+    # a setting (the kernel's cache lifetime) and levels (bnxt_re) are not counts
+    assert p.hw_gauges == {"lifespan": 10, "active_qps": 4, "watermark_qps": 9}
     assert (p.rate_bps, p.active_width, p.active_speed) == (100e9, "4X", "EDR")
     assert (p.state, p.phys_state) == (4, 5)
 

@@ -329,6 +329,21 @@ def test_hw_counters_accumulate_as_64bit_with_resets() -> None:
     assert v.hw_rates == {"np_cnp_sent": 0.0}  # out_of_buffer's last read is 2 s old
 
 
+def test_hw_gauges_pass_through_as_read_never_accumulated() -> None:
+    """A setting or level going down is its new value, not a reset, and never a total."""
+    t = Tracker()
+    v = one(t, 0.0, sample(hw={"np_cnp_sent": 5}, hw_gauges={"lifespan": 10, "active_qps": 7}))
+    assert v.hw_gauges == {"lifespan": 10, "active_qps": 7}
+    v = one(t, 1.0, sample(hw={"np_cnp_sent": 6}, hw_gauges={"lifespan": 10, "active_qps": 3}))
+    assert v.hw_gauges == {"lifespan": 10, "active_qps": 3}
+    assert v.hw_totals == {"np_cnp_sent": 6}
+    assert set(v.hw_rates) == {"np_cnp_sent"}
+    assert t.resets_seen == 0
+    assert "active_qps" not in json.dumps(t.dump())  # nothing to resume after a restart
+    v = one(t, 2.0, sample(hw={"np_cnp_sent": 6}))
+    assert v.hw_gauges == {}  # not read this poll: not reported (a level cannot be carried)
+
+
 # --------------------------------------------------------------------------- the view
 
 
