@@ -70,7 +70,7 @@ def port_json(view: PortView, active: Sequence[ActiveCondition] = ()) -> dict[st
         "transmit_wait_ratio": view.xmit_wait_ratio,
         "symbol_error_ber": view.symbol_error_ber,
         "totals": view.totals, "rates": view.rates, "saturated": sorted(view.saturated),
-        "resets": view.resets, "hw_totals": view.hw_totals,
+        "resets": view.resets, "hw_totals": view.hw_totals, "hw_gauges": view.hw_gauges,
         "conditions": sorted(view.conditions),
         "active": [
             {"type": a.type, "severity": a.finding.severity, "since": a.since,
