@@ -697,3 +697,56 @@ def test_containerfile_copies_everything_the_package_build_needs() -> None:
     assert needed <= copied, needed - copied
     image = find("DaemonSet")["spec"]["template"]["spec"]["containers"][0]["image"]
     assert image == f"ibmon:{project['project']['version']}"
+
+
+# --- the README's recipes -------------------------------------------------------------------
+
+README = REPO / "README.md"
+
+
+def readme_block(start: str) -> str:
+    text = README.read_text(encoding="utf-8")
+    begin = text.index(start)
+    return text[begin:text.index("```", begin)]
+
+
+def test_readme_shard_patch_changes_replicas_and_shard_count_together(tmp_path: Path) -> None:
+    """The README's JSON patch for 3 shards, applied as kustomize would: the result validates
+    and its last pod renders shard 2/3."""
+    (patch,) = yaml.safe_load(readme_block("patches:   # in deploy/kubernetes/base"))["patches"]
+    assert patch["target"] == {"kind": "StatefulSet", "name": "ibmon-fabric"}
+    sts = find("StatefulSet")
+    for op in yaml.safe_load(patch["patch"]):
+        assert op["op"] == "replace"
+        *parents, leaf = op["path"].strip("/").split("/")
+        node: Any = sts
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        key: int | str = int(leaf) if isinstance(node, list) else leaf
+        assert key in node or isinstance(node, list), op["path"]
+        node[key] = op["value"]
+    kubernetes_validate.validate(sts, KUBERNETES_VERSIONS[-1], strict=True)
+    (init,) = sts["spec"]["template"]["spec"]["initContainers"]
+    count = {e["name"]: e.get("value") for e in init["env"]}["SHARD_COUNT"]
+    assert count == str(sts["spec"]["replicas"]) == "3"
+    proc, out = run_render("ibmon-fabric-2", tmp_path, count)
+    assert proc.returncode == 0, proc.stderr
+    assert tomllib.loads(out.read_text())["sources"][0]["shard"] == "2/3"
+
+
+def test_readme_secret_commands_create_the_keys_the_pods_mount() -> None:
+    commands = readme_block("kubectl -n ibmon create secret generic ibmon-mqtt")
+    created: dict[str, set[str]] = {}
+    for command in commands.replace("\\\n", " ").splitlines():
+        m = re.search(r"create secret (generic|tls) (\S+)", command)
+        if not m:
+            continue
+        kind, name = m.groups()
+        keys = {"tls.crt", "tls.key"} if kind == "tls" else {
+            f.split("=", 1)[0] for f in re.findall(r"--from-file=(\S+)", command)}
+        created[name] = keys
+    for workload in workloads():
+        for volume in workload["spec"]["template"]["spec"]["volumes"]:
+            if "secret" in volume:
+                secret = volume["secret"]
+                assert {i["key"] for i in secret["items"]} == created[secret["secretName"]]
