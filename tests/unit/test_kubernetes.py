@@ -616,6 +616,8 @@ def test_services_and_servicemonitor_reach_both_workloads() -> None:
         assert service["spec"]["selector"].items() <= pod_labels.items()
         assert workload["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
         assert selector.items() <= service["metadata"]["labels"].items()
+        # A pod whose source fails is not ready but must stay a target (ibmon_source_up 0).
+        assert service["spec"]["publishNotReadyAddresses"] is True
         (port,) = service["spec"]["ports"]
         assert port["name"] == endpoint["port"]
         container_ports = {p["name"]: p["containerPort"] for p in main_container(workload)["ports"]}
