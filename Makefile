@@ -1,35 +1,49 @@
-# Two entry points a newcomer needs: `make demo` and `make test`. Each sets up what it needs.
+# Two entry points a newcomer needs: `make demo` and `make test`. Each installs what it needs and
+# no more: the demo needs only ibmon itself; the tests add pytest, hypothesis, mypy, ruff and the
+# manifest validators (the `test` extra) to the same venv.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
-STAMP   = $(VENV)/.installed
+
+# One stamp per install level, inside the venv so that deleting .venv resets them. Each depends on
+# pyproject.toml (changed dependencies reinstall). Installing the test extra also satisfies the
+# runtime stamp; a venv made by `make demo` gets the test extra the first time `make test` runs.
+PY       = $(BIN)/python
+RUNTIME  = $(VENV)/.installed-runtime
+TESTDEPS = $(VENV)/.installed-test
 
 .PHONY: demo test lint bench venv system-deps clean
 
-$(STAMP): pyproject.toml
+$(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
-	touch $(STAMP)
 
-venv: $(STAMP)
+$(RUNTIME): pyproject.toml | $(PY)
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(TESTDEPS): pyproject.toml | $(PY)
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@ $(RUNTIME)
+
+## A development venv: ibmon (editable) plus the test extra.
+venv: $(TESTDEPS)
 
 ## Run ibmon on the simulated fabric (metrics on http://127.0.0.1:9683/metrics).
-demo: $(STAMP)
+demo: $(RUNTIME)
 	$(BIN)/ibmon demo
 
 system-deps:
 	bash scripts/system-deps.sh
 
 ## Everything CI runs: system packages when missing, venv, lint, type check, full test suite.
-test: system-deps $(STAMP) lint
+test: system-deps $(TESTDEPS) lint
 	$(BIN)/pytest -q
 
-lint: $(STAMP)
+lint: $(TESTDEPS)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-bench: $(STAMP)
+bench: $(TESTDEPS)
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
