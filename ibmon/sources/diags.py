@@ -36,10 +36,17 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Literal, Protocol
 
 from ibmon.model import PortIdentity, PortKey, Snapshot, SourceError, Topology
-from ibmon.sources.fabric import FabricPort, FabricView, NodeFilter, link_of, make_sample
+from ibmon.sources.fabric import (
+    FabricPort,
+    FabricSourceConfig,
+    FabricView,
+    NodeFilter,
+    link_of,
+    make_sample,
+)
 from ibmon.sources.parse import (
     CPI_CAP2_ADDL_EXT,
     PortCounterValues,
@@ -51,17 +58,30 @@ from ibmon.sources.parse import (
 )
 from ibmon.sources.shard import filter_topology, parse_shard
 
-if TYPE_CHECKING:
-    from ibmon.config import DiagsSourceConfig
-
 __all__ = [
     "CommandResult",
     "CommandRunner",
+    "Config",
     "DiagsSource",
+    "DiagsSourceConfig",
     "DiagsUnavailableError",
     "SubprocessRunner",
+    "build",
     "classify",
 ]
+
+
+class DiagsSourceConfig(FabricSourceConfig):
+    """``type = "diags"``: the whole fabric via infiniband-diags processes."""
+
+    type: Literal["diags"] = "diags"
+
+
+Config = DiagsSourceConfig
+
+
+def build(cfg: DiagsSourceConfig) -> DiagsSource:
+    return DiagsSource.from_config(cfg)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,11 +11,41 @@ import fnmatch
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from pydantic import Field
+
+from ibmon.config import Duration, SourceConfigBase
 from ibmon.linkspeed import active_speed, active_width, effective_rate_bps, max_common
 from ibmon.model import LinkInfo, PortIdentity, PortKey, PortSample, Topology, normalize_guid
 from ibmon.sources.parse import PortCounterValues, PortInfo
 
-__all__ = ["FabricPort", "FabricView", "NodeFilter", "link_of", "make_sample"]
+__all__ = [
+    "FabricPort",
+    "FabricSourceConfig",
+    "FabricView",
+    "NodeFilter",
+    "link_of",
+    "make_sample",
+]
+
+
+class FabricSourceConfig(SourceConfigBase):
+    """What the fabric-wide sources (``mad``, ``diags``) are configured with."""
+
+    interval: Duration = 10.0
+    #: local CA whose port the MADs leave from; None = the first CA with an active port
+    ca: str | None = None
+    #: that CA's port; None = its first active port, as infiniband-diags choose (a switch: 0)
+    port: int | None = Field(default=None, ge=0, le=254)
+    topology_interval: Duration = 300.0
+    concurrency: int = Field(default=8, ge=1, le=256)
+    timeout: Duration = 1.0
+    retries: int = Field(default=2, ge=0, le=10)
+    include: list[str] = Field(default_factory=list)
+    exclude: list[str] = Field(default_factory=list)
+    shard: str | None = Field(default=None, pattern=r"^\d+/\d+$")
+    #: seconds between port-state refreshes between discoveries; None = the source's default
+    #: (mad: every poll, in the same MAD batch; diags: 30 s, one ibnetdiscover for the fabric)
+    state_interval: Duration | None = None
 
 
 @dataclass(slots=True)

@@ -40,11 +40,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Literal
+
+from pydantic import Field
 
 from ibmon.model import PortIdentity, PortKey, Snapshot, SourceError, Topology
 from ibmon.sources.fabric import (
     FabricPort,
+    FabricSourceConfig,
     FabricView,
     NodeFilter,
     link_of,
@@ -82,10 +85,22 @@ from ibmon.sources.parse import (
 )
 from ibmon.sources.shard import filter_topology, parse_shard
 
-if TYPE_CHECKING:
-    from ibmon.config import MadSourceConfig
+__all__ = ["Config", "MadSource", "MadSourceConfig", "SweepResult", "build"]
 
-__all__ = ["MadSource", "SweepResult"]
+
+class MadSourceConfig(FabricSourceConfig):
+    """``type = "mad"``: the whole fabric over in-process MADs."""
+
+    type: Literal["mad"] = "mad"
+    # MADs in flight at once (the libibumad window); cheap in-process, unlike diags' processes.
+    concurrency: int = Field(default=64, ge=1, le=256)
+
+
+Config = MadSourceConfig
+
+
+def build(cfg: MadSourceConfig) -> MadSource:
+    return MadSource.from_config(cfg)
 
 _MAX_HOPS = 63
 #: A poll this soon after the start of a discovery sweep uses the port state that sweep read

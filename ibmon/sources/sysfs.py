@@ -61,9 +61,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import structlog
+from pydantic import Field
 
+from ibmon.config import Duration, SourceConfigBase
 from ibmon.counters import BY_NAME, BY_SYSFS, BY_SYSFS_EXT, EXTENDED
 from ibmon.model import (
     PortIdentity,
@@ -76,7 +79,10 @@ from ibmon.model import (
 )
 
 __all__ = [
+    "Config",
     "SysfsSource",
+    "SysfsSourceConfig",
+    "build",
     "has_devices",
     "parse_enum_prefix",
     "parse_lid",
@@ -251,6 +257,23 @@ class _Device:
 class _Plan:
     devices: list[_Device]
     names: frozenset[str]
+
+
+class SysfsSourceConfig(SourceConfigBase):
+    """``type = "sysfs"``: this host's ports. Devices are chosen by name globs."""
+
+    type: Literal["sysfs"] = "sysfs"
+    interval: Duration = 1.0
+    root: Path = Path("/sys")
+    include: list[str] = Field(default_factory=list)
+    exclude: list[str] = Field(default_factory=list)
+
+
+Config = SysfsSourceConfig
+
+
+def build(cfg: SysfsSourceConfig) -> SysfsSource:
+    return SysfsSource(root=cfg.root, include=cfg.include, exclude=cfg.exclude, name=cfg.label)
 
 
 class SysfsSource:
