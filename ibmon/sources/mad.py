@@ -44,14 +44,11 @@ from typing import Literal
 
 from pydantic import Field
 
-from ibmon.model import PortIdentity, PortKey, Snapshot, SourceError, Topology
+from ibmon.model import PortKey, Snapshot, SourceError, Topology
 from ibmon.sources.fabric import (
-    FabricPort,
+    FabricSource,
     FabricSourceConfig,
     FabricView,
-    NodeFilter,
-    link_of,
-    make_sample,
 )
 from ibmon.sources.libibmad import (
     ATTR_CLASS_PORT_INFO,
@@ -73,6 +70,7 @@ from ibmon.sources.parse import (
     CPI_CAP_EXT_WIDTH_NOIETF,
     ClassPortInfo,
     NodeInfo,
+    PortCounterValues,
     PortInfo,
     decode_class_port_info,
     decode_node_desc,
@@ -81,9 +79,7 @@ from ibmon.sources.parse import (
     decode_port_counters_ext,
     decode_port_info,
     merge_counters,
-    parse_node_name_map,
 )
-from ibmon.sources.shard import filter_topology, parse_shard
 
 __all__ = ["Config", "MadSource", "MadSourceConfig", "SweepResult", "build"]
 
@@ -103,9 +99,6 @@ def build(cfg: MadSourceConfig) -> MadSource:
     return MadSource.from_config(cfg)
 
 _MAX_HOPS = 63
-#: A poll this soon after the start of a discovery sweep uses the port state that sweep read
-#: instead of asking every port again (the daemon samples right after each discovery).
-_SWEEP_STATE_FRESH = 1.0
 
 
 _gc_lock = threading.Lock()
@@ -155,7 +148,7 @@ class SweepResult:
     mads: int = 0
 
 
-class MadSource:
+class MadSource(FabricSource):
     """Fabric-wide source over in-process MADs (see module docstring)."""
 
     def __init__(
@@ -174,30 +167,26 @@ class MadSource:
         node_name_map: str | os.PathLike[str] | None = None,
         state_interval: float = 0.0,
     ) -> None:
-        self.name = name
-        self._state_interval = state_interval
-        self._state_at: float | None = None
-        self._sweep_started: float | None = None  # set by discover, consumed by the next sample
+        super().__init__(
+            name=name,
+            include=include,
+            exclude=exclude,
+            shard=shard,
+            node_name_map=node_name_map,
+            state_interval=state_interval,
+        )
         self._ca = ca
         self._port = port or 0
         self._timeout = timeout
         self._retries = retries
         self._window = window
         self._n_ports = max(1, mad_ports)
-        self._filter = NodeFilter(include, exclude)
-        self._shard = parse_shard(shard) if shard else None
-        self._names: dict[str, str] = {}
-        if node_name_map is not None:
-            with open(node_name_map, encoding="utf-8", errors="replace") as fh:
-                self._names, _bad = parse_node_name_map(fh.read())
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=self._n_ports, thread_name_prefix="ibmon-mad"
         )
         self._engines: list[MadEngine] = []
         self._engine_ids = itertools.count()
-        self._view: FabricView | None = None
         self._cpi: dict[int, ClassPortInfo] = {}
-        self._discover_errors: list[SourceError] = []
         self.last_sweep_mads = 0
 
     @classmethod
@@ -337,86 +326,58 @@ class MadSource:
         return res
 
     def _view_from(self, sweep: SweepResult) -> FabricView:
+        """The filtered, linked and sharded view of a sweep (on the MAD thread, GC paused)."""
         view = FabricView(source=self.name)
         for guid, node in sweep.nodes.items():
-            desc = self._names.get(guid, node.desc)
             if not self._filter.keep(guid, node.desc):
                 continue
             is_switch = node.info.node_type == "switch"
-            if is_switch:
+            switch_lid: int | None = None
+            if is_switch:  # every port of a switch answers on the base LID of port 0
                 port0 = node.ports.get(0)
-                lid: int | None = port0.lid if port0 is not None else None
+                switch_lid = port0.lid if port0 is not None else None
                 numbers: list[int] = list(range(1, node.info.num_ports + 1))
             else:
-                lid = None
                 numbers = sorted(p for p in node.ports if p > 0)
             for p in numbers:
                 pi = node.ports.get(p)
                 if pi is None:
                     continue
-                plid = lid if is_switch else pi.lid
-                key = (guid, str(p))
-                ident = PortIdentity(
-                    guid=guid,
-                    port=str(p),
-                    node_desc=desc,
-                    node_type=node.info.node_type
-                    if node.info.node_type in ("ca", "switch", "router")
-                    else "ca",
-                    lid=plid,
-                    source=self.name,
+                lid = switch_lid if is_switch else pi.lid
+                key, fp = view.add(
+                    guid,
+                    p,
+                    desc=self._desc(guid, node.desc),
+                    node_type=node.info.node_type,
+                    lid=lid,
                 )
-                view.ports[key] = FabricPort(identity=ident, lid=plid)
                 view.apply_port_info(key, pi)
-                view.ports[key].remote = sweep.links.get((guid, p))
-        # links to nodes outside the filter keep the peer's description
-        for fp in view.ports.values():
-            if fp.remote is not None and (fp.remote[0], str(fp.remote[1])) not in view.ports:
-                peer = sweep.nodes.get(fp.remote[0])
-                if peer is not None:
-                    fp.link = link_of(
-                        fp,
-                        (fp.remote[0], str(fp.remote[1])),
-                        self._names.get(fp.remote[0], peer.desc),
-                        "",
-                        "",
-                    )
-        view.finish_links()
-        return view
-
-    def _discover_sync(self) -> tuple[SweepResult, FabricView]:
-        """Sweep and build the view on the MAD thread: the loop stays free, and GC paused."""
-        sweep = self.sweep_sync()
-        view = self._view_from(sweep)
-        if self._shard is not None:
-            keep = filter_topology(view.topology(), *self._shard).ports
-            view.ports = {k: v for k, v in view.ports.items() if k in keep}
-        return sweep, view
+                fp.remote = sweep.links.get((guid, p))
+        peer_desc = {g: self._desc(g, n.desc) for g, n in sweep.nodes.items()}
+        return self._finish(view, peer_desc)
 
     async def discover(self) -> Topology:
         started = time.monotonic()
-        got = await self._in_thread(self._discover_sync)
+
+        def sweep_and_view() -> tuple[SweepResult, FabricView]:
+            sweep = self.sweep_sync()
+            return sweep, self._view_from(sweep)
+
+        got = await self._in_thread(sweep_and_view)
         assert isinstance(got, tuple)
         sweep: SweepResult = got[0]
         view: FabricView = got[1]
-        self._view = view
-        self._state_at = time.monotonic()  # discovery just read every port's state
-        self._sweep_started = started
         self._cpi = {}
-        self._discover_errors = sweep.errors
         self.last_sweep_mads = sweep.mads
-        return view.topology()
+        return self._adopt(view, sweep.errors, started)
 
     # ------------------------------------------------------------------ counters
 
     def _counters_sync(
         self, view: FabricView, refresh_state: bool = True
-    ) -> tuple[dict[PortKey, object], list[SourceError], int]:
+    ) -> tuple[dict[PortKey, PortCounterValues], list[SourceError], int]:
         errors: list[SourceError] = []
-        by_lid: dict[int, list[PortKey]] = {}
-        for key, fp in view.ports.items():
-            if fp.lid:
-                by_lid.setdefault(fp.lid, []).append(key)
+        by_lid = view.by_lid()
         mads = 0
         missing = [lid for lid in by_lid if lid not in self._cpi]
         if missing:
@@ -476,7 +437,7 @@ class MadSource:
                 errors.append(
                     SourceError(r.error or "timeout", f"{key[0]} port {key[1]}: PortInfo", key)
                 )
-        out: dict[PortKey, object] = {}
+        out: dict[PortKey, PortCounterValues] = {}
         for key, reason in failed.items():
             errors.append(SourceError(reason, f"{key[0]} port {key[1]}: PMA", key))
         for key, parts in raw.items():
@@ -502,26 +463,11 @@ class MadSource:
         values, errors, mads = self._counters_sync(view, refresh_state)
         self.last_sweep_mads = mads
         snap.errors.extend(errors)
-        for key, fp in view.ports.items():
-            if key in values:
-                snap.ports[key] = make_sample(fp, values[key])  # type: ignore[arg-type]
-            elif not fp.lid:
-                snap.ports[key] = make_sample(fp, None)
+        self._fill(snap, view, values)
         return snap
 
     async def sample(self) -> Snapshot:
-        if self._view is None:
-            await self.discover()
-        view = self._view
-        assert view is not None
-        discover_errors, self._discover_errors = self._discover_errors, []
-        now = time.monotonic()
-        refresh = self._state_at is None or now - self._state_at >= self._state_interval
-        if self._sweep_started is not None and now - self._sweep_started < _SWEEP_STATE_FRESH:
-            refresh = False  # every PortInfo was read by the sweep that just ended
-        self._sweep_started = None
-        if refresh:
-            self._state_at = now
+        view, discover_errors, refresh = await self._prepare_sample()
         snap = await self._in_thread(self._sample_sync, view, refresh)
         assert isinstance(snap, Snapshot)
         snap.errors[:0] = discover_errors
