@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -41,6 +42,7 @@ from typing import Literal, Protocol
 
 from ibmon.model import PortKey, Snapshot, SourceError, Topology
 from ibmon.sources.fabric import FabricSource, FabricSourceConfig, FabricView
+from ibmon.sources.localport import explain_open_failure, parse_ibstat, umad_access_problem
 from ibmon.sources.parse import (
     CPI_CAP2_ADDL_EXT,
     CacheFabric,
@@ -94,7 +96,15 @@ class CommandRunner(Protocol):
 
 
 class DiagsUnavailableError(RuntimeError):
-    """The diags source cannot work at all (tool missing, no permission): the whole poll fails."""
+    """The diags source cannot work at all (tool missing, no permission): the whole poll fails.
+
+    ``cause`` is ``absent``, ``permission`` or ``unknown`` when the local port could not be
+    opened (see ``ibmon.sources.localport``), else None.
+    """
+
+    def __init__(self, message: str, cause: str | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 def _killpg(pid: int) -> None:
@@ -163,6 +173,8 @@ class SubprocessRunner:
         )
 
 
+#: what libibmad/libibnetdisc print when the local umad port does not open
+_OPEN_FAILED = re.compile(r"can't open (?:UMAD|MAD) port", re.IGNORECASE)
 _MAD_TIMEOUT_HINTS = ("timed out", "timeout", "_do_madrpc failed", "mad_rpc")
 _NO_LID_HINTS = (
     "can't resolve",
@@ -244,6 +256,7 @@ class DiagsSource(FabricSource):
         discover_timeout: float = 300.0,
         ibnetdiscover: str = "ibnetdiscover",
         perfquery: str = "perfquery",
+        ibstat: str = "ibstat",
         command_timeout: float | None = None,
         state_interval: float = 30.0,
     ) -> None:
@@ -256,12 +269,15 @@ class DiagsSource(FabricSource):
             state_interval=state_interval,
         )
         self._runner: CommandRunner = runner or SubprocessRunner(concurrency=concurrency)
+        # as infiniband-diags: no -P (or port 0) = libibumad picks the port (a switch: 0)
+        self._ca, self._port = ca, port or None
         self._ca_args = (["-C", ca] if ca else []) + (["-P", str(port)] if port else [])
         self._timeout = timeout
         self._retries = retries
         self._discover_timeout = discover_timeout
         self._ibnetdiscover = ibnetdiscover
         self._perfquery = perfquery
+        self._ibstat = ibstat
         self._command_timeout = command_timeout
         self._tmp = Path(tempfile.mkdtemp(prefix="ibmon-diags-"))
         self._groups: list[_Group] = []
@@ -310,6 +326,8 @@ class DiagsSource(FabricSource):
         res = await self._runner.run(argv, self._discover_timeout)
         reason = classify(res)
         errors: list[SourceError] = []
+        if reason is not None and _OPEN_FAILED.search(res.stderr):
+            raise await self._open_failure(res)
         if reason in ("tool_missing", "permission"):
             raise DiagsUnavailableError(f"ibnetdiscover: {reason}: {_first_line(res.stderr)}")
         ports, stray = parse_ibnetdiscover_ports(res.stdout)
@@ -332,6 +350,22 @@ class DiagsSource(FabricSource):
         view = self._view_from(ports, fab)
         self._groups = [_Group(lid, keys) for lid, keys in view.by_lid().items()]
         return self._adopt(view, errors, started)
+
+    async def _open_failure(self, res: CommandResult) -> DiagsUnavailableError:
+        """Why ibnetdiscover could not open the local port, from what ``ibstat`` shows."""
+        stat = await self._runner.run([self._ibstat], self._discover_timeout)
+        if classify(stat) is not None:
+            return DiagsUnavailableError(
+                f"ibnetdiscover: cannot open the local MAD port: {_first_line(res.stderr)} "
+                f"(ibstat could not list the local CAs: {classify(stat)})"
+            )
+        failure = explain_open_failure(
+            parse_ibstat(stat.stdout),
+            self._ca,
+            self._port,
+            access_problem=umad_access_problem(),
+        )
+        return DiagsUnavailableError(f"ibnetdiscover: {failure.message}", failure.cause)
 
     def _view_from(self, ports: list[DiscoveredPort], fab: CacheFabric | None) -> FabricView:
         """The filtered, linked and sharded view of ``ibnetdiscover -p`` plus its cache."""
