@@ -138,6 +138,10 @@ class _Node:
     ports: dict[int, PortInfo] = field(default_factory=dict)
 
 
+#: A node reached in a sweep round: its NodeInfo, the directed route to it, the port entered by.
+_Arrival = tuple[NodeInfo, tuple[int, ...], int]
+
+
 @dataclass(slots=True)
 class SweepResult:
     """Raw result of a DR sweep: nodes by GUID, links by (guid, port) both ways, failures."""
@@ -246,84 +250,94 @@ class MadSource(FabricSource):
     # ------------------------------------------------------------------ discovery
 
     def sweep_sync(self) -> SweepResult:
-        """The directed-route sweep (blocking; runs on the MAD thread)."""
+        """The directed-route sweep (blocking; runs on the MAD thread), one hop level a round."""
         res = SweepResult()
         first = self._run_sync([MadRequest(CLASS_SMI, ATTR_NODE_INFO, path=())])[0]
         res.mads += 1
         if first.data is None:
             raise MadError(f"local NodeInfo failed: {first.error}")
         local = decode_node_info(first.data)
-        new: list[tuple[NodeInfo, tuple[int, ...], int]] = [(local, (), local.local_port)]
+        new: list[_Arrival] = [(local, (), local.local_port)]
         while new:
-            # 1. NodeDescription + PortInfo for new nodes / newly reached CA ports
-            reqs: list[MadRequest] = []
-            targets: list[tuple[str, int | None]] = []
-            for info, path, entry in new:
-                node = res.nodes.get(info.node_guid)
-                if node is None:
-                    node = res.nodes[info.node_guid] = _Node(info=info, path=path)
-                    reqs.append(MadRequest(CLASS_SMI, ATTR_NODE_DESC, path=path))
-                    targets.append((info.node_guid, None))
-                    ports: list[int] = (
-                        list(range(info.num_ports + 1)) if info.node_type == "switch" else [entry]
-                    )
-                else:
-                    ports = [entry] if entry not in node.ports else []
-                for p in ports:
-                    reqs.append(MadRequest(CLASS_SMI, ATTR_PORT_INFO, attr_mod=p, path=path))
-                    targets.append((info.node_guid, p))
-            results = self._run_sync(reqs)
-            res.mads += len(reqs)
-            for (guid, pnum), r in zip(targets, results, strict=True):
-                node = res.nodes[guid]
-                if r.data is None:
-                    what = "NodeDescription" if pnum is None else f"PortInfo port {pnum}"
-                    res.errors.append(SourceError(r.error or "timeout", f"{guid}: {what}"))
-                elif pnum is None:
-                    node.desc = decode_node_desc(r.data)
-                else:
-                    node.ports[pnum] = decode_port_info(r.data)
-            # 2. NodeInfo through every live port of the new switches (and the local CA port)
-            reqs, hops = [], []
-            for info, path, entry in new:
-                node = res.nodes[info.node_guid]
-                if info.node_type == "switch":
-                    outs = [p for p in range(1, info.num_ports + 1) if p != entry or not path]
-                elif not path:
-                    outs = [entry]
-                else:
-                    continue
-                if len(path) >= _MAX_HOPS:
-                    continue
-                for p in outs:
-                    pi = node.ports.get(p)
-                    if pi is None or pi.phys_state != 5 or pi.state < 2:
-                        continue
-                    if (info.node_guid, p) in res.links:
-                        continue
-                    reqs.append(MadRequest(CLASS_SMI, ATTR_NODE_INFO, path=(*path, p)))
-                    hops.append((info.node_guid, p, (*path, p)))
-            results = self._run_sync(reqs)
-            res.mads += len(reqs)
-            new = []
-            queued: set[tuple[str, int]] = set()  # (guid, entry port) already in ``new``
-            for (guid, p, path), r in zip(hops, results, strict=True):
-                if r.data is None:
-                    res.errors.append(
-                        SourceError(r.error or "timeout", f"{guid} port {p}: NodeInfo of the peer")
-                    )
-                    continue
-                peer = decode_node_info(r.data)
-                res.links[(guid, p)] = (peer.node_guid, peer.local_port)
-                res.links[(peer.node_guid, peer.local_port)] = (guid, p)
-                known = res.nodes.get(peer.node_guid)
-                unseen = known is None or (
-                    peer.node_type != "switch" and peer.local_port not in known.ports
-                )
-                if unseen and (peer.node_guid, peer.local_port) not in queued:
-                    queued.add((peer.node_guid, peer.local_port))
-                    new.append((peer, path, peer.local_port))
+            self._describe(res, new)
+            new = self._next_level(res, new)
         return res
+
+    def _describe(self, res: SweepResult, new: list[_Arrival]) -> None:
+        """NodeDescription and PortInfo (every switch port, the CA port arrived on) for the nodes
+        and CA ports reached in the last round."""
+        reqs: list[MadRequest] = []
+        targets: list[tuple[str, int | None]] = []
+        for info, path, entry in new:
+            node = res.nodes.get(info.node_guid)
+            if node is None:
+                node = res.nodes[info.node_guid] = _Node(info=info, path=path)
+                reqs.append(MadRequest(CLASS_SMI, ATTR_NODE_DESC, path=path))
+                targets.append((info.node_guid, None))
+                ports: list[int] = (
+                    list(range(info.num_ports + 1)) if info.node_type == "switch" else [entry]
+                )
+            else:
+                ports = [entry] if entry not in node.ports else []
+            for p in ports:
+                reqs.append(MadRequest(CLASS_SMI, ATTR_PORT_INFO, attr_mod=p, path=path))
+                targets.append((info.node_guid, p))
+        results = self._run_sync(reqs)
+        res.mads += len(reqs)
+        for (guid, pnum), r in zip(targets, results, strict=True):
+            node = res.nodes[guid]
+            if r.data is None:
+                what = "NodeDescription" if pnum is None else f"PortInfo port {pnum}"
+                res.errors.append(SourceError(r.error or "timeout", f"{guid}: {what}"))
+            elif pnum is None:
+                node.desc = decode_node_desc(r.data)
+            else:
+                node.ports[pnum] = decode_port_info(r.data)
+
+    def _next_level(self, res: SweepResult, new: list[_Arrival]) -> list[_Arrival]:
+        """NodeInfo through every live port of the new switches (and the local CA port): the
+        links, and the nodes and CA ports the next round must describe."""
+        reqs: list[MadRequest] = []
+        hops: list[tuple[str, int, tuple[int, ...]]] = []
+        for info, path, entry in new:
+            node = res.nodes[info.node_guid]
+            if info.node_type == "switch":
+                outs = [p for p in range(1, info.num_ports + 1) if p != entry or not path]
+            elif not path:
+                outs = [entry]
+            else:
+                continue
+            if len(path) >= _MAX_HOPS:
+                continue
+            for p in outs:
+                pi = node.ports.get(p)
+                if pi is None or pi.phys_state != 5 or pi.state < 2:
+                    continue
+                if (info.node_guid, p) in res.links:
+                    continue
+                reqs.append(MadRequest(CLASS_SMI, ATTR_NODE_INFO, path=(*path, p)))
+                hops.append((info.node_guid, p, (*path, p)))
+        results = self._run_sync(reqs)
+        res.mads += len(reqs)
+        arrivals: list[_Arrival] = []
+        queued: set[tuple[str, int]] = set()  # (guid, entry port) already in ``arrivals``
+        for (guid, p, path), r in zip(hops, results, strict=True):
+            if r.data is None:
+                res.errors.append(
+                    SourceError(r.error or "timeout", f"{guid} port {p}: NodeInfo of the peer")
+                )
+                continue
+            peer = decode_node_info(r.data)
+            res.links[(guid, p)] = (peer.node_guid, peer.local_port)
+            res.links[(peer.node_guid, peer.local_port)] = (guid, p)
+            known = res.nodes.get(peer.node_guid)
+            unseen = known is None or (
+                peer.node_type != "switch" and peer.local_port not in known.ports
+            )
+            if unseen and (peer.node_guid, peer.local_port) not in queued:
+                queued.add((peer.node_guid, peer.local_port))
+                arrivals.append((peer, path, peer.local_port))
+        return arrivals
 
     def _view_from(self, sweep: SweepResult) -> FabricView:
         """The filtered, linked and sharded view of a sweep (on the MAD thread, GC paused)."""
@@ -376,25 +390,72 @@ class MadSource(FabricSource):
     def _counters_sync(
         self, view: FabricView, refresh_state: bool = True
     ) -> tuple[dict[PortKey, PortCounterValues], list[SourceError], int]:
-        errors: list[SourceError] = []
+        """Every port's counters (and, with ``refresh_state``, its PortInfo) in one MAD batch.
+
+        Returns counters by port, the errors (one per port and poll), and the MADs sent.
+        """
         by_lid = view.by_lid()
-        mads = 0
+        errors, mads = self._learn_class_port_info(by_lid)
+        plan = self._pma_plan(by_lid)
+        state = [(k, lid) for lid, keys in by_lid.items() for k in keys] if refresh_state else []
+        reqs = [req for _key, _kind, req in plan]
+        reqs += [MadRequest(CLASS_SMI, ATTR_PORT_INFO, attr_mod=int(k[1]), lid=lid)
+                 for k, lid in state]
+        results = self._run_sync(reqs)
+        mads += len(reqs)
+        raw: dict[PortKey, dict[str, bytes]] = {}
+        failed: dict[PortKey, str] = {}
+        for (key, kind, _req), r in zip(plan, results[: len(plan)], strict=True):
+            if r.data is None:
+                failed.setdefault(key, r.error or "timeout")
+            else:
+                raw.setdefault(key, {})[kind] = r.data
+        for (key, _lid), r in zip(state, results[len(plan) :], strict=True):
+            if r.data is not None:
+                view.refresh_port(key, decode_port_info(r.data))
+            elif key not in failed and key in raw:
+                # one error per port and poll: report the state miss only when the PMA answered
+                errors.append(
+                    SourceError(r.error or "timeout", f"{key[0]} port {key[1]}: PortInfo", key)
+                )
+        errors.extend(
+            SourceError(reason, f"{key[0]} port {key[1]}: PMA", key)
+            for key, reason in failed.items()
+        )
+        out = {
+            key: self._decode(view, key, parts) for key, parts in raw.items() if key not in failed
+        }
+        return out, errors, mads
+
+    def _learn_class_port_info(
+        self, by_lid: dict[int, list[PortKey]]
+    ) -> tuple[list[SourceError], int]:
+        """ClassPortInfo of every LID not asked since discovery (its masks say which counter
+        attributes and fields are valid); a LID that does not answer costs its ports' counters
+        this poll and is asked again next poll."""
         missing = [lid for lid in by_lid if lid not in self._cpi]
-        if missing:
-            results = self._run_sync(
-                [MadRequest(CLASS_PMA, ATTR_CLASS_PORT_INFO, lid=lid) for lid in missing]
-            )
-            mads += len(missing)
-            for lid, r in zip(missing, results, strict=True):
-                if r.data is not None:
-                    self._cpi[lid] = decode_class_port_info(r.data)
-                else:
-                    errors.extend(
-                        SourceError(r.error or "timeout", f"lid {lid}: ClassPortInfo", key)
-                        for key in by_lid[lid]
-                    )
-        reqs: list[MadRequest] = []
-        plan: list[tuple[PortKey, str]] = []
+        if not missing:
+            return [], 0
+        results = self._run_sync(
+            [MadRequest(CLASS_PMA, ATTR_CLASS_PORT_INFO, lid=lid) for lid in missing]
+        )
+        errors: list[SourceError] = []
+        for lid, r in zip(missing, results, strict=True):
+            if r.data is not None:
+                self._cpi[lid] = decode_class_port_info(r.data)
+            else:
+                errors.extend(
+                    SourceError(r.error or "timeout", f"lid {lid}: ClassPortInfo", key)
+                    for key in by_lid[lid]
+                )
+        return errors, len(missing)
+
+    def _pma_plan(
+        self, by_lid: dict[int, list[PortKey]]
+    ) -> list[tuple[PortKey, str, MadRequest]]:
+        """The counter Gets per port: PortCountersExtended when the port has it, PortCounters
+        when it has no extended set or no 64-bit error copies (CapMask2 bit 1)."""
+        plan: list[tuple[PortKey, str, MadRequest]] = []
         for lid, keys in by_lid.items():
             cpi = self._cpi.get(lid)
             if cpi is None:
@@ -404,58 +465,25 @@ class MadSource(FabricSource):
             for key in keys:
                 sel = int(key[1])
                 if ext:
-                    reqs.append(
-                        MadRequest(CLASS_PMA, ATTR_PORT_COUNTERS_EXT, lid=lid, port_select=sel)
-                    )
-                    plan.append((key, "ext"))
+                    req = MadRequest(CLASS_PMA, ATTR_PORT_COUNTERS_EXT, lid=lid, port_select=sel)
+                    plan.append((key, "ext", req))
                 if narrow or not ext:
-                    reqs.append(MadRequest(CLASS_PMA, ATTR_PORT_COUNTERS, lid=lid, port_select=sel))
-                    plan.append((key, "narrow"))
-        state_keys: list[PortKey] = []
-        if refresh_state:
-            for lid, keys in by_lid.items():
-                for key in keys:
-                    reqs.append(
-                        MadRequest(CLASS_SMI, ATTR_PORT_INFO, attr_mod=int(key[1]), lid=lid)
-                    )
-                    state_keys.append(key)
-        results = self._run_sync(reqs)
-        mads += len(reqs)
-        n_pma = len(plan)
-        raw: dict[PortKey, dict[str, bytes]] = {}
-        failed: dict[PortKey, str] = {}
-        for (key, kind), r in zip(plan, results[:n_pma], strict=True):
-            if r.data is None:
-                failed.setdefault(key, r.error or "timeout")
-            else:
-                raw.setdefault(key, {})[kind] = r.data
-        for key, r in zip(state_keys, results[n_pma:], strict=True):
-            if r.data is not None:
-                view.refresh_port(key, decode_port_info(r.data))
-            elif key not in failed and key in raw:
-                # one error per port and poll: report the state miss only when the PMA answered
-                errors.append(
-                    SourceError(r.error or "timeout", f"{key[0]} port {key[1]}: PortInfo", key)
-                )
-        out: dict[PortKey, PortCounterValues] = {}
-        for key, reason in failed.items():
-            errors.append(SourceError(reason, f"{key[0]} port {key[1]}: PMA", key))
-        for key, parts in raw.items():
-            if key in failed:
-                continue
-            plid = view.ports[key].lid
-            assert plid is not None
-            cpi = self._cpi[plid]
-            narrow_vals = (
-                decode_port_counters(parts["narrow"], cpi.cap_mask) if "narrow" in parts else None
-            )
-            ext_vals = (
-                decode_port_counters_ext(parts["ext"], cpi.cap_mask, cpi.cap_mask2)
-                if "ext" in parts
-                else None
-            )
-            out[key] = merge_counters(narrow_vals, ext_vals, cpi.cap_mask)
-        return out, errors, mads
+                    req = MadRequest(CLASS_PMA, ATTR_PORT_COUNTERS, lid=lid, port_select=sel)
+                    plan.append((key, "narrow", req))
+        return plan
+
+    def _decode(self, view: FabricView, key: PortKey, parts: dict[str, bytes]) -> PortCounterValues:
+        """One port's counter payloads, decoded and merged under its LID's capability masks."""
+        plid = view.ports[key].lid
+        assert plid is not None
+        cpi = self._cpi[plid]
+        narrow = decode_port_counters(parts["narrow"], cpi.cap_mask) if "narrow" in parts else None
+        ext = (
+            decode_port_counters_ext(parts["ext"], cpi.cap_mask, cpi.cap_mask2)
+            if "ext" in parts
+            else None
+        )
+        return merge_counters(narrow, ext, cpi.cap_mask)
 
     def _sample_sync(self, view: FabricView, refresh_state: bool) -> Snapshot:
         """One poll on the MAD thread, PortSamples included (built with GC paused, off the loop)."""
