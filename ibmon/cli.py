@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 
 import typer
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from ibmon import __version__
 from ibmon.config import (
@@ -88,13 +88,12 @@ def _source_config(name: str, **options: Any) -> SourceConfig:
     Only options the source type has are passed (``--ca``/``--port`` mean nothing to sysfs), and
     only when given, so everything else takes the model's default.
     """
-    adapter: TypeAdapter[SourceConfig] = TypeAdapter(SourceConfig)
-    schema = adapter.json_schema()
-    model = schema["discriminator"]["mapping"][name].rsplit("/", 1)[-1]
-    fields = schema["$defs"][model]["properties"]
-    data = {k: v for k, v in options.items() if v is not None and k in fields}
+    from ibmon.sources.registry import source_type
+
+    model = source_type(name).config
+    data = {k: v for k, v in options.items() if v is not None and k in model.model_fields}
     try:
-        return adapter.validate_python({"type": name, **data})
+        return model.model_validate({"type": name, **data})
     except ValidationError as exc:
         err = exc.errors()[0]
         where = str(err["loc"][-1]) if err["loc"] else name

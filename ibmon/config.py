@@ -12,18 +12,22 @@ import re
 import tomllib
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
     ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import core_schema
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -33,10 +37,17 @@ from pydantic_settings import (
 
 from ibmon.detect.engine import parse_detect_tables
 
+if TYPE_CHECKING:  # the models live with their sources; see __getattr__ below
+    from ibmon.sources.diags import DiagsSourceConfig
+    from ibmon.sources.mad import MadSourceConfig
+    from ibmon.sources.mock import MockSourceConfig
+    from ibmon.sources.sysfs import SysfsSourceConfig
+
 __all__ = [
     "ConfigError",
     "DetectConfig",
     "DiagsSourceConfig",
+    "Duration",
     "EventsConfig",
     "MadSourceConfig",
     "MockSourceConfig",
@@ -45,6 +56,7 @@ __all__ = [
     "PrometheusConfig",
     "Settings",
     "SourceConfig",
+    "SourceConfigBase",
     "SysfsSourceConfig",
     "load_settings",
     "parse_duration",
@@ -129,62 +141,87 @@ class PrometheusConfig(_Section):
         return v
 
 
-class _SourceBase(_Section):
+class SourceConfigBase(_Section):
+    """What every ``[[sources]]`` table has. Each source type's model extends it in the
+    source's own module and is found through ``ibmon.sources.registry.SOURCES``."""
+
+    type: str
     name: str | None = Field(default=None, pattern=r"^[a-zA-Z0-9_.-]{1,64}$")
     interval: Duration = 10.0
 
     @property
     def label(self) -> str:
         """The ``source`` label value: the configured name, else the type."""
-        return self.name or str(getattr(self, "type", "source"))
+        return self.name or self.type
 
 
-class SysfsSourceConfig(_SourceBase):
-    type: Literal["sysfs"] = "sysfs"
-    interval: Duration = 1.0
-    root: Path = Path("/sys")
-    include: list[str] = Field(default_factory=list)
-    exclude: list[str] = Field(default_factory=list)
+def _source_from(value: Any) -> SourceConfigBase:
+    """Validate one ``[[sources]]`` table with the model its ``type`` names.
+
+    The model's module is imported only now, so a sysfs-only configuration never imports the
+    MAD bindings, the diags runner or the simulator. A nested ValidationError keeps its field
+    path (``sources.0.interval``).
+    """
+    from ibmon.sources.registry import SOURCES, source_type
+
+    if isinstance(value, SourceConfigBase):
+        return value
+    if not isinstance(value, dict):
+        raise ValueError("a source must be a table with a type key")
+    kinds = ", ".join(SOURCES)
+    if "type" not in value:
+        raise ValueError(f"a source needs a type (one of {kinds})")
+    kind = value["type"]
+    if not isinstance(kind, str) or kind not in SOURCES:
+        raise ValueError(f"unknown source type {kind!r} (one of {kinds})")
+    return source_type(kind).config.model_validate(value)
 
 
-class _FabricSourceBase(_SourceBase):
-    ca: str | None = None
-    port: int = Field(default=1, ge=1, le=254)
-    topology_interval: Duration = 300.0
-    concurrency: int = Field(default=8, ge=1, le=256)
-    timeout: Duration = 1.0
-    retries: int = Field(default=2, ge=0, le=10)
-    include: list[str] = Field(default_factory=list)
-    exclude: list[str] = Field(default_factory=list)
-    shard: str | None = Field(default=None, pattern=r"^\d+/\d+$")
-    #: seconds between port-state refreshes between discoveries; None = the source's default
-    #: (mad: every poll, in the same MAD batch; diags: 30 s, one ibnetdiscover for the fabric)
-    state_interval: Duration | None = None
+def _source_dump(value: SourceConfigBase, info: core_schema.SerializationInfo) -> Any:
+    return value.model_dump(mode=info.mode)
 
 
-class MadSourceConfig(_FabricSourceBase):
-    type: Literal["mad"] = "mad"
-    # MADs in flight at once (the libibumad window); cheap in-process, unlike diags' processes.
-    concurrency: int = Field(default=64, ge=1, le=256)
+class _SourceByType:
+    """Pydantic hook that makes ``SourceConfig`` a union built from the source registry."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(
+        cls, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.no_info_plain_validator_function(
+            _source_from,
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                _source_dump, info_arg=True
+            ),
+        )
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        return {"type": "object", "required": ["type"]}
 
 
-class DiagsSourceConfig(_FabricSourceBase):
-    type: Literal["diags"] = "diags"
+#: Any source's config, validated by the model its ``type`` names (see ``_source_from``).
+#: ``TypeAdapter(SourceConfig).validate_python({"type": "mad"})`` builds one by name.
+SourceConfig = Annotated[SourceConfigBase, _SourceByType]
+
+_MODEL_EXPORTS = {
+    "SysfsSourceConfig": "sysfs",
+    "MadSourceConfig": "mad",
+    "DiagsSourceConfig": "diags",
+    "MockSourceConfig": "mock",
+}
 
 
-class MockSourceConfig(_SourceBase):
-    type: Literal["mock"] = "mock"
-    interval: Duration = 1.0
-    scenario: str = "demo"
-    hosts: int | None = Field(default=None, ge=1, le=200_000)
-    speed: float = Field(default=1.0, gt=0, le=10_000)
-    seed: int | None = None  # None: the scenario's own seed
+def __getattr__(name: str) -> Any:
+    """``from ibmon.config import MadSourceConfig`` still works; the module loads on demand."""
+    kind = _MODEL_EXPORTS.get(name)
+    if kind is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from ibmon.sources.registry import source_type
 
-
-SourceConfig = Annotated[
-    SysfsSourceConfig | MadSourceConfig | DiagsSourceConfig | MockSourceConfig,
-    Field(discriminator="type"),
-]
+    return source_type(kind).config
 
 
 class DetectConfig(_Section):
@@ -318,14 +355,10 @@ class Settings(BaseSettings):
 
 def _format_validation_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"] if not _is_union_tag(p)) or "config"
+    loc = ".".join(str(p) for p in err["loc"]) or "config"
     msg = err["msg"].removeprefix("Value error, ")
     more = f" (and {len(exc.errors()) - 1} more problem(s))" if len(exc.errors()) > 1 else ""
     return f"{loc}: {msg}{more}"
-
-
-def _is_union_tag(part: object) -> bool:
-    return part in ("sysfs", "mad", "diags", "mock")
 
 
 def load_settings(path: Path | None = None, **overrides: Any) -> Settings:

@@ -1,5 +1,12 @@
 """InfiniBand link width and speed: PortInfo code tables, rates, and the best common link.
 
+Rates: every source reports a port's ``rate_bps`` as the *data* rate after line encoding,
+computed here by ``effective_rate_bps`` from the active width and speed: lanes x the lane's data
+rate (8b/10b up to QDR, 64b/66b from FDR10 on; FDR 13.64 Gb/s per lane is rounded down to the
+13.625 the IBA tables give). 4X QDR is 32 Gb/s, not the 40 Gb/s signalling rate sysfs prints;
+4X FDR 54.5 Gb/s, not 56. Utilization is bytes moved against this rate, so it can reach 100 %.
+A RoCE/iWARP port (link layer Ethernet) is the exception, see ``port_rate_bps``.
+
 A link is degraded when it runs below the highest width or speed that *both* ends support *and*
 have enabled (DOMAIN.md section 3). rdma-core's iblinkinfo uses the supported masks only, which
 flags links an administrator limited on purpose (and every ibsim link); ibmon intersects the
@@ -26,6 +33,7 @@ __all__ = [
     "enabled_widths",
     "is_degraded",
     "max_common",
+    "port_rate_bps",
     "speed_names",
     "width_names",
 ]
@@ -131,6 +139,24 @@ def effective_rate_bps(width: str, speed: str) -> float | None:
     if lanes is None or lane is None:
         return None
     return lanes * lane * 1e9
+
+
+def port_rate_bps(
+    width: str, speed: str, *, link_layer: str = "InfiniBand", reported_bps: float | None = None
+) -> float | None:
+    """A port's data rate in bits/s, whatever the link layer.
+
+    InfiniBand: ``effective_rate_bps(width, speed)``, the rate after line encoding.
+
+    Ethernet (RoCE, iWARP): the kernel maps the Ethernet speed onto an IB width/speed pair only
+    to fill the same fields (10GbE prints ``10 Gb/sec (1X FDR10)``, 40GbE ``40 Gb/sec (4X
+    FDR10)``, 100GbE ``100 Gb/sec (4X EDR)``), and the number it prints (``reported_bps``) is the
+    Ethernet MAC rate, which already is a data rate: the PCS encoding runs below it. So that
+    number is the rate, not the lane table. (1GbE RoCE prints 2.5 Gb/s, the smallest IB rate.)
+    """
+    if link_layer.lower() == "ethernet":
+        return reported_bps if reported_bps else None
+    return effective_rate_bps(width, speed)
 
 
 def is_degraded(active_w: str, active_s: str, max_w: str, max_s: str) -> bool:

@@ -3,7 +3,8 @@ kernel's format, so the unmodified sysfs source (and node_exporter) read it like
 
 Layout and formats follow ``drivers/infiniband/core/sysfs.c`` and the real trees in
 ``../shared/real-fixtures`` (mlx5 on a current kernel): ``node_guid`` as ``xxxx:xxxx:xxxx:xxxx``,
-``state`` ``4: ACTIVE``, ``phys_state`` ``5: LinkUp``, ``rate`` ``100 Gb/sec (4X EDR)``, ``lid``
+``state`` ``4: ACTIVE``, ``phys_state`` ``5: LinkUp``, ``rate`` ``100 Gb/sec (4X EDR)`` (the
+signalling rate: ``40 Gb/sec (4X QDR)``, ``56 Gb/sec (4X FDR)``), ``lid``
 in hex, ``counters/`` in plain decimal with data in 4-octet words, data and packet counters from
 the 64-bit table (so the ``unicast_*``/``multicast_*`` files exist) and error counters from the
 narrow one.
@@ -36,9 +37,11 @@ from mocks.traffic import (
 
 __all__ = ["SysfsRenderer", "kernel_guid", "kernel_rate", "run_sysfs"]
 
-# Per-lane rate in units of 0.1 Gb/s and the name suffix, as rate_show() prints them.
+# Per-lane signalling rate in units of 0.1 Gb/s and the name suffix, as the kernel's rate_show()
+# prints them (drivers/infiniband/core/sysfs.c; ib_port_attr_to_speed_info in newer kernels).
+# Current kernels name SDR too; older ones printed "10 Gb/sec (4X)".
 _KERNEL_SPEED: dict[str, tuple[int, str]] = {
-    "SDR": (25, ""),
+    "SDR": (25, " SDR"),
     "DDR": (50, " DDR"),
     "QDR": (100, " QDR"),
     "FDR10": (100, " FDR10"),
@@ -74,7 +77,8 @@ def kernel_guid(guid: str) -> str:
 
 
 def kernel_rate(width: str, speed: str) -> str:
-    """The ``rate`` file's text: ``100 Gb/sec (4X EDR)``, ``10 Gb/sec (4X)`` for SDR."""
+    """The ``rate`` file's text, ``"%d%s Gb/sec (%dX%s)\n"`` without the newline:
+    ``100 Gb/sec (4X EDR)``, ``40 Gb/sec (4X QDR)``, ``2.5 Gb/sec (1X SDR)``."""
     per_lane, suffix = _KERNEL_SPEED[speed]
     lanes = int(width.rstrip("X"))
     rate = per_lane * lanes

@@ -1,7 +1,8 @@
 """Sources read hardware and parse; they know nothing about rates, thresholds or exports.
 
-Each source lives in its own module behind the small ``Source`` protocol and is listed in the
-explicit ``SOURCES`` registry (filled by ``ibmon.sources.registry`` to keep imports lazy).
+Each source lives in its own module (its config model, its factory and the source itself) behind
+the small ``Source`` protocol, and is listed on one line of the ``SOURCES`` registry in
+``ibmon.sources.registry``, which imports a source's module only when a config uses it.
 """
 
 from __future__ import annotations

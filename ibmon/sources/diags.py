@@ -13,7 +13,8 @@ exit so no child survives (treydock/infiniband_exporter#38). A node that hangs o
 costs that node's counters for that poll, reported as SourceErrors, never the sweep.
 
 Port state between discoveries: perfquery says nothing about state, so every ``state_interval``
-seconds (default 30; 0 = every poll; None from the config = that default) one extra
+seconds (default 30; 0 = every poll but the one right after a discovery, which just read every
+state; None from the config = that default; the schedule is ``fabric.StateSchedule``) one extra
 ``ibnetdiscover --cache`` process for the whole fabric runs beside the poll's perfquerys, and
 every known port takes its state, phys state and active width/speed from the cache's raw
 PortInfo (the same decoding as discovery). One process per refresh, not one per node: ibsim and
@@ -29,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -36,32 +38,46 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Literal, Protocol
 
-from ibmon.model import PortIdentity, PortKey, Snapshot, SourceError, Topology
-from ibmon.sources.fabric import FabricPort, FabricView, NodeFilter, link_of, make_sample
+from ibmon.model import PortKey, Snapshot, SourceError, Topology
+from ibmon.sources.fabric import FabricSource, FabricSourceConfig, FabricView
+from ibmon.sources.localport import explain_open_failure, parse_ibstat, umad_access_problem
 from ibmon.sources.parse import (
     CPI_CAP2_ADDL_EXT,
+    CacheFabric,
+    DiscoveredPort,
     PortCounterValues,
     parse_ibnd_cache,
     parse_ibnetdiscover_ports,
-    parse_node_name_map,
     parse_perfquery,
     parse_perfquery_blocks,
 )
-from ibmon.sources.shard import filter_topology, parse_shard
-
-if TYPE_CHECKING:
-    from ibmon.config import DiagsSourceConfig
 
 __all__ = [
     "CommandResult",
     "CommandRunner",
+    "Config",
     "DiagsSource",
+    "DiagsSourceConfig",
     "DiagsUnavailableError",
     "SubprocessRunner",
+    "build",
     "classify",
 ]
+
+
+class DiagsSourceConfig(FabricSourceConfig):
+    """``type = "diags"``: the whole fabric via infiniband-diags processes."""
+
+    type: Literal["diags"] = "diags"
+
+
+Config = DiagsSourceConfig
+
+
+def build(cfg: DiagsSourceConfig) -> DiagsSource:
+    return DiagsSource.from_config(cfg)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +96,15 @@ class CommandRunner(Protocol):
 
 
 class DiagsUnavailableError(RuntimeError):
-    """The diags source cannot work at all (tool missing, no permission): the whole poll fails."""
+    """The diags source cannot work at all (tool missing, no permission): the whole poll fails.
+
+    ``cause`` is ``absent``, ``permission`` or ``unknown`` when the local port could not be
+    opened (see ``ibmon.sources.localport``), else None.
+    """
+
+    def __init__(self, message: str, cause: str | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 def _killpg(pid: int) -> None:
@@ -149,6 +173,8 @@ class SubprocessRunner:
         )
 
 
+#: what libibmad/libibnetdisc print when the local umad port does not open
+_OPEN_FAILED = re.compile(r"can't open (?:UMAD|MAD) port", re.IGNORECASE)
 _MAD_TIMEOUT_HINTS = ("timed out", "timeout", "_do_madrpc failed", "mad_rpc")
 _NO_LID_HINTS = (
     "can't resolve",
@@ -210,7 +236,7 @@ class _Group:
     keys: list[PortKey]
 
 
-class DiagsSource:
+class DiagsSource(FabricSource):
     """Fabric-wide source over ibnetdiscover + perfquery (see module docstring)."""
 
     def __init__(
@@ -230,32 +256,32 @@ class DiagsSource:
         discover_timeout: float = 300.0,
         ibnetdiscover: str = "ibnetdiscover",
         perfquery: str = "perfquery",
+        ibstat: str = "ibstat",
         command_timeout: float | None = None,
         state_interval: float = 30.0,
     ) -> None:
-        self.name = name
-        self._state_interval = state_interval
-        self._state_at: float | None = None
+        super().__init__(
+            name=name,
+            include=include,
+            exclude=exclude,
+            shard=shard,
+            node_name_map=node_name_map,
+            state_interval=state_interval,
+        )
         self._runner: CommandRunner = runner or SubprocessRunner(concurrency=concurrency)
+        # as infiniband-diags: no -P (or port 0) = libibumad picks the port (a switch: 0)
+        self._ca, self._port = ca, port or None
         self._ca_args = (["-C", ca] if ca else []) + (["-P", str(port)] if port else [])
         self._timeout = timeout
         self._retries = retries
-        self._filter = NodeFilter(include, exclude)
-        self._shard = parse_shard(shard) if shard else None
-        self._names: dict[str, str] = {}
-        if node_name_map is not None:
-            self._names, _bad = parse_node_name_map(
-                Path(node_name_map).read_text(encoding="utf-8", errors="replace")
-            )
         self._discover_timeout = discover_timeout
         self._ibnetdiscover = ibnetdiscover
         self._perfquery = perfquery
+        self._ibstat = ibstat
         self._command_timeout = command_timeout
         self._tmp = Path(tempfile.mkdtemp(prefix="ibmon-diags-"))
-        self._view: FabricView | None = None
         self._groups: list[_Group] = []
         self._need_narrow: dict[int, bool] = {}
-        self.last_discover_errors: list[SourceError] = []
 
     @classmethod
     def from_config(cls, cfg: DiagsSourceConfig) -> DiagsSource:
@@ -284,6 +310,7 @@ class DiagsSource:
     # ----------------------------------------------------------------- discovery
 
     async def discover(self) -> Topology:
+        started = time.monotonic()
         cache = self._tmp / "fabric.cache"
         with contextlib.suppress(FileNotFoundError):
             cache.unlink()
@@ -299,6 +326,8 @@ class DiagsSource:
         res = await self._runner.run(argv, self._discover_timeout)
         reason = classify(res)
         errors: list[SourceError] = []
+        if reason is not None and _OPEN_FAILED.search(res.stderr):
+            raise await self._open_failure(res)
         if reason in ("tool_missing", "permission"):
             raise DiagsUnavailableError(f"ibnetdiscover: {reason}: {_first_line(res.stderr)}")
         ports, stray = parse_ibnetdiscover_ports(res.stdout)
@@ -308,14 +337,38 @@ class DiagsSource:
             )
         if reason is not None:
             errors.append(SourceError(reason, f"ibnetdiscover: {_first_line(res.stderr)}"))
-        for line in stray:
-            if "sim_connect" not in line:
-                errors.append(SourceError("parse_error", f"ibnetdiscover: {line[:200]}"))
+        errors.extend(
+            SourceError("parse_error", f"ibnetdiscover: {line[:200]}")
+            for line in stray
+            if "sim_connect" not in line
+        )
         fab = None
         try:
             fab = parse_ibnd_cache(cache.read_bytes())
         except (OSError, ValueError) as exc:
             errors.append(SourceError("cache_unreadable", f"ibnetdiscover cache: {exc}"))
+        view = self._view_from(ports, fab)
+        self._groups = [_Group(lid, keys) for lid, keys in view.by_lid().items()]
+        return self._adopt(view, errors, started)
+
+    async def _open_failure(self, res: CommandResult) -> DiagsUnavailableError:
+        """Why ibnetdiscover could not open the local port, from what ``ibstat`` shows."""
+        stat = await self._runner.run([self._ibstat], self._discover_timeout)
+        if classify(stat) is not None:
+            return DiagsUnavailableError(
+                f"ibnetdiscover: cannot open the local MAD port: {_first_line(res.stderr)} "
+                f"(ibstat could not list the local CAs: {classify(stat)})"
+            )
+        failure = explain_open_failure(
+            parse_ibstat(stat.stdout),
+            self._ca,
+            self._port,
+            access_problem=umad_access_problem(),
+        )
+        return DiagsUnavailableError(f"ibnetdiscover: {failure.message}", failure.cause)
+
+    def _view_from(self, ports: list[DiscoveredPort], fab: CacheFabric | None) -> FabricView:
+        """The filtered, linked and sharded view of ``ibnetdiscover -p`` plus its cache."""
         if fab is not None:
             # -p prints CA *port* GUIDs; the cache knows which node owns each port.
             own = fab.owner
@@ -331,70 +384,29 @@ class DiagsSource:
         for p in ports:
             if not self._filter.keep(p.guid, p.desc):
                 continue
-            key = (p.guid, str(p.port))
-            ident = PortIdentity(
-                guid=p.guid,
-                port=str(p.port),
-                node_desc=self._names.get(p.guid, p.desc),
-                node_type=p.node_type,
-                lid=p.lid,
-                source=self.name,
+            key, fp = view.add(
+                p.guid, p.port, desc=self._desc(p.guid, p.desc), node_type=p.node_type, lid=p.lid
             )
-            fp = FabricPort(identity=ident, lid=p.lid, active_width=p.width, active_speed=p.speed)
+            fp.active_width, fp.active_speed = p.width, p.speed
             if p.remote_guid is not None and p.remote_port is not None:
                 fp.remote = (p.remote_guid, p.remote_port)
-            view.ports[key] = fp
-            if fab is not None:
-                info = fab.ports.get((p.guid, p.port))
-                if info is not None:
-                    view.apply_port_info(key, info)
-        remote_desc = {
-            p.remote_guid: self._names.get(p.remote_guid, p.remote_desc or "")
+            info = fab.ports.get((p.guid, p.port)) if fab is not None else None
+            if info is not None:
+                view.apply_port_info(key, info)
+        peer_desc = {
+            p.remote_guid: self._desc(p.remote_guid, p.remote_desc or "")
             for p in ports
             if p.remote_guid is not None
         }
-        for fp in view.ports.values():
-            if fp.remote is not None and fp.remote[0] not in {k[0] for k in view.ports}:
-                # peer filtered out: keep its description from the text for the link label
-                fp.link = link_of(
-                    fp, (fp.remote[0], str(fp.remote[1])), remote_desc.get(fp.remote[0], ""), "", ""
-                )
-        view.finish_links()
-        if self._shard is not None:
-            keep = filter_topology(view.topology(), *self._shard).ports
-            view.ports = {k: v for k, v in view.ports.items() if k in keep}
-        self._view = view
-        self._state_at = time.monotonic()  # discovery just read every port's state
-        self._groups = self._plan(view)
-        self.last_discover_errors = errors
-        return view.topology()
-
-    @staticmethod
-    def _plan(view: FabricView) -> list[_Group]:
-        by_lid: dict[int, list[PortKey]] = {}
-        for key, fp in view.ports.items():
-            if fp.lid:
-                by_lid.setdefault(fp.lid, []).append(key)
-        return [
-            _Group(lid, sorted(keys, key=lambda k: int(k[1])))
-            for lid, keys in sorted(by_lid.items())
-        ]
+        return self._finish(view, peer_desc)
 
     # ----------------------------------------------------------------- counters
 
     async def sample(self) -> Snapshot:
-        if self._view is None:
-            await self.discover()
-        view = self._view
-        assert view is not None
+        view, discover_errors, refresh = await self._prepare_sample()
         snap = Snapshot(source=self.name, monotonic=time.monotonic(), wall=time.time())
-        snap.errors.extend(self.last_discover_errors)
-        self.last_discover_errors = []
-        now = time.monotonic()
-        refresh = self._state_at is None or now - self._state_at >= self._state_interval
+        snap.errors.extend(discover_errors)
         state_task = asyncio.ensure_future(self._refresh_state(view)) if refresh else None
-        if refresh:
-            self._state_at = now
         try:
             results = await asyncio.gather(*(self._poll_group(g) for g in self._groups))
         except BaseException:
@@ -405,17 +417,14 @@ class DiagsSource:
             raise
         if state_task is not None:
             snap.errors.extend(await state_task)
-        for group, (values, errors) in zip(self._groups, results, strict=True):
+        values: dict[PortKey, PortCounterValues] = {}
+        for group, (by_port, errors) in zip(self._groups, results, strict=True):
             snap.errors.extend(errors)
             for key in group.keys:
-                port_values = values.get(int(key[1]))
-                if port_values is None:
-                    continue
-                snap.ports[key] = make_sample(view.ports[key], port_values)
-        # Ports without a LID (down CA ports) still exist: report their state, no counters.
-        for key, fp in view.ports.items():
-            if not fp.lid and key not in snap.ports:
-                snap.ports[key] = make_sample(fp, None)
+                port_values = by_port.get(int(key[1]))
+                if port_values is not None:
+                    values[key] = port_values
+        self._fill(snap, view, values)
         return snap
 
     async def _refresh_state(self, view: FabricView) -> list[SourceError]:

@@ -1,21 +1,76 @@
-"""What the two fabric sources (``mad`` and ``diags``) share: the per-port view a discovery
-produces, filters, and how a view plus counters becomes a PortSample.
+"""What the two fabric sources (``mad`` and ``diags``) share.
+
+The config they take, the per-port view a discovery produces, how a view plus counters becomes
+a PortSample, and the steps around discovery and polling that do not depend on how the fabric
+is asked: node-name map, include/exclude and shard filters, links to filtered-out peers,
+grouping ports by the LID their PMA answers on, and when to re-read port state between
+discoveries.
 
 Keeping this in one place is what makes both sources report byte-identical topologies and
-snapshots for the same fabric: same state rules, same width/speed decoding, same max-common rule.
+snapshots for the same fabric: same state rules, same width/speed decoding, same max-common
+rule, same rate (``linkspeed.effective_rate_bps``: the data rate after line encoding).
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ibmon.linkspeed import active_speed, active_width, effective_rate_bps, max_common
-from ibmon.model import LinkInfo, PortIdentity, PortKey, PortSample, Topology, normalize_guid
-from ibmon.sources.parse import PortCounterValues, PortInfo
+from pydantic import Field
 
-__all__ = ["FabricPort", "FabricView", "NodeFilter", "link_of", "make_sample"]
+from ibmon.config import Duration, SourceConfigBase
+from ibmon.linkspeed import active_speed, active_width, effective_rate_bps, max_common
+from ibmon.model import (
+    LinkInfo,
+    PortIdentity,
+    PortKey,
+    PortSample,
+    Snapshot,
+    SourceError,
+    Topology,
+    normalize_guid,
+)
+from ibmon.sources.parse import PortCounterValues, PortInfo, load_node_name_map
+from ibmon.sources.shard import filter_topology, parse_shard
+
+__all__ = [
+    "FabricPort",
+    "FabricSource",
+    "FabricSourceConfig",
+    "FabricView",
+    "NodeFilter",
+    "StateSchedule",
+    "link_of",
+    "make_sample",
+]
+
+#: A poll this soon after a discovery started uses the port state that discovery read instead
+#: of asking every port again (the daemon samples right after each discovery).
+DISCOVERY_STATE_FRESH = 1.0
+
+
+class FabricSourceConfig(SourceConfigBase):
+    """What the fabric-wide sources (``mad``, ``diags``) are configured with."""
+
+    interval: Duration = 10.0
+    #: local CA whose port the MADs leave from; None = the first CA with an active port
+    ca: str | None = None
+    #: that CA's port; None (or 0) = its first active port, chosen as infiniband-diags choose
+    #: (a switch's management port is 0); see ``ibmon.sources.localport``
+    port: int | None = Field(default=None, ge=0, le=254)
+    topology_interval: Duration = 300.0
+    concurrency: int = Field(default=8, ge=1, le=256)
+    timeout: Duration = 1.0
+    retries: int = Field(default=2, ge=0, le=10)
+    include: list[str] = Field(default_factory=list)
+    exclude: list[str] = Field(default_factory=list)
+    shard: str | None = Field(default=None, pattern=r"^\d+/\d+$")
+    #: seconds between port-state refreshes between discoveries; None = the source's default
+    #: (mad: every poll, in the same MAD batch; diags: 30 s, one ibnetdiscover for the fabric)
+    state_interval: Duration | None = None
 
 
 @dataclass(slots=True)
@@ -47,6 +102,22 @@ class FabricView:
             if fp.link is not None:
                 topo.links[key] = fp.link
         return topo
+
+    def add(
+        self, guid: str, port: int, *, desc: str, node_type: str, lid: int | None
+    ) -> tuple[PortKey, FabricPort]:
+        """A discovered port (an unknown node type is reported as a CA, like the kernel does)."""
+        key = (guid, str(port))
+        ident = PortIdentity(
+            guid=guid,
+            port=key[1],
+            node_desc=desc,
+            node_type=node_type if node_type in ("ca", "switch", "router") else "ca",
+            lid=lid,
+            source=self.source,
+        )
+        fp = self.ports[key] = FabricPort(identity=ident, lid=lid)
+        return key, fp
 
     def apply_port_info(self, key: PortKey, info: PortInfo) -> None:
         """Take state, phys state and active width/speed from a PortInfo (one rule for both)."""
@@ -82,23 +153,45 @@ class FabricView:
                 link.max_speed,
             )
 
-    def finish_links(self) -> None:
-        """Fill every link's remote description and max common width/speed from both ends."""
-        for _key, fp in self.ports.items():
+    def finish_links(self, peer_desc: Mapping[str, str]) -> None:
+        """Fill every link's remote description and max common width/speed from both ends.
+
+        A peer outside the view (filtered out by include/exclude) still names the link: its
+        description comes from ``peer_desc`` (node GUID -> description, name map applied),
+        and with only one end's capabilities known the link has no max width/speed.
+        """
+        for fp in self.ports.values():
             if fp.remote is None:
                 fp.link = None
                 continue
             rkey = (fp.remote[0], str(fp.remote[1]))
             peer = self.ports.get(rkey)
             max_w = max_s = ""
-            if fp.info is not None and peer is not None and peer.info is not None:
-                max_w, max_s = max_common(fp.info, peer.info)
-            rdesc = (
-                peer.identity.node_desc
-                if peer is not None
-                else (fp.link.remote_node_desc if fp.link is not None else "")
-            )
+            if peer is None:
+                rdesc = peer_desc.get(rkey[0], "")
+            else:
+                rdesc = peer.identity.node_desc
+                if fp.info is not None and peer.info is not None:
+                    max_w, max_s = max_common(fp.info, peer.info)
             fp.link = link_of(fp, rkey, rdesc, max_w, max_s)
+
+    def keep_shard(self, shard: tuple[int, int] | None) -> None:
+        """Drop the ports another shard polls (``shard`` = (K, N); None keeps all)."""
+        if shard is not None:
+            keep = filter_topology(self.topology(), *shard).ports
+            self.ports = {k: v for k, v in self.ports.items() if k in keep}
+
+    def by_lid(self) -> dict[int, list[PortKey]]:
+        """Ports grouped by the LID their PMA answers on (a switch: all ports on its base LID).
+
+        LIDs ascending, ports in numeric order; ports without a LID (a down CA port) are left
+        out: nothing can be asked of them.
+        """
+        groups: dict[int, list[PortKey]] = {}
+        for key, fp in self.ports.items():
+            if fp.lid:
+                groups.setdefault(fp.lid, []).append(key)
+        return {lid: sorted(groups[lid], key=lambda k: int(k[1])) for lid in sorted(groups)}
 
 
 def link_of(fp: FabricPort, rkey: PortKey, rdesc: str, max_w: str, max_s: str) -> LinkInfo:
@@ -164,3 +257,102 @@ class NodeFilter:
         if (self._inc[0] or self._inc[1]) and not self._hit(self._inc, guid, desc):
             return False
         return not self._hit(self._exc, guid, desc)
+
+
+class StateSchedule:
+    """When a fabric source re-reads port state between discoveries (``state_interval``).
+
+    Discovery reads every port's state, so it counts as a refresh; and the poll that directly
+    follows a discovery (within ``DISCOVERY_STATE_FRESH`` of its start: the daemon samples right
+    after each one) never refreshes, whatever the interval, because the state it would read is
+    less than a second old.
+    """
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._at: float | None = None
+        self._discovery_started: float | None = None
+
+    def discovered(self, started: float, ended: float) -> None:
+        """A discovery ran from ``started`` to ``ended`` (monotonic) and read every port's state."""
+        self._at = ended
+        self._discovery_started = started
+
+    def due(self, now: float) -> bool:
+        """Whether this poll (at ``now``) refreshes state; a refresh is recorded as done."""
+        refresh = self._at is None or now - self._at >= self.interval
+        started, self._discovery_started = self._discovery_started, None
+        if started is not None and now - started < DISCOVERY_STATE_FRESH:
+            refresh = False
+        if refresh:
+            self._at = now
+        return refresh
+
+
+class FabricSource:
+    """The parts of ``MadSource`` and ``DiagsSource`` that do not depend on how they ask.
+
+    Subclasses implement ``discover`` (ending with ``_adopt``) and ``sample`` (starting with
+    ``_prepare_sample``) and ``close``.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        include: Sequence[str] = (),
+        exclude: Sequence[str] = (),
+        shard: str | None = None,
+        node_name_map: str | os.PathLike[str] | None = None,
+        state_interval: float = 0.0,
+    ) -> None:
+        self.name = name
+        self._filter = NodeFilter(include, exclude)
+        self._shard = parse_shard(shard) if shard else None
+        self._names = load_node_name_map(node_name_map)
+        self._state = StateSchedule(state_interval)
+        self._view: FabricView | None = None
+        self._discover_errors: list[SourceError] = []
+
+    async def discover(self) -> Topology:
+        raise NotImplementedError
+
+    def _desc(self, guid: str, discovered: str) -> str:
+        """A node's description: the node-name map's name, else what the node reported."""
+        return self._names.get(guid, discovered)
+
+    def _finish(self, view: FabricView, peer_desc: Mapping[str, str]) -> FabricView:
+        """Links (peers outside the filter included), then the shard's part of the view."""
+        view.finish_links(peer_desc)
+        view.keep_shard(self._shard)
+        return view
+
+    def _adopt(self, view: FabricView, errors: list[SourceError], started: float) -> Topology:
+        """Make ``view`` current; its discovery's errors go out with the next snapshot."""
+        self._view = view
+        self._discover_errors = errors
+        self._state.discovered(started, time.monotonic())
+        return view.topology()
+
+    async def _prepare_sample(self) -> tuple[FabricView, list[SourceError], bool]:
+        """The view to poll (discovering first if there is none), the errors of the latest
+        discovery (reported once), and whether this poll refreshes port state."""
+        if self._view is None:
+            await self.discover()
+        view = self._view
+        assert view is not None
+        errors, self._discover_errors = self._discover_errors, []
+        return view, errors, self._state.due(time.monotonic())
+
+    @staticmethod
+    def _fill(
+        snap: Snapshot, view: FabricView, values: Mapping[PortKey, PortCounterValues]
+    ) -> None:
+        """A sample for every port whose counters were read, in view order; ports without a
+        LID (down CA ports) still exist and are reported with their state and no counters.
+        A port whose counters failed is left out (its SourceError says why)."""
+        for key, fp in view.ports.items():
+            if key in values:
+                snap.ports[key] = make_sample(fp, values[key])
+            elif not fp.lid:
+                snap.ports[key] = make_sample(fp, None)

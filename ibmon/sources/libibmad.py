@@ -26,6 +26,13 @@ from collections import deque
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from ibmon.sources.localport import (
+    LocalCA,
+    LocalPort,
+    explain_open_failure,
+    umad_access_problem,
+)
+
 __all__ = [
     "ATTR_CLASS_PORT_INFO",
     "ATTR_NODE_DESC",
@@ -41,6 +48,7 @@ __all__ = [
     "MadRequest",
     "MadResult",
     "load_libraries",
+    "local_cas",
 ]
 
 CLASS_SMI = 0x01
@@ -65,7 +73,15 @@ _U32 = struct.Struct("=I")
 
 
 class MadError(RuntimeError):
-    """The MAD layer cannot be used at all (library missing, no umad device, no permission)."""
+    """The MAD layer cannot be used at all (library missing, no umad device, no permission).
+
+    ``cause`` says which when it is known: ``absent`` (no such CA or port, library missing),
+    ``permission`` or ``unknown``.
+    """
+
+    def __init__(self, message: str, cause: str | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 class MadRequest(NamedTuple):
@@ -90,6 +106,49 @@ class MadResult(NamedTuple):
     error: str | None = None  # timeout | status_0xNNNN | send_failed
 
 
+_CA_NAME_LEN = 20  # UMAD_CA_NAME_LEN
+_CA_MAX_PORTS = 10  # UMAD_CA_MAX_PORTS
+_MAX_CAS = 32  # UMAD_MAX_DEVICES
+
+
+class _UmadPort(ctypes.Structure):
+    """``umad_port_t`` from libibumad's umad.h (public, stable ABI of libibumad.so.3)."""
+
+    _fields_ = (
+        ("ca_name", ctypes.c_char * _CA_NAME_LEN),
+        ("portnum", ctypes.c_int),
+        ("base_lid", ctypes.c_uint),
+        ("lmc", ctypes.c_uint),
+        ("sm_lid", ctypes.c_uint),
+        ("sm_sl", ctypes.c_uint),
+        ("state", ctypes.c_uint),
+        ("phys_state", ctypes.c_uint),
+        ("rate", ctypes.c_uint),
+        ("capmask", ctypes.c_uint32),
+        ("gid_prefix", ctypes.c_uint64),
+        ("port_guid", ctypes.c_uint64),
+        ("pkeys_size", ctypes.c_uint),
+        ("pkeys", ctypes.POINTER(ctypes.c_uint16)),
+        ("link_layer", ctypes.c_char * _CA_NAME_LEN),
+    )
+
+
+class _UmadCA(ctypes.Structure):
+    """``umad_ca_t`` from libibumad's umad.h."""
+
+    _fields_ = (
+        ("ca_name", ctypes.c_char * _CA_NAME_LEN),
+        ("node_type", ctypes.c_uint),
+        ("numports", ctypes.c_int),
+        ("fw_ver", ctypes.c_char * 20),
+        ("ca_type", ctypes.c_char * 40),
+        ("hw_ver", ctypes.c_char * 20),
+        ("node_guid", ctypes.c_uint64),
+        ("system_guid", ctypes.c_uint64),
+        ("ports", ctypes.POINTER(_UmadPort) * _CA_MAX_PORTS),
+    )
+
+
 _libs: tuple[ctypes.CDLL, ctypes.CDLL] | None = None
 _libs_lock = threading.Lock()
 
@@ -101,11 +160,15 @@ def load_libraries() -> tuple[ctypes.CDLL, ctypes.CDLL]:
         if _libs is not None:
             return _libs
         try:
-            mad = ctypes.CDLL(ctypes.util.find_library("ibmad") or "libibmad.so.5")
-            umad = ctypes.CDLL(ctypes.util.find_library("ibumad") or "libibumad.so.3")
+            mad = ctypes.CDLL(
+                ctypes.util.find_library("ibmad") or "libibmad.so.5", use_errno=True
+            )
+            umad = ctypes.CDLL(
+                ctypes.util.find_library("ibumad") or "libibumad.so.3", use_errno=True
+            )
         except OSError as exc:
             raise MadError(
-                f"libibmad/libibumad not loadable (apt package libibmad5): {exc}"
+                f"libibmad/libibumad not loadable (apt package libibmad5): {exc}", "absent"
             ) from exc
         vp, ci, cu = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint
         mad.mad_rpc_open_port.restype = vp
@@ -130,9 +193,61 @@ def load_libraries() -> tuple[ctypes.CDLL, ctypes.CDLL]:
         umad.umad_send.argtypes = [ci, ci, vp, ci, ci, ci]
         umad.umad_recv.restype = ci
         umad.umad_recv.argtypes = [ci, vp, ctypes.POINTER(ci), ci]
+        umad.umad_get_cas_names.restype = ci
+        umad.umad_get_cas_names.argtypes = [vp, ci]
+        umad.umad_get_ca.restype = ci
+        umad.umad_get_ca.argtypes = [ctypes.c_char_p, ctypes.POINTER(_UmadCA)]
+        umad.umad_release_ca.restype = ci
+        umad.umad_release_ca.argtypes = [ctypes.POINTER(_UmadCA)]
         del cu
         _libs = (mad, umad)
         return _libs
+
+
+def local_cas() -> list[LocalCA]:
+    """The local CAs and their ports as libibumad sees them (what infiniband-diags use).
+
+    Read through the library rather than sysfs directly, so the answer is the one the MAD
+    layer acts on (and, under ibsim's umad2sim shim, the simulated CA).
+    """
+    _mad, umad = load_libraries()
+    names = (ctypes.c_char * (_CA_NAME_LEN * _MAX_CAS))()
+    n = umad.umad_get_cas_names(names, _MAX_CAS)
+    out: list[LocalCA] = []
+    for i in range(max(0, n)):
+        raw = names.raw[i * _CA_NAME_LEN : (i + 1) * _CA_NAME_LEN].split(b"\0", 1)[0]
+        ca = _UmadCA()
+        if umad.umad_get_ca(raw, ctypes.byref(ca)) < 0:
+            continue
+        try:
+            ports: dict[int, LocalPort] = {}
+            for pnum in range(min(ca.numports, _CA_MAX_PORTS - 1) + 1):
+                ptr = ca.ports[pnum]
+                if not ptr:
+                    continue
+                p = ptr.contents
+                ports[pnum] = LocalPort(
+                    number=pnum,
+                    state=p.state,
+                    phys_state=p.phys_state,
+                    link_layer=p.link_layer.decode("ascii", "replace") or "InfiniBand",
+                )
+            out.append(LocalCA(raw.decode("ascii", "replace"), ca.node_type == 2, ports))
+        finally:
+            umad.umad_release_ca(ctypes.byref(ca))
+    return out
+
+
+def _open_failure(ca: str | None, port: int, os_errno: int) -> MadError:
+    """The MadError for a port that would not open: what was tried and what the host has."""
+    try:
+        cas = local_cas()
+    except (OSError, MadError):
+        cas = []
+    failure = explain_open_failure(
+        cas, ca, port or None, os_errno=os_errno, access_problem=umad_access_problem()
+    )
+    return MadError(failure.message, failure.cause)
 
 
 def _build_into(buf: bytearray | memoryview, req: MadRequest, tid: int) -> None:
@@ -175,12 +290,11 @@ class MadEngine:
     ) -> None:
         self._mad, self._umad = load_libraries()
         classes = (ctypes.c_int * 3)(CLASS_SMI, CLASS_SMI_DIRECT, CLASS_PMA)
+        ctypes.set_errno(0)
+        # port 0 = any: libibumad picks a switch's port 0, else the first active port
         handle = self._mad.mad_rpc_open_port(ca.encode() if ca else None, port, classes, 3)
         if not handle:
-            raise MadError(
-                f"cannot open MAD port (ca={ca or 'default'}, port={port or 'default'})"
-                ": no InfiniBand device, or no permission on /dev/infiniband/umad*"
-            )
+            raise _open_failure(ca, port, ctypes.get_errno())
         self._handle: int | None = handle
         self._fd = self._mad.mad_rpc_portid(handle)
         self._agents = {

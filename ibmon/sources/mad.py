@@ -40,15 +40,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Literal
 
-from ibmon.model import PortIdentity, PortKey, Snapshot, SourceError, Topology
+from pydantic import Field
+
+from ibmon.model import PortKey, Snapshot, SourceError, Topology
 from ibmon.sources.fabric import (
-    FabricPort,
+    FabricSource,
+    FabricSourceConfig,
     FabricView,
-    NodeFilter,
-    link_of,
-    make_sample,
 )
 from ibmon.sources.libibmad import (
     ATTR_CLASS_PORT_INFO,
@@ -70,6 +70,7 @@ from ibmon.sources.parse import (
     CPI_CAP_EXT_WIDTH_NOIETF,
     ClassPortInfo,
     NodeInfo,
+    PortCounterValues,
     PortInfo,
     decode_class_port_info,
     decode_node_desc,
@@ -78,19 +79,26 @@ from ibmon.sources.parse import (
     decode_port_counters_ext,
     decode_port_info,
     merge_counters,
-    parse_node_name_map,
 )
-from ibmon.sources.shard import filter_topology, parse_shard
 
-if TYPE_CHECKING:
-    from ibmon.config import MadSourceConfig
+__all__ = ["Config", "MadSource", "MadSourceConfig", "SweepResult", "build"]
 
-__all__ = ["MadSource", "SweepResult"]
+
+class MadSourceConfig(FabricSourceConfig):
+    """``type = "mad"``: the whole fabric over in-process MADs."""
+
+    type: Literal["mad"] = "mad"
+    # MADs in flight at once (the libibumad window); cheap in-process, unlike diags' processes.
+    concurrency: int = Field(default=64, ge=1, le=256)
+
+
+Config = MadSourceConfig
+
+
+def build(cfg: MadSourceConfig) -> MadSource:
+    return MadSource.from_config(cfg)
 
 _MAX_HOPS = 63
-#: A poll this soon after the start of a discovery sweep uses the port state that sweep read
-#: instead of asking every port again (the daemon samples right after each discovery).
-_SWEEP_STATE_FRESH = 1.0
 
 
 _gc_lock = threading.Lock()
@@ -130,6 +138,10 @@ class _Node:
     ports: dict[int, PortInfo] = field(default_factory=dict)
 
 
+#: A node reached in a sweep round: its NodeInfo, the directed route to it, the port entered by.
+_Arrival = tuple[NodeInfo, tuple[int, ...], int]
+
+
 @dataclass(slots=True)
 class SweepResult:
     """Raw result of a DR sweep: nodes by GUID, links by (guid, port) both ways, failures."""
@@ -140,7 +152,7 @@ class SweepResult:
     mads: int = 0
 
 
-class MadSource:
+class MadSource(FabricSource):
     """Fabric-wide source over in-process MADs (see module docstring)."""
 
     def __init__(
@@ -159,30 +171,26 @@ class MadSource:
         node_name_map: str | os.PathLike[str] | None = None,
         state_interval: float = 0.0,
     ) -> None:
-        self.name = name
-        self._state_interval = state_interval
-        self._state_at: float | None = None
-        self._sweep_started: float | None = None  # set by discover, consumed by the next sample
+        super().__init__(
+            name=name,
+            include=include,
+            exclude=exclude,
+            shard=shard,
+            node_name_map=node_name_map,
+            state_interval=state_interval,
+        )
         self._ca = ca
         self._port = port or 0
         self._timeout = timeout
         self._retries = retries
         self._window = window
         self._n_ports = max(1, mad_ports)
-        self._filter = NodeFilter(include, exclude)
-        self._shard = parse_shard(shard) if shard else None
-        self._names: dict[str, str] = {}
-        if node_name_map is not None:
-            with open(node_name_map, encoding="utf-8", errors="replace") as fh:
-                self._names, _bad = parse_node_name_map(fh.read())
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=self._n_ports, thread_name_prefix="ibmon-mad"
         )
         self._engines: list[MadEngine] = []
         self._engine_ids = itertools.count()
-        self._view: FabricView | None = None
         self._cpi: dict[int, ClassPortInfo] = {}
-        self._discover_errors: list[SourceError] = []
         self.last_sweep_mads = 0
 
     @classmethod
@@ -242,183 +250,212 @@ class MadSource:
     # ------------------------------------------------------------------ discovery
 
     def sweep_sync(self) -> SweepResult:
-        """The directed-route sweep (blocking; runs on the MAD thread)."""
+        """The directed-route sweep (blocking; runs on the MAD thread), one hop level a round."""
         res = SweepResult()
         first = self._run_sync([MadRequest(CLASS_SMI, ATTR_NODE_INFO, path=())])[0]
         res.mads += 1
         if first.data is None:
             raise MadError(f"local NodeInfo failed: {first.error}")
         local = decode_node_info(first.data)
-        new: list[tuple[NodeInfo, tuple[int, ...], int]] = [(local, (), local.local_port)]
+        new: list[_Arrival] = [(local, (), local.local_port)]
         while new:
-            # 1. NodeDescription + PortInfo for new nodes / newly reached CA ports
-            reqs: list[MadRequest] = []
-            targets: list[tuple[str, int | None]] = []
-            for info, path, entry in new:
-                node = res.nodes.get(info.node_guid)
-                if node is None:
-                    node = res.nodes[info.node_guid] = _Node(info=info, path=path)
-                    reqs.append(MadRequest(CLASS_SMI, ATTR_NODE_DESC, path=path))
-                    targets.append((info.node_guid, None))
-                    ports: list[int] = (
-                        list(range(info.num_ports + 1)) if info.node_type == "switch" else [entry]
-                    )
-                else:
-                    ports = [entry] if entry not in node.ports else []
-                for p in ports:
-                    reqs.append(MadRequest(CLASS_SMI, ATTR_PORT_INFO, attr_mod=p, path=path))
-                    targets.append((info.node_guid, p))
-            results = self._run_sync(reqs)
-            res.mads += len(reqs)
-            for (guid, pnum), r in zip(targets, results, strict=True):
-                node = res.nodes[guid]
-                if r.data is None:
-                    what = "NodeDescription" if pnum is None else f"PortInfo port {pnum}"
-                    res.errors.append(SourceError(r.error or "timeout", f"{guid}: {what}"))
-                elif pnum is None:
-                    node.desc = decode_node_desc(r.data)
-                else:
-                    node.ports[pnum] = decode_port_info(r.data)
-            # 2. NodeInfo through every live port of the new switches (and the local CA port)
-            reqs, hops = [], []
-            for info, path, entry in new:
-                node = res.nodes[info.node_guid]
-                if info.node_type == "switch":
-                    outs = [p for p in range(1, info.num_ports + 1) if p != entry or not path]
-                elif not path:
-                    outs = [entry]
-                else:
-                    continue
-                if len(path) >= _MAX_HOPS:
-                    continue
-                for p in outs:
-                    pi = node.ports.get(p)
-                    if pi is None or pi.phys_state != 5 or pi.state < 2:
-                        continue
-                    if (info.node_guid, p) in res.links:
-                        continue
-                    reqs.append(MadRequest(CLASS_SMI, ATTR_NODE_INFO, path=(*path, p)))
-                    hops.append((info.node_guid, p, (*path, p)))
-            results = self._run_sync(reqs)
-            res.mads += len(reqs)
-            new = []
-            queued: set[tuple[str, int]] = set()  # (guid, entry port) already in ``new``
-            for (guid, p, path), r in zip(hops, results, strict=True):
-                if r.data is None:
-                    res.errors.append(
-                        SourceError(r.error or "timeout", f"{guid} port {p}: NodeInfo of the peer")
-                    )
-                    continue
-                peer = decode_node_info(r.data)
-                res.links[(guid, p)] = (peer.node_guid, peer.local_port)
-                res.links[(peer.node_guid, peer.local_port)] = (guid, p)
-                known = res.nodes.get(peer.node_guid)
-                unseen = known is None or (
-                    peer.node_type != "switch" and peer.local_port not in known.ports
-                )
-                if unseen and (peer.node_guid, peer.local_port) not in queued:
-                    queued.add((peer.node_guid, peer.local_port))
-                    new.append((peer, path, peer.local_port))
+            self._describe(res, new)
+            new = self._next_level(res, new)
         return res
 
+    def _describe(self, res: SweepResult, new: list[_Arrival]) -> None:
+        """NodeDescription and PortInfo (every switch port, the CA port arrived on) for the nodes
+        and CA ports reached in the last round."""
+        reqs: list[MadRequest] = []
+        targets: list[tuple[str, int | None]] = []
+        for info, path, entry in new:
+            node = res.nodes.get(info.node_guid)
+            if node is None:
+                node = res.nodes[info.node_guid] = _Node(info=info, path=path)
+                reqs.append(MadRequest(CLASS_SMI, ATTR_NODE_DESC, path=path))
+                targets.append((info.node_guid, None))
+                ports: list[int] = (
+                    list(range(info.num_ports + 1)) if info.node_type == "switch" else [entry]
+                )
+            else:
+                ports = [entry] if entry not in node.ports else []
+            for p in ports:
+                reqs.append(MadRequest(CLASS_SMI, ATTR_PORT_INFO, attr_mod=p, path=path))
+                targets.append((info.node_guid, p))
+        results = self._run_sync(reqs)
+        res.mads += len(reqs)
+        for (guid, pnum), r in zip(targets, results, strict=True):
+            node = res.nodes[guid]
+            if r.data is None:
+                what = "NodeDescription" if pnum is None else f"PortInfo port {pnum}"
+                res.errors.append(SourceError(r.error or "timeout", f"{guid}: {what}"))
+            elif pnum is None:
+                node.desc = decode_node_desc(r.data)
+            else:
+                node.ports[pnum] = decode_port_info(r.data)
+
+    def _next_level(self, res: SweepResult, new: list[_Arrival]) -> list[_Arrival]:
+        """NodeInfo through every live port of the new switches (and the local CA port): the
+        links, and the nodes and CA ports the next round must describe."""
+        reqs: list[MadRequest] = []
+        hops: list[tuple[str, int, tuple[int, ...]]] = []
+        for info, path, entry in new:
+            node = res.nodes[info.node_guid]
+            if info.node_type == "switch":
+                outs = [p for p in range(1, info.num_ports + 1) if p != entry or not path]
+            elif not path:
+                outs = [entry]
+            else:
+                continue
+            if len(path) >= _MAX_HOPS:
+                continue
+            for p in outs:
+                pi = node.ports.get(p)
+                if pi is None or pi.phys_state != 5 or pi.state < 2:
+                    continue
+                if (info.node_guid, p) in res.links:
+                    continue
+                reqs.append(MadRequest(CLASS_SMI, ATTR_NODE_INFO, path=(*path, p)))
+                hops.append((info.node_guid, p, (*path, p)))
+        results = self._run_sync(reqs)
+        res.mads += len(reqs)
+        arrivals: list[_Arrival] = []
+        queued: set[tuple[str, int]] = set()  # (guid, entry port) already in ``arrivals``
+        for (guid, p, path), r in zip(hops, results, strict=True):
+            if r.data is None:
+                res.errors.append(
+                    SourceError(r.error or "timeout", f"{guid} port {p}: NodeInfo of the peer")
+                )
+                continue
+            peer = decode_node_info(r.data)
+            res.links[(guid, p)] = (peer.node_guid, peer.local_port)
+            res.links[(peer.node_guid, peer.local_port)] = (guid, p)
+            known = res.nodes.get(peer.node_guid)
+            unseen = known is None or (
+                peer.node_type != "switch" and peer.local_port not in known.ports
+            )
+            if unseen and (peer.node_guid, peer.local_port) not in queued:
+                queued.add((peer.node_guid, peer.local_port))
+                arrivals.append((peer, path, peer.local_port))
+        return arrivals
+
     def _view_from(self, sweep: SweepResult) -> FabricView:
+        """The filtered, linked and sharded view of a sweep (on the MAD thread, GC paused)."""
         view = FabricView(source=self.name)
         for guid, node in sweep.nodes.items():
-            desc = self._names.get(guid, node.desc)
             if not self._filter.keep(guid, node.desc):
                 continue
             is_switch = node.info.node_type == "switch"
-            if is_switch:
+            switch_lid: int | None = None
+            if is_switch:  # every port of a switch answers on the base LID of port 0
                 port0 = node.ports.get(0)
-                lid: int | None = port0.lid if port0 is not None else None
+                switch_lid = port0.lid if port0 is not None else None
                 numbers: list[int] = list(range(1, node.info.num_ports + 1))
             else:
-                lid = None
                 numbers = sorted(p for p in node.ports if p > 0)
             for p in numbers:
                 pi = node.ports.get(p)
                 if pi is None:
                     continue
-                plid = lid if is_switch else pi.lid
-                key = (guid, str(p))
-                ident = PortIdentity(
-                    guid=guid,
-                    port=str(p),
-                    node_desc=desc,
-                    node_type=node.info.node_type
-                    if node.info.node_type in ("ca", "switch", "router")
-                    else "ca",
-                    lid=plid,
-                    source=self.name,
+                lid = switch_lid if is_switch else pi.lid
+                key, fp = view.add(
+                    guid,
+                    p,
+                    desc=self._desc(guid, node.desc),
+                    node_type=node.info.node_type,
+                    lid=lid,
                 )
-                view.ports[key] = FabricPort(identity=ident, lid=plid)
                 view.apply_port_info(key, pi)
-                view.ports[key].remote = sweep.links.get((guid, p))
-        # links to nodes outside the filter keep the peer's description
-        for fp in view.ports.values():
-            if fp.remote is not None and (fp.remote[0], str(fp.remote[1])) not in view.ports:
-                peer = sweep.nodes.get(fp.remote[0])
-                if peer is not None:
-                    fp.link = link_of(
-                        fp,
-                        (fp.remote[0], str(fp.remote[1])),
-                        self._names.get(fp.remote[0], peer.desc),
-                        "",
-                        "",
-                    )
-        view.finish_links()
-        return view
-
-    def _discover_sync(self) -> tuple[SweepResult, FabricView]:
-        """Sweep and build the view on the MAD thread: the loop stays free, and GC paused."""
-        sweep = self.sweep_sync()
-        view = self._view_from(sweep)
-        if self._shard is not None:
-            keep = filter_topology(view.topology(), *self._shard).ports
-            view.ports = {k: v for k, v in view.ports.items() if k in keep}
-        return sweep, view
+                fp.remote = sweep.links.get((guid, p))
+        peer_desc = {g: self._desc(g, n.desc) for g, n in sweep.nodes.items()}
+        return self._finish(view, peer_desc)
 
     async def discover(self) -> Topology:
         started = time.monotonic()
-        got = await self._in_thread(self._discover_sync)
+
+        def sweep_and_view() -> tuple[SweepResult, FabricView]:
+            sweep = self.sweep_sync()
+            return sweep, self._view_from(sweep)
+
+        got = await self._in_thread(sweep_and_view)
         assert isinstance(got, tuple)
         sweep: SweepResult = got[0]
         view: FabricView = got[1]
-        self._view = view
-        self._state_at = time.monotonic()  # discovery just read every port's state
-        self._sweep_started = started
         self._cpi = {}
-        self._discover_errors = sweep.errors
         self.last_sweep_mads = sweep.mads
-        return view.topology()
+        return self._adopt(view, sweep.errors, started)
 
     # ------------------------------------------------------------------ counters
 
     def _counters_sync(
         self, view: FabricView, refresh_state: bool = True
-    ) -> tuple[dict[PortKey, object], list[SourceError], int]:
-        errors: list[SourceError] = []
-        by_lid: dict[int, list[PortKey]] = {}
-        for key, fp in view.ports.items():
-            if fp.lid:
-                by_lid.setdefault(fp.lid, []).append(key)
-        mads = 0
+    ) -> tuple[dict[PortKey, PortCounterValues], list[SourceError], int]:
+        """Every port's counters (and, with ``refresh_state``, its PortInfo) in one MAD batch.
+
+        Returns counters by port, the errors (one per port and poll), and the MADs sent.
+        """
+        by_lid = view.by_lid()
+        errors, mads = self._learn_class_port_info(by_lid)
+        plan = self._pma_plan(by_lid)
+        state = [(k, lid) for lid, keys in by_lid.items() for k in keys] if refresh_state else []
+        reqs = [req for _key, _kind, req in plan]
+        reqs += [MadRequest(CLASS_SMI, ATTR_PORT_INFO, attr_mod=int(k[1]), lid=lid)
+                 for k, lid in state]
+        results = self._run_sync(reqs)
+        mads += len(reqs)
+        raw: dict[PortKey, dict[str, bytes]] = {}
+        failed: dict[PortKey, str] = {}
+        for (key, kind, _req), r in zip(plan, results[: len(plan)], strict=True):
+            if r.data is None:
+                failed.setdefault(key, r.error or "timeout")
+            else:
+                raw.setdefault(key, {})[kind] = r.data
+        for (key, _lid), r in zip(state, results[len(plan) :], strict=True):
+            if r.data is not None:
+                view.refresh_port(key, decode_port_info(r.data))
+            elif key not in failed and key in raw:
+                # one error per port and poll: report the state miss only when the PMA answered
+                errors.append(
+                    SourceError(r.error or "timeout", f"{key[0]} port {key[1]}: PortInfo", key)
+                )
+        errors.extend(
+            SourceError(reason, f"{key[0]} port {key[1]}: PMA", key)
+            for key, reason in failed.items()
+        )
+        out = {
+            key: self._decode(view, key, parts) for key, parts in raw.items() if key not in failed
+        }
+        return out, errors, mads
+
+    def _learn_class_port_info(
+        self, by_lid: dict[int, list[PortKey]]
+    ) -> tuple[list[SourceError], int]:
+        """ClassPortInfo of every LID not asked since discovery (its masks say which counter
+        attributes and fields are valid); a LID that does not answer costs its ports' counters
+        this poll and is asked again next poll."""
         missing = [lid for lid in by_lid if lid not in self._cpi]
-        if missing:
-            results = self._run_sync(
-                [MadRequest(CLASS_PMA, ATTR_CLASS_PORT_INFO, lid=lid) for lid in missing]
-            )
-            mads += len(missing)
-            for lid, r in zip(missing, results, strict=True):
-                if r.data is not None:
-                    self._cpi[lid] = decode_class_port_info(r.data)
-                else:
-                    errors.extend(
-                        SourceError(r.error or "timeout", f"lid {lid}: ClassPortInfo", key)
-                        for key in by_lid[lid]
-                    )
-        reqs: list[MadRequest] = []
-        plan: list[tuple[PortKey, str]] = []
+        if not missing:
+            return [], 0
+        results = self._run_sync(
+            [MadRequest(CLASS_PMA, ATTR_CLASS_PORT_INFO, lid=lid) for lid in missing]
+        )
+        errors: list[SourceError] = []
+        for lid, r in zip(missing, results, strict=True):
+            if r.data is not None:
+                self._cpi[lid] = decode_class_port_info(r.data)
+            else:
+                errors.extend(
+                    SourceError(r.error or "timeout", f"lid {lid}: ClassPortInfo", key)
+                    for key in by_lid[lid]
+                )
+        return errors, len(missing)
+
+    def _pma_plan(
+        self, by_lid: dict[int, list[PortKey]]
+    ) -> list[tuple[PortKey, str, MadRequest]]:
+        """The counter Gets per port: PortCountersExtended when the port has it, PortCounters
+        when it has no extended set or no 64-bit error copies (CapMask2 bit 1)."""
+        plan: list[tuple[PortKey, str, MadRequest]] = []
         for lid, keys in by_lid.items():
             cpi = self._cpi.get(lid)
             if cpi is None:
@@ -428,58 +465,25 @@ class MadSource:
             for key in keys:
                 sel = int(key[1])
                 if ext:
-                    reqs.append(
-                        MadRequest(CLASS_PMA, ATTR_PORT_COUNTERS_EXT, lid=lid, port_select=sel)
-                    )
-                    plan.append((key, "ext"))
+                    req = MadRequest(CLASS_PMA, ATTR_PORT_COUNTERS_EXT, lid=lid, port_select=sel)
+                    plan.append((key, "ext", req))
                 if narrow or not ext:
-                    reqs.append(MadRequest(CLASS_PMA, ATTR_PORT_COUNTERS, lid=lid, port_select=sel))
-                    plan.append((key, "narrow"))
-        state_keys: list[PortKey] = []
-        if refresh_state:
-            for lid, keys in by_lid.items():
-                for key in keys:
-                    reqs.append(
-                        MadRequest(CLASS_SMI, ATTR_PORT_INFO, attr_mod=int(key[1]), lid=lid)
-                    )
-                    state_keys.append(key)
-        results = self._run_sync(reqs)
-        mads += len(reqs)
-        n_pma = len(plan)
-        raw: dict[PortKey, dict[str, bytes]] = {}
-        failed: dict[PortKey, str] = {}
-        for (key, kind), r in zip(plan, results[:n_pma], strict=True):
-            if r.data is None:
-                failed.setdefault(key, r.error or "timeout")
-            else:
-                raw.setdefault(key, {})[kind] = r.data
-        for key, r in zip(state_keys, results[n_pma:], strict=True):
-            if r.data is not None:
-                view.refresh_port(key, decode_port_info(r.data))
-            elif key not in failed and key in raw:
-                # one error per port and poll: report the state miss only when the PMA answered
-                errors.append(
-                    SourceError(r.error or "timeout", f"{key[0]} port {key[1]}: PortInfo", key)
-                )
-        out: dict[PortKey, object] = {}
-        for key, reason in failed.items():
-            errors.append(SourceError(reason, f"{key[0]} port {key[1]}: PMA", key))
-        for key, parts in raw.items():
-            if key in failed:
-                continue
-            plid = view.ports[key].lid
-            assert plid is not None
-            cpi = self._cpi[plid]
-            narrow_vals = (
-                decode_port_counters(parts["narrow"], cpi.cap_mask) if "narrow" in parts else None
-            )
-            ext_vals = (
-                decode_port_counters_ext(parts["ext"], cpi.cap_mask, cpi.cap_mask2)
-                if "ext" in parts
-                else None
-            )
-            out[key] = merge_counters(narrow_vals, ext_vals, cpi.cap_mask)
-        return out, errors, mads
+                    req = MadRequest(CLASS_PMA, ATTR_PORT_COUNTERS, lid=lid, port_select=sel)
+                    plan.append((key, "narrow", req))
+        return plan
+
+    def _decode(self, view: FabricView, key: PortKey, parts: dict[str, bytes]) -> PortCounterValues:
+        """One port's counter payloads, decoded and merged under its LID's capability masks."""
+        plid = view.ports[key].lid
+        assert plid is not None
+        cpi = self._cpi[plid]
+        narrow = decode_port_counters(parts["narrow"], cpi.cap_mask) if "narrow" in parts else None
+        ext = (
+            decode_port_counters_ext(parts["ext"], cpi.cap_mask, cpi.cap_mask2)
+            if "ext" in parts
+            else None
+        )
+        return merge_counters(narrow, ext, cpi.cap_mask)
 
     def _sample_sync(self, view: FabricView, refresh_state: bool) -> Snapshot:
         """One poll on the MAD thread, PortSamples included (built with GC paused, off the loop)."""
@@ -487,26 +491,11 @@ class MadSource:
         values, errors, mads = self._counters_sync(view, refresh_state)
         self.last_sweep_mads = mads
         snap.errors.extend(errors)
-        for key, fp in view.ports.items():
-            if key in values:
-                snap.ports[key] = make_sample(fp, values[key])  # type: ignore[arg-type]
-            elif not fp.lid:
-                snap.ports[key] = make_sample(fp, None)
+        self._fill(snap, view, values)
         return snap
 
     async def sample(self) -> Snapshot:
-        if self._view is None:
-            await self.discover()
-        view = self._view
-        assert view is not None
-        discover_errors, self._discover_errors = self._discover_errors, []
-        now = time.monotonic()
-        refresh = self._state_at is None or now - self._state_at >= self._state_interval
-        if self._sweep_started is not None and now - self._sweep_started < _SWEEP_STATE_FRESH:
-            refresh = False  # every PortInfo was read by the sweep that just ended
-        self._sweep_started = None
-        if refresh:
-            self._state_at = now
+        view, discover_errors, refresh = await self._prepare_sample()
         snap = await self._in_thread(self._sample_sync, view, refresh)
         assert isinstance(snap, Snapshot)
         snap.errors[:0] = discover_errors

@@ -14,12 +14,48 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
 
+from pydantic import Field
+
+from ibmon.config import Duration, SourceConfigBase
 from ibmon.model import Snapshot, Topology
-from mocks.scenario import ManualClock, ScenarioPlayer, SimClock, build_fabric, load_scenario
-from mocks.traffic import FabricModel
 
-__all__ = ["ManualClock", "MockSource", "SimClock"]
+if TYPE_CHECKING:  # the simulator (and YAML) load only when a mock source is built
+    from mocks.scenario import ManualClock, ScenarioPlayer, SimClock
+    from mocks.traffic import FabricModel
+
+__all__ = ["Config", "ManualClock", "MockSource", "MockSourceConfig", "SimClock", "build"]
+
+
+class MockSourceConfig(SourceConfigBase):
+    """``type = "mock"``: a simulated fabric playing a shipped scenario (or a YAML file)."""
+
+    type: Literal["mock"] = "mock"
+    interval: Duration = 1.0
+    scenario: str = "demo"
+    hosts: int | None = Field(default=None, ge=1, le=200_000)
+    speed: float = Field(default=1.0, gt=0, le=10_000)
+    seed: int | None = None  # None: the scenario's own seed
+
+
+Config = MockSourceConfig
+
+
+def build(cfg: MockSourceConfig) -> MockSource:
+    return MockSource.from_scenario(
+        cfg.scenario, hosts=cfg.hosts, speed=cfg.speed, seed=cfg.seed, name=cfg.label
+    )
+
+
+def __getattr__(name: str) -> Any:
+    """The simulator's clocks, re-exported without importing the simulator up front."""
+    if name in ("ManualClock", "SimClock"):
+        import mocks.scenario
+
+        return getattr(mocks.scenario, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 class MockSource:
     """The Source protocol over a :class:`~mocks.traffic.FabricModel`."""
@@ -36,7 +72,11 @@ class MockSource:
         self.name = name
         self.model = model
         self.player = player
-        self.clock: Callable[[], float] = clock if clock is not None else SimClock(1.0)
+        if clock is None:
+            from mocks.scenario import SimClock
+
+            clock = SimClock(1.0)
+        self.clock: Callable[[], float] = clock
         self.epoch = time.time() if epoch is None else epoch
 
     @classmethod
@@ -52,6 +92,9 @@ class MockSource:
     ) -> MockSource:
         """A source playing a shipped scenario (or a YAML path) on its topology, or on a
         bigger tree with at least ``hosts`` HCAs; raises ScenarioError (a ValueError)."""
+        from mocks.scenario import ScenarioPlayer, SimClock, build_fabric, load_scenario
+        from mocks.traffic import FabricModel
+
         sc = load_scenario(scenario)
         fabric = build_fabric(sc, hosts=hosts)
         model = FabricModel(fabric, seed=sc.seed if seed is None else seed, load=sc.load)

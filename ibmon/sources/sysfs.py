@@ -22,9 +22,13 @@ Decisions a user can rely on:
 - A device without a usable ``node_guid`` (missing, unreadable, all zeros or shared with another
   device) still gets a stable key: ``0x`` + the first 16 hex digits of
   ``sha1("sysfs:" + device name)``. The problem is reported once per discovery, not every poll.
-- ``rate``: ``100 Gb/sec (4X EDR)`` gives 100e9 bits/s, width ``4X``, speed ``EDR``;
-  ``10 Gb/sec (4X)`` (old kernels print no speed for SDR) gives the width only. A rate of zero
-  (``0 GB/sec``: no cable, procfs#361) is valid and means "no rate" (``None``), not an error.
+- ``rate`` (kernel ``rate_show``: ``"%d%s Gb/sec (%dX%s)"``, the *signalling* rate) gives
+  width and speed: ``40 Gb/sec (4X QDR)`` is ``4X``/``QDR``; ``10 Gb/sec (4X)`` (kernels before
+  the SDR name was printed) is ``4X``/``SDR`` when the number is 2.5 Gb/s per lane.
+  ``rate_bps`` is the *data* rate from ``linkspeed.port_rate_bps``, the same function every
+  source uses: 4X QDR is 32e9 bits/s, 4X FDR 54.5e9, 4X EDR 100e9; on a RoCE/iWARP port (link
+  layer Ethernet) the printed number itself (the Ethernet MAC rate). A rate of zero (``0
+  GB/sec``: no cable, procfs#361) is valid and means "no rate" (``None``), not an error.
 - Counter width: the kernel fills ``counters/port_{xmit,rcv}_{data,packets}`` from the 64-bit
   PortCountersExtended table exactly when the device advertises extended width, and only then
   does it create the ``unicast_*`` / ``multicast_*`` files. So their presence marks the data and
@@ -63,10 +67,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import structlog
+from pydantic import Field
 
+from ibmon.config import Duration, SourceConfigBase
 from ibmon.counters import BY_NAME, BY_SYSFS, BY_SYSFS_EXT, EXTENDED, is_hw_gauge
+from ibmon.linkspeed import LANE_SIGNAL_GBPS, WIDTH_LANES, port_rate_bps
 from ibmon.model import (
     PortIdentity,
     PortKey,
@@ -78,7 +86,10 @@ from ibmon.model import (
 )
 
 __all__ = [
+    "Config",
     "SysfsSource",
+    "SysfsSourceConfig",
+    "build",
     "has_devices",
     "parse_enum_prefix",
     "parse_lid",
@@ -164,9 +175,12 @@ def parse_lid(text: str) -> int | None:
 
 
 def parse_rate(text: str) -> tuple[float | None, str, str] | None:
-    """``100 Gb/sec (4X EDR)`` -> ``(100e9, "4X", "EDR")``; None when the text is unparsable.
+    """``40 Gb/sec (4X QDR)`` -> ``(40e9, "4X", "QDR")``: the printed (signalling) rate in
+    bits/s, the width and the speed; None when the text is unparsable.
 
-    A zero rate (``0 GB/sec``, no cable) is valid and gives ``(None, width, speed)``.
+    ``10 Gb/sec (4X)``, what kernels printed for SDR before naming it, gives speed ``SDR`` (2.5
+    Gb/s per lane; any other number keeps the speed unknown). A zero rate (``0 GB/sec``, no
+    cable) is valid and gives ``(None, width, speed)``. The data rate is ``port_rate_bps``'s.
     """
     m = _RATE_RE.match(text.strip())
     if m is None:
@@ -179,6 +193,9 @@ def parse_rate(text: str) -> tuple[float | None, str, str] | None:
         else:
             speed.append(part)
     gbps = float(m.group("num"))
+    lanes = WIDTH_LANES.get(width)
+    if not speed and lanes and gbps == LANE_SIGNAL_GBPS["SDR"] * lanes:
+        speed = ["SDR"]
     return (gbps * 1e9 if gbps > 0 else None), width, " ".join(speed)
 
 
@@ -253,6 +270,23 @@ class _Device:
 class _Plan:
     devices: list[_Device]
     names: frozenset[str]
+
+
+class SysfsSourceConfig(SourceConfigBase):
+    """``type = "sysfs"``: this host's ports. Devices are chosen by name globs."""
+
+    type: Literal["sysfs"] = "sysfs"
+    interval: Duration = 1.0
+    root: Path = Path("/sys")
+    include: list[str] = Field(default_factory=list)
+    exclude: list[str] = Field(default_factory=list)
+
+
+Config = SysfsSourceConfig
+
+
+def build(cfg: SysfsSourceConfig) -> SysfsSource:
+    return SysfsSource(root=cfg.root, include=cfg.include, exclude=cfg.exclude, name=cfg.label)
 
 
 class SysfsSource:
@@ -517,7 +551,13 @@ class SysfsSource:
                 if rate is None:
                     self._fail(errors, "bad_rate", p.rate, key)
                 else:
-                    sample.rate_bps, sample.active_width, sample.active_speed = rate
+                    reported, sample.active_width, sample.active_speed = rate
+                    sample.rate_bps = port_rate_bps(
+                        sample.active_width,
+                        sample.active_speed,
+                        link_layer=ident.link_layer,
+                        reported_bps=reported,
+                    )
         return sample
 
     # -- file helpers ---------------------------------------------------------------------------

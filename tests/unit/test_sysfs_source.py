@@ -145,6 +145,8 @@ async def test_real_mlx4_legacy_counters_ext_and_saturated_wait() -> None:
     assert reasons_for(snap, "port_rcv_discards") == []  # unknown file: ignored
     p2 = port(snap, "mlx4_0", "2")
     assert p2.counters["receive_data"] == 4631917  # from counters_ext, counters/ says 0
+    # "40 Gb/sec (4X QDR)" is the signalling rate: 32 Gb/s of data after 8b/10b
+    assert (p.rate_bps, p.active_width, p.active_speed) == (32e9, "4X", "QDR")
 
 
 async def test_real_iwarp_without_pma_keeps_port() -> None:
@@ -154,7 +156,9 @@ async def test_real_iwarp_without_pma_keeps_port() -> None:
     assert p.counters == {}
     assert p.state == 4
     assert p.phys_state == 5
-    assert (p.rate_bps, p.active_width, p.active_speed) == (10e9, "4X", "")
+    # "10 Gb/sec (4X)" is how kernels printed 4X SDR before naming it; this capture says its
+    # link layer is InfiniBand, so it is read as 4X SDR: 8 Gb/s of data after 8b/10b.
+    assert (p.rate_bps, p.active_width, p.active_speed) == (8e9, "4X", "SDR")
     errs = [e for e in snap.errors if "i40iw0/ports/1/counters/" in e.detail]
     files = list((class_dir(root) / "i40iw0" / "ports" / "1" / "counters").iterdir())
     assert len(errs) == len(files) == 17
@@ -172,7 +176,10 @@ async def test_real_iwarp_without_pma_keeps_port() -> None:
         ("200 Gb/sec (4X HDR)", (200e9, "4X", "HDR")),
         ("2.5 Gb/sec (1X SDR)\n", (2.5e9, "1X", "SDR")),
         ("40 Gb/sec (4X FDR10)\n", (40e9, "4X", "FDR10")),
-        ("10 Gb/sec (4X)\n", (10e9, "4X", "")),
+        ("10 Gb/sec (4X)\n", (10e9, "4X", "SDR")),  # kernels before the SDR name
+        ("2.5 Gb/sec (1X)\n", (2.5e9, "1X", "SDR")),
+        ("5 Gb/sec (1X)\n", (5e9, "1X", "")),  # no name and not SDR: speed unknown
+        ("56 Gb/sec (4X FDR)\n", (56e9, "4X", "FDR")),
         ("0 GB/sec\n", (None, "", "")),
         ("25 Gb/sec (1X EDR)\n\n", (25e9, "1X", "EDR")),
         ("fast\n", None),
@@ -404,7 +411,9 @@ async def test_file_gone_after_discovery_is_missing(tmp_path: Path) -> None:
     ("rate", "expected", "errors"),
     [
         ("0 GB/sec\n", (None, "", ""), []),
-        ("10 Gb/sec (4X)\n", (10e9, "4X", ""), []),
+        ("10 Gb/sec (4X)\n", (8e9, "4X", "SDR"), []),  # old kernels' 4X SDR: 8 Gb/s of data
+        ("40 Gb/sec (4X QDR)\n", (32e9, "4X", "QDR"), []),  # signalling 40, data 32
+        ("5 Gb/sec (1X)\n", (None, "1X", ""), []),  # speed unknown: no rate, not a guess
         ("unknown\n", (None, "", ""), ["bad_rate"]),
     ],
 )

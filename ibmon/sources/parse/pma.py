@@ -1,0 +1,165 @@
+"""Performance-management payloads: ClassPortInfo, PortCounters, PortCountersExtended.
+
+Which fields of a counter attribute are real depends on the port's ClassPortInfo capability
+masks; the rules live here once, for the ``mad`` source's binary replies and (through
+``merge_counters``) for the ``diags`` source's perfquery text. Offsets follow libibmad
+``fields.c``.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+from ibmon.counters import BY_PMA
+
+__all__ = [
+    "CPI_CAP2_ADDL_EXT",
+    "CPI_CAP_EXT_WIDTH",
+    "CPI_CAP_EXT_WIDTH_NOIETF",
+    "CPI_CAP_XMIT_WAIT",
+    "EXT_CASTS",
+    "EXT_DATA",
+    "EXT_ERRORS",
+    "ClassPortInfo",
+    "PortCounterValues",
+    "decode_class_port_info",
+    "decode_port_counters",
+    "decode_port_counters_ext",
+    "merge_counters",
+]
+
+#: ClassPortInfo.CapabilityMask bits (PMA): PortCountersExtended with all eight 64-bit fields,
+#: only the four data fields (NoIETF), and a valid PortCounters.PortXmitWait.
+CPI_CAP_EXT_WIDTH = 1 << 9
+CPI_CAP_EXT_WIDTH_NOIETF = 1 << 10
+CPI_CAP_XMIT_WAIT = 1 << 12
+#: ClassPortInfo.CapabilityMask2 bit 1: 64-bit copies of every error counter in PortCountersExt.
+CPI_CAP2_ADDL_EXT = 1 << 1
+
+#: PortCountersExtended fields, in payload order: data (always), unicast/multicast (CapMask
+#: bit 9), and the 64-bit error copies (CapMask2 bit 1).
+EXT_DATA = ("PortXmitData", "PortRcvData", "PortXmitPkts", "PortRcvPkts")
+EXT_CASTS = (
+    "PortUnicastXmitPkts",
+    "PortUnicastRcvPkts",
+    "PortMulticastXmitPkts",
+    "PortMulticastRcvPkts",
+)
+EXT_ERRORS = (
+    "SymbolErrorCounter",
+    "LinkErrorRecoveryCounter",
+    "LinkDownedCounter",
+    "PortRcvErrors",
+    "PortRcvRemotePhysicalErrors",
+    "PortRcvSwitchRelayErrors",
+    "PortXmitDiscards",
+    "PortXmitConstraintErrors",
+    "PortRcvConstraintErrors",
+    "LocalLinkIntegrityErrors",
+    "ExcessiveBufferOverrunErrors",
+    "VL15Dropped",
+    "PortXmitWait",
+    "QP1Dropped",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ClassPortInfo:
+    cap_mask: int
+    cap_mask2: int
+
+
+def decode_class_port_info(data: bytes) -> ClassPortInfo:
+    if len(data) < 8:
+        raise ValueError("ClassPortInfo payload shorter than 8 bytes")
+    cap = struct.unpack_from(">H", data, 2)[0]
+    cap2 = struct.unpack_from(">I", data, 4)[0] >> 5
+    return ClassPortInfo(cap_mask=cap, cap_mask2=cap2)
+
+
+_PC_FIELDS: tuple[tuple[str, int, int], ...] = (
+    # name, byte offset, byte length (the two 4-bit fields at byte 19 are decoded apart)
+    ("SymbolErrorCounter", 4, 2),
+    ("LinkErrorRecoveryCounter", 6, 1),
+    ("LinkDownedCounter", 7, 1),
+    ("PortRcvErrors", 8, 2),
+    ("PortRcvRemotePhysicalErrors", 10, 2),
+    ("PortRcvSwitchRelayErrors", 12, 2),
+    ("PortXmitDiscards", 14, 2),
+    ("PortXmitConstraintErrors", 16, 1),
+    ("PortRcvConstraintErrors", 17, 1),
+    ("QP1Dropped", 20, 2),
+    ("VL15Dropped", 22, 2),
+    ("PortXmitData", 24, 4),
+    ("PortRcvData", 28, 4),
+    ("PortXmitPkts", 32, 4),
+    ("PortRcvPkts", 36, 4),
+    ("PortXmitWait", 40, 4),
+)
+
+
+def decode_port_counters(data: bytes, cap_mask: int | None = None) -> dict[str, int]:
+    """PortCounters (0x12) payload -> PMA field name -> value.
+
+    PortXmitWait is left out when ``cap_mask`` says the port does not support it (perfquery
+    prints 0 then; a value we know to be meaningless is better absent than zero).
+    """
+    if len(data) < 44:
+        raise ValueError("PortCounters payload shorter than 44 bytes")
+    out = {name: int.from_bytes(data[off : off + ln], "big") for name, off, ln in _PC_FIELDS}
+    out["LocalLinkIntegrityErrors"] = data[19] >> 4
+    out["ExcessiveBufferOverrunErrors"] = data[19] & 0x0F
+    if cap_mask is not None and not cap_mask & CPI_CAP_XMIT_WAIT:
+        del out["PortXmitWait"]
+    return out
+
+
+def decode_port_counters_ext(
+    data: bytes, cap_mask: int | None, cap_mask2: int | None
+) -> dict[str, int]:
+    """PortCountersExtended (0x1D) payload -> the fields the capability masks say are valid."""
+    if len(data) < 72:
+        raise ValueError("PortCountersExtended payload shorter than 72 bytes")
+    out: dict[str, int] = {}
+    for i, name in enumerate(EXT_DATA):
+        out[name] = struct.unpack_from(">Q", data, 8 + 8 * i)[0]
+    if cap_mask is None or cap_mask & CPI_CAP_EXT_WIDTH:
+        for i, name in enumerate(EXT_CASTS):
+            out[name] = struct.unpack_from(">Q", data, 40 + 8 * i)[0]
+    if cap_mask2 is not None and cap_mask2 & CPI_CAP2_ADDL_EXT and len(data) >= 184:
+        for i, name in enumerate(EXT_ERRORS):
+            out[name] = struct.unpack_from(">Q", data, 72 + 8 * i)[0]
+    return out
+
+
+@dataclass(slots=True)
+class PortCounterValues:
+    """One port's counters by catalogue name, and which of them came from a 64-bit field."""
+
+    counters: dict[str, int] = field(default_factory=dict)
+    wide: set[str] = field(default_factory=set)
+
+
+def merge_counters(
+    narrow: dict[str, int] | None, extended: dict[str, int] | None, cap_mask: int | None
+) -> PortCounterValues:
+    """Combine PortCounters and PortCountersExtended values: the 64-bit copy wins.
+
+    Extended data counters are trusted only when the port claims extended support (CapMask bit
+    9 or 10) or when the mask is unknown; otherwise they may be garbage.
+    """
+    out = PortCounterValues()
+    for name, value in (narrow or {}).items():
+        spec = BY_PMA.get(name)
+        if spec is not None:
+            out.counters[spec.name] = value
+    if extended:
+        ext_ok = cap_mask is None or bool(cap_mask & (CPI_CAP_EXT_WIDTH | CPI_CAP_EXT_WIDTH_NOIETF))
+        for name, value in extended.items():
+            spec = BY_PMA.get(name)
+            if spec is None or (name in EXT_DATA and not ext_ok):
+                continue
+            out.counters[spec.name] = value
+            out.wide.add(spec.name)
+    return out

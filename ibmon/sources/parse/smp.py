@@ -1,0 +1,131 @@
+"""Subnet-management payloads: NodeInfo, NodeDescription and PortInfo as raw bytes.
+
+The ``mad`` source receives these from its SMPs; the ``diags`` source finds the same bytes in
+libibnetdisc's cache. Decoding both through this module is what makes the two sources agree.
+Offsets follow rdma-core's libibmad ``fields.c`` (checked against the installed
+``mad_decode_field`` in the tests).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+__all__ = [
+    "NODE_TYPES",
+    "NodeInfo",
+    "PortInfo",
+    "clean_node_desc",
+    "decode_node_desc",
+    "decode_node_info",
+    "decode_port_info",
+    "hex_guid",
+]
+
+#: NodeInfo.NodeType codes; anything else is "unknown".
+NODE_TYPES = {1: "ca", 2: "switch", 3: "router"}
+
+
+def hex_guid(value: int) -> str:
+    """A 64-bit GUID in ibmon's key form (``0x`` + 16 lower-case hex digits)."""
+    return f"0x{value:016x}"
+
+
+def clean_node_desc(raw: bytes | str) -> str:
+    """NodeDescription as infiniband-diags prints it.
+
+    The attribute is 64 bytes, NUL-terminated when shorter; every byte that is not printable
+    ASCII (control characters, every byte of a UTF-8 sequence) becomes one space. Both fabric
+    sources apply this, so a description is identical whichever source read it.
+    """
+    data = raw.encode("utf-8", "surrogateescape") if isinstance(raw, str) else raw
+    data = data[:64]
+    nul = data.find(b"\0")
+    if nul >= 0:
+        data = data[:nul]
+    return "".join(chr(b) if 0x20 <= b < 0x7F else " " for b in data)
+
+
+def decode_node_desc(data: bytes) -> str:
+    """The NodeDescription SMP payload, cleaned (see ``clean_node_desc``)."""
+    return clean_node_desc(data)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    node_type: str  # ca | switch | router | unknown
+    num_ports: int
+    system_guid: str
+    node_guid: str
+    port_guid: str
+    device_id: int
+    vendor_id: int
+    local_port: int
+
+
+def decode_node_info(data: bytes) -> NodeInfo:
+    if len(data) < 40:
+        raise ValueError("NodeInfo payload shorter than 40 bytes")
+    ntype, nports = data[2], data[3]
+    sysguid, nguid, pguid = struct.unpack_from(">QQQ", data, 4)
+    devid = struct.unpack_from(">H", data, 30)[0]
+    local_port = data[36]
+    vendor = int.from_bytes(data[37:40], "big")
+    return NodeInfo(
+        node_type=NODE_TYPES.get(ntype, "unknown"),
+        num_ports=nports,
+        system_guid=hex_guid(sysguid),
+        node_guid=hex_guid(nguid),
+        port_guid=hex_guid(pguid),
+        device_id=devid,
+        vendor_id=vendor,
+        local_port=local_port,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PortInfo:
+    """The PortInfo fields ibmon uses; widths and speeds as the raw IBA codes / bit masks."""
+
+    lid: int
+    sm_lid: int
+    cap_mask: int
+    local_port: int
+    width_enabled: int
+    width_supported: int
+    width_active: int
+    speed_supported: int
+    state: int
+    phys_state: int
+    lmc: int
+    speed_active: int
+    speed_enabled: int
+    cap_mask2: int
+    speed_ext_active: int
+    speed_ext_supported: int
+    speed_ext_enabled: int
+
+
+def decode_port_info(data: bytes) -> PortInfo:
+    if len(data) < 64:
+        raise ValueError("PortInfo payload shorter than 64 bytes")
+    lid, smlid, capmask = struct.unpack_from(">HHI", data, 16)
+    return PortInfo(
+        lid=lid,
+        sm_lid=smlid,
+        cap_mask=capmask,
+        local_port=data[28],
+        width_enabled=data[29],
+        width_supported=data[30],
+        width_active=data[31],
+        speed_supported=data[32] >> 4,
+        state=data[32] & 0x0F,
+        phys_state=data[33] >> 4,
+        lmc=data[34] & 0x07,
+        speed_active=data[35] >> 4,
+        speed_enabled=data[35] & 0x0F,
+        cap_mask2=struct.unpack_from(">H", data, 60)[0],
+        speed_ext_active=data[62] >> 4,
+        speed_ext_supported=data[62] & 0x0F,
+        speed_ext_enabled=data[63] & 0x1F,
+    )
