@@ -17,6 +17,8 @@ from ibmon.sources.diags import (
     SubprocessRunner,
     classify,
 )
+from ibmon.sources.parse import parse_ibnetdiscover_ports
+from tests.ibnd_cache import cache_from_ports
 
 TOPO = """\
 SW     1  1 0x0000000000200000 4x EDR - CA     2  1 0x0000000000100001 ( 'sw' - 'h1' )
@@ -28,16 +30,46 @@ CA     4  1 0x0000000000100003 4x EDR - SW     1  3 0x0000000000200000 ( 'h3' - 
 """
 
 
+ERRORS = (
+    "SymbolErrorCounter", "LinkErrorRecoveryCounter", "LinkDownedCounter", "PortRcvErrors",
+    "PortRcvRemotePhysicalErrors", "PortRcvSwitchRelayErrors", "PortXmitDiscards",
+    "PortXmitConstraintErrors", "PortRcvConstraintErrors", "LocalLinkIntegrityErrors",
+    "ExcessiveBufferOverrunErrors", "VL15Dropped", "PortXmitWait", "QP1Dropped",
+)
+
+
 def _block(lid: int, port: int, value: int) -> str:
+    """A complete ``perfquery -x`` block with the 64-bit error copies (CapMask2 bit 1)."""
     return (
         f"# Port extended counters: Lid {lid} port {port} (CapMask: 0x1300 CapMask2: 0x0000002)\n"
-        f"PortSelect:......................{port}\nPortXmitData:....................{value}\n"
+        f"PortSelect:......................{port}\nCounterSelect:...................0x0000\n"
+        f"PortXmitData:....................{value}\n"
         "PortRcvData:.....................1\nPortXmitPkts:....................2\n"
         "PortRcvPkts:.....................3\nPortUnicastXmitPkts:.............4\n"
         "PortUnicastRcvPkts:..............5\nPortMulticastXmitPkts:...........6\n"
         "PortMulticastRcvPkts:............7\nCounterSelect2:..................0x00000000\n"
         "SymbolErrorCounter:..............9\n"
+        + "".join(f"{name}:....0\n" for name in ERRORS[1:])
     )
+
+
+NARROW = (*ERRORS[:12], "PortXmitData", "PortRcvData", "PortXmitPkts", "PortRcvPkts")
+
+
+def _narrow(lid: int, port: int) -> str:
+    """A complete plain ``perfquery`` block."""
+    return (f"# Port counters: Lid {lid} port {port} (CapMask: 0x1300)\n"
+            f"PortSelect:......................{port}\nCounterSelect:...................0x0000\n"
+            + "".join(f"{name}:....1\n" for name in NARROW))
+
+
+def answer_discovery(argv: list[str], text: str) -> CommandResult:
+    """What ibnetdiscover does: the text on stdout, the matching cache in --cache FILE."""
+    if "--cache" in argv:
+        Path(argv[argv.index("--cache") + 1]).write_bytes(
+            cache_from_ports(parse_ibnetdiscover_ports(text))
+        )
+    return CommandResult(0, text if "-p" in argv else "", "ibwarn: noise\n")
 
 
 class FakeRunner:
@@ -46,16 +78,18 @@ class FakeRunner:
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
 
-    async def run(self, argv: list[str], timeout: float) -> CommandResult:
+    async def run(self, argv: list[str], timeout: float, max_output: int = 0) -> CommandResult:
         self.calls.append(argv)
         if "ibnetdiscover" in argv[0]:
-            return CommandResult(0, TOPO, "ibwarn: noise\n")
+            return answer_discovery(argv, TOPO)
         lid = int(argv[argv.index("-l") + 1])
         ports = [int(p) for p in argv[-1].split(",")]
         if lid == 3:
             await asyncio.sleep(3600)  # a perfquery that never returns
         if lid == 4:
             return CommandResult(0, "\x00\x01garbage ### \n", "")
+        if "-x" not in argv:
+            return CommandResult(0, "".join(_narrow(lid, p) for p in ports), "")
         return CommandResult(0, "".join(_block(lid, p, 1000 * lid + p) for p in ports), "")
 
 

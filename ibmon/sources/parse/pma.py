@@ -12,6 +12,7 @@ import struct
 from dataclasses import dataclass, field
 
 from ibmon.counters import BY_PMA
+from ibmon.sources.parse.errors import ParseError
 
 __all__ = [
     "CPI_CAP2_ADDL_EXT",
@@ -72,7 +73,7 @@ class ClassPortInfo:
 
 def decode_class_port_info(data: bytes) -> ClassPortInfo:
     if len(data) < 8:
-        raise ValueError("ClassPortInfo payload shorter than 8 bytes")
+        raise ParseError("ClassPortInfo payload shorter than 8 bytes")
     cap = struct.unpack_from(">H", data, 2)[0]
     cap2 = struct.unpack_from(">I", data, 4)[0] >> 5
     return ClassPortInfo(cap_mask=cap, cap_mask2=cap2)
@@ -99,14 +100,25 @@ _PC_FIELDS: tuple[tuple[str, int, int], ...] = (
 )
 
 
-def decode_port_counters(data: bytes, cap_mask: int | None = None) -> dict[str, int]:
+def _check_select(data: bytes, port: int | None, what: str) -> None:
+    """A counter reply echoes the PortSelect it answers (byte 1); another port's reply is
+    refused whole rather than booked on the port that asked."""
+    if port is not None and data[1] != port:
+        raise ParseError(f"{what} reply for port {data[1]} where port {port} was asked")
+
+
+def decode_port_counters(
+    data: bytes, cap_mask: int | None = None, *, port: int | None = None
+) -> dict[str, int]:
     """PortCounters (0x12) payload -> PMA field name -> value.
 
     PortXmitWait is left out when ``cap_mask`` says the port does not support it (perfquery
-    prints 0 then; a value we know to be meaningless is better absent than zero).
+    prints 0 then; a value we know to be meaningless is better absent than zero). With
+    ``port``, a reply whose PortSelect is another port raises ParseError.
     """
     if len(data) < 44:
-        raise ValueError("PortCounters payload shorter than 44 bytes")
+        raise ParseError("PortCounters payload shorter than 44 bytes")
+    _check_select(data, port, "PortCounters")
     out = {name: int.from_bytes(data[off : off + ln], "big") for name, off, ln in _PC_FIELDS}
     out["LocalLinkIntegrityErrors"] = data[19] >> 4
     out["ExcessiveBufferOverrunErrors"] = data[19] & 0x0F
@@ -116,18 +128,24 @@ def decode_port_counters(data: bytes, cap_mask: int | None = None) -> dict[str, 
 
 
 def decode_port_counters_ext(
-    data: bytes, cap_mask: int | None, cap_mask2: int | None
+    data: bytes, cap_mask: int | None, cap_mask2: int | None, *, port: int | None = None
 ) -> dict[str, int]:
-    """PortCountersExtended (0x1D) payload -> the fields the capability masks say are valid."""
+    """PortCountersExtended (0x1D) payload -> the fields the capability masks say are valid.
+
+    With ``port``, a reply whose PortSelect is another port raises ParseError.
+    """
     if len(data) < 72:
-        raise ValueError("PortCountersExtended payload shorter than 72 bytes")
+        raise ParseError("PortCountersExtended payload shorter than 72 bytes")
+    _check_select(data, port, "PortCountersExtended")
     out: dict[str, int] = {}
     for i, name in enumerate(EXT_DATA):
         out[name] = struct.unpack_from(">Q", data, 8 + 8 * i)[0]
     if cap_mask is None or cap_mask & CPI_CAP_EXT_WIDTH:
         for i, name in enumerate(EXT_CASTS):
             out[name] = struct.unpack_from(">Q", data, 40 + 8 * i)[0]
-    if cap_mask2 is not None and cap_mask2 & CPI_CAP2_ADDL_EXT and len(data) >= 184:
+    if cap_mask2 is not None and cap_mask2 & CPI_CAP2_ADDL_EXT:
+        if len(data) < 184:
+            raise ParseError("PortCountersExtended payload too short for its 64-bit error copies")
         for i, name in enumerate(EXT_ERRORS):
             out[name] = struct.unpack_from(">Q", data, 72 + 8 * i)[0]
     return out
