@@ -106,7 +106,9 @@ def cache_from_ports(ports: list[DiscoveredPort]) -> bytes:
         n.num_ports = max(n.num_ports, p.port)
         if p.node_type == "switch" and not n.ports:
             n.ports.append(CachePortSpec(int(p.guid, 16), 0, p.lid or 0))
-        remote = (int(p.remote_guid, 16), p.remote_port) if p.remote_guid and p.remote_port else None
+        remote = None
+        if p.remote_guid and p.remote_port:
+            remote = (int(p.remote_guid, 16), p.remote_port)
         n.ports.append(CachePortSpec(int(p.guid, 16), p.port, p.lid or 0, p.width or "4X",
                                      p.speed or "EDR", remote=remote))
     return cache_bytes(nodes.values())

@@ -79,7 +79,7 @@ from ibmon.sources.parse import (
     parse_perfquery_blocks,
 )
 from ibmon.sources.parse.errors import sample as quote
-from ibmon.sources.procscope import SCOPES, become_subreaper
+from ibmon.sources.procscope import SCOPES, become_subreaper, wait_exit
 
 __all__ = [
     "COMMAND_SHARE",
@@ -299,9 +299,13 @@ class SubprocessRunner:
             SCOPES.discard(token)
             return CommandResult(126, "", f"{argv[0]}: {exc.strerror or exc}")
         out, err = _Capped(max_output), _Capped(STDERR_MAX_OUTPUT)
+        exited = False
+
+        def reaped() -> bool:
+            return proc.returncode is not None
 
         def stop() -> None:
-            if proc.returncode is None:
+            if not exited and not reaped():
                 SCOPES.stop(proc.pid)
 
         readers = [
@@ -312,7 +316,9 @@ class SubprocessRunner:
         left: list[Any] | None = None
         try:
             async with asyncio.timeout(timeout):
-                await proc.wait()
+                # Not proc.wait(): it also waits for the pipes, which a leftover holds open.
+                await wait_exit(proc.pid, reaped)
+                exited = True
                 # The tool is gone; whatever still holds its pipes is a leftover of it.
                 left = await SCOPES.close(token, proc.pid)
                 await asyncio.wait(readers, timeout=EOF_GRACE)
@@ -320,8 +326,8 @@ class SubprocessRunner:
             timed_out = True
         finally:
             stop()
-            with contextlib.suppress(BaseException):
-                await asyncio.shield(proc.wait())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wait_exit(proc.pid, reaped), EOF_GRACE)
             if left is None:
                 left = await SCOPES.close(token, proc.pid)
             for reader in readers:
@@ -329,7 +335,9 @@ class SubprocessRunner:
             await asyncio.gather(*readers, return_exceptions=True)
             transport = getattr(proc, "_transport", None)
             if transport is not None:
-                transport.close()
+                transport.close()  # pipes a stray we could not find still holds
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(proc.wait()), EOF_GRACE)
         if left:
             self._report_strays(argv[0], left)
         return CommandResult(

@@ -13,8 +13,9 @@ it but need privileges; this module does it with what an unprivileged process ha
   inherit (``/proc/<pid>/environ`` shows the environment a process was started with), so an
   adopted orphan says which command it came from.
 - a tool that has to be stopped (timeout, output too large, cancelled) is killed with
-  everything below it (``kill_tree``) while it is still unreaped, so its pid cannot have been
-  reused; ``ToolScopes.close`` runs when the command is over and the tool was reaped: it kills
+  everything below it (``ToolScopes.stop``) while it is still unreaped, so its pid cannot have
+  been reused; ``ToolScopes.close`` runs as soon as the tool has exited (``wait_exit``, which
+  unlike asyncio's ``Process.wait`` does not wait for the pipes a leftover holds): it kills
   every adopted orphan whose token belongs to a command that is over, then reaps what it
   killed. Orphans of commands still running are left alone until their own command ends.
 
@@ -35,7 +36,7 @@ import itertools
 import os
 import signal
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "descendants",
     "kill_tree",
     "read_stat",
+    "wait_exit",
 ]
 
 #: The environment variable that carries a command's scope token to everything it starts.
@@ -161,6 +163,44 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+async def wait_exit(pid: int, reaped: Callable[[], bool]) -> None:
+    """Return once child ``pid`` has exited and its spawner has collected it (``reaped()``).
+
+    ``asyncio``'s ``Process.wait()`` returns only once the process's pipes are closed too, so a
+    leftover that holds the tool's stdout would hold the command until its timeout (the
+    issue's 14 s polls). This waits for the tool itself: a pidfd (Linux 5.3+) turns readable
+    when it exits; without one, ``/proc`` is polled. Then it waits (briefly: asyncio's child
+    watcher collects an exited child at once) until the spawner has its status, so nothing
+    here or in the transport ever reaps the tool behind the watcher's back. Without a pidfd,
+    that status is all there is to wait for.
+    """
+    if reaped():
+        return
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = -1
+    if fd >= 0:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+
+        def ready() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        loop.add_reader(fd, ready)
+        try:
+            await done
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
+    # the status reaches the loop through a callback: there is no event to wait on
+    delay = 0.001
+    while not reaped():
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
 def _kill(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, signal.SIGKILL)
@@ -196,7 +236,8 @@ class ToolScopes:
     """The scopes of one process's tool commands (use the module's ``SCOPES``).
 
     ``open`` before spawning (the token goes into the tool's environment through ``env``),
-    ``close`` once the command is over and the tool itself was reaped by whoever spawned it.
+    ``stop`` a tool that must not finish, ``close`` once the tool has exited (``wait_exit``).
+    The tool itself is never reaped here: whoever spawned it does.
     """
 
     def __init__(self) -> None:
@@ -237,10 +278,10 @@ class ToolScopes:
         """End scope ``token`` whose tool was ``pid``: kill and reap every process it left
         behind; returns them (an empty list for a well-behaved tool).
 
-        Call it once the tool itself has been reaped by whoever spawned it (kill a tool that is
-        still running with ``kill_tree`` first). Its leftovers were then re-parented here (with
-        the subreaper) and carry the token; without the subreaper, its process group is killed
-        instead, which is all a plain process can do.
+        Call it once the tool itself has exited (``stop`` one that must not finish first). Its
+        leftovers were then re-parented here (with the subreaper) and carry the token; without
+        the subreaper, its process group is killed instead, which is all a plain process can
+        do.
         """
         self._running.discard(token)
         if pid is not None:
@@ -248,32 +289,35 @@ class ToolScopes:
             if not become_subreaper():
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)
-        left = self._sweep(token)
-        await self._reap()
-        return left
+        mine: dict[int, ProcStat] = {}
+        await self._settle(token, mine)
+        return list(mine.values())
 
-    def _sweep(self, token: str) -> list[ProcStat]:
-        """Kill every adopted orphan of a finished scope; the ones of ``token`` are returned."""
-        mine: list[ProcStat] = []
+    def _sweep(self, token: str, mine: dict[int, ProcStat]) -> bool:
+        """Kill every adopted orphan of a finished scope (the ones of ``token``, or all with
+        an empty token, go into ``mine``); True when it killed anything not killed before."""
         me = os.getpid()
         prefix = self._prefix()
+        killed_any = False
         for _ in range(_ROUNDS):
             found = False
             for child in children(me):
+                if child in self._adopted:
+                    continue  # already killed, waiting to be reaped
                 st = read_stat(child)
                 if st is None or st.zombie:
                     continue
                 owner = _scope_of(child)
                 if owner is None or not owner.startswith(prefix) or owner in self._running:
                     continue
-                found = True
+                found = killed_any = True
                 killed = [st, *kill_tree(child)]
                 self._adopted.update(k.pid for k in killed)
-                if owner == token:
-                    mine += killed
+                if owner == token or not token:
+                    mine.update((k.pid, k) for k in killed)
             if not found:
                 break
-        return mine
+        return killed_any
 
     def _reapable(self, st: ProcStat) -> bool:
         """A zombie child that came from a tool: one this scope killed, or a member (never the
@@ -294,20 +338,27 @@ class ToolScopes:
         self._adopted = {p for p in self._adopted if read_stat(p) is not None}
         return len(self._adopted)
 
-    async def _reap(self) -> None:
-        """Reap what was killed; a process that takes long to die is reaped by a later close."""
+    async def _settle(self, token: str, mine: dict[int, ProcStat]) -> None:
+        """Kill leftovers and reap them until none is left; a process that takes long to die
+        (uninterruptible sleep) is reaped by a later close. Sweeping again while waiting catches
+        a child re-parented here after its parent was killed."""
         delay = 0.001
         waited = 0.0
-        while self._reap_zombies() and waited < _REAP_WAIT:
+        while True:
+            killed = self._sweep(token, mine)
+            if not self._reap_zombies() and not killed:
+                return
+            if waited >= _REAP_WAIT:
+                return
             await asyncio.sleep(delay)
             waited += delay
             delay = min(delay * 2, 0.1)
 
     async def sweep(self) -> list[ProcStat]:
         """Kill and reap orphans of every finished scope (a source's close does this last)."""
-        left = self._sweep("")
-        await self._reap()
-        return left
+        mine: dict[int, ProcStat] = {}
+        await self._settle("", mine)
+        return list(mine.values())
 
     def running(self) -> Iterable[str]:
         return tuple(self._running)

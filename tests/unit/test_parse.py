@@ -222,7 +222,7 @@ def test_topology_files_from_ibtopotool() -> None:
     assert ca.lid == 14 and ca.remote_lid == 6 and ca.node_type == "ca"
     text3 = (TOPO / "3.topo").read_text()
     # its first line is a libibmad warning merged into the capture: refused whole...
-    with pytest.raises(ParseError, match="line 1: not a topology-file line: 'src/query_smp.c"):
+    with pytest.raises(ParseError, match=r"line 1: not a topology-file line: 'src/query_smp\.c"):
         parse_ibnetdiscover(text3)
     # ...and read exactly without it
     three = parse_ibnetdiscover(text3.split("\n", 1)[1])
