@@ -9,7 +9,7 @@ real value looks like a reset), while a rejected output costs one poll of that n
 
 from __future__ import annotations
 
-__all__ = ["SAMPLE_CHARS", "ParseError", "sample"]
+__all__ = ["SAMPLE_CHARS", "ParseError", "require_whole_lines", "sample"]
 
 #: How much of an offending line a message quotes: enough to recognise it, never a flood.
 SAMPLE_CHARS = 120
@@ -38,3 +38,10 @@ class ParseError(ValueError):
         where = f"line {line}: " if line is not None else ""
         quote = f": {sample(text)}" if text is not None else ""
         super().__init__(f"{where}{problem}{quote}")
+
+
+def require_whole_lines(text: str) -> None:
+    """Tools end every line they print with a newline: text that does not was cut short."""
+    if text and not text.endswith("\n"):
+        raise ParseError("output ends in the middle of a line (cut short)",
+                         line=text.count("\n") + 1, text=text.rsplit("\n", 1)[-1])

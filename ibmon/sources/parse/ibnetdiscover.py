@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from ibmon.model import normalize_guid
 from ibmon.sources.parse.discovered import TEXT_TYPES, DiscoveredPort, link_speed
-from ibmon.sources.parse.errors import ParseError
+from ibmon.sources.parse.errors import ParseError, require_whole_lines
 from ibmon.sources.parse.topofile import looks_like_topology_file, parse_topology_file
 
 __all__ = ["LINK_WIDTHS", "MAX_LID", "MAX_PORT", "parse_ibnetdiscover", "parse_ibnetdiscover_ports"]
@@ -57,6 +57,7 @@ def _check_addr(m: re.Match[str], lineno: int, raw: str) -> None:
 
 def _scan(text: str) -> tuple[list[_Line], _Votes]:
     """First pass: match every line, collect description candidates and their votes."""
+    require_whole_lines(text)
     lines: list[_Line] = []
     votes = _Votes()
     for lineno, raw in enumerate(text.splitlines(), start=1):
@@ -85,7 +86,10 @@ def _scan(text: str) -> tuple[list[_Line], _Votes]:
             lines.append((m, rm, cands, ""))
         else:
             solo = rest.strip()
-            if len(solo) >= 2 and solo[0] == "'" and solo[-1] == "'":
+            if solo.startswith("'"):
+                if len(solo) < 2 or not solo.endswith("'"):
+                    raise ParseError("unbalanced quotes around a description", line=lineno,
+                                     text=raw)
                 solo = solo[1:-1]
             votes.add(m.group("guid"), solo, 2)
             lines.append((m, None, [], solo))

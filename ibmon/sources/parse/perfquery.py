@@ -21,7 +21,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from ibmon.counters import BY_PMA
-from ibmon.sources.parse.errors import ParseError
+from ibmon.sources.parse.errors import ParseError, require_whole_lines
 from ibmon.sources.parse.pma import (
     CPI_CAP2_ADDL_EXT,
     CPI_CAP_XMIT_WAIT,
@@ -181,10 +181,7 @@ def parse_perfquery_blocks(text: str) -> list[PerfBlock]:
     middle of a line (perfquery ends every line with a newline; a missing one means the output
     was cut).
     """
-    if text and not text.endswith("\n"):
-        last = text.rsplit("\n", 1)[-1]
-        raise ParseError("output ends in the middle of a line (cut short)",
-                         line=text.count("\n") + 1, text=last)
+    require_whole_lines(text)
     blocks: list[PerfBlock] = []
     seen: set[tuple[str, int]] = set()
     cur: _OpenBlock | None = None

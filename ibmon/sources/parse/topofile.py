@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ibmon.model import normalize_guid
 from ibmon.sources.parse.discovered import DiscoveredPort, link_speed
-from ibmon.sources.parse.errors import ParseError
+from ibmon.sources.parse.errors import ParseError, require_whole_lines
 
 __all__ = ["looks_like_topology_file", "parse_topology_file"]
 
@@ -79,6 +79,7 @@ def _node(hm: re.Match[str], guid: str) -> _Node:
 
 def _records(text: str) -> tuple[dict[str, _Node], list[_PortLine]]:
     """First pass: node records by id and their port lines; anything else is refused."""
+    require_whole_lines(text)
     nodes: dict[str, _Node] = {}
     ports: list[_PortLine] = []
     seen_ports: set[tuple[str, int]] = set()
