@@ -34,6 +34,7 @@ from ibmon.sources.parse import (
     parse_perfquery_blocks,
     parse_topology_file,
 )
+from ibmon.sources.parse.sysfs_values import parse_counter, parse_lid_value
 from tests.ibnd_cache import cache_from_ports
 
 FIXTURES = Path(__file__).resolve().parents[2] / ".." / "shared" / "real-fixtures"
@@ -348,3 +349,33 @@ def test_a_counter_reply_for_another_port_is_refused(payload: bytes, port: int) 
                 decode(payload, port)
     with pytest.raises(ParseError, match="too short"):
         decode_port_counters_ext(payload[:100], 0x200, 2)
+
+
+# --------------------------------------------------------------------------- sysfs values
+
+
+@SETTINGS
+@given(st.one_of(
+    st.binary(max_size=30),
+    st.integers(0, 2**70).map(lambda n: f"{n}\n".encode()),
+    st.sampled_from([b"12 34\n", b"1_000\n", b"+5\n", b"-1\n", b"\xd9\xa4\n", b"0x10\n",
+                     b"N/A (no PMA)\n", b"  42  \n", b"18446744073709551615\n",
+                     b"18446744073709551616\n"]),
+))
+def test_a_sysfs_counter_is_exactly_its_digits(raw: bytes) -> None:
+    value = parse_counter(raw)
+    digits = raw.strip()
+    plain = digits.isascii() and digits.isdigit() and len(digits) <= 20
+    if value is None:
+        assert not plain or int(digits) >= 2**64
+    else:
+        assert plain and value == int(digits) < 2**64
+
+
+@pytest.mark.parametrize(
+    ("text", "lid"),
+    [("0x12\n", 18), ("0xffff", 0xFFFF), ("17", 17), ("0x10000", None), ("0x-1", None),
+     ("1_0", None), ("+5", None), ("", None), ("0x", None), ("99999", None)],
+)
+def test_a_sysfs_lid_is_exactly_its_digits(text: str, lid: int | None) -> None:
+    assert parse_lid_value(text) == lid

@@ -8,6 +8,7 @@
 - ``discovered``: the ports a text discovery yields, and the Topology built from them
 - ``ibnd_cache``: libibnetdisc's binary fabric cache (``ibnetdiscover --cache``)
 - ``node_name_map``: rdma-core's node-name-map file
+- ``sysfs_values``: a counter or LID as one sysfs file holds it
 - ``errors``: ``ParseError``, the one way every parser here refuses an input
 
 Both fabric sources decode PortInfo and counters through the same functions here, which is what
