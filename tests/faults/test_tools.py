@@ -29,11 +29,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from ibmon.sources.parse import ParseError, parse_ibnd_cache
 from mocks.ibsim import IbSim
 from tests.faults.promise import Scrape, TotalsWatch
 from tests.ibsim_fixtures import REPO, sim_for
 from tests.syspkg import require_binary
+from tests.unit.test_parse_strict import SETTINGS, check_ibnd, check_perfquery, mutations
 
 #: Two switches; discovery starts at S1 (ibsim attaches every client to the first node).
 #: Cutting S1's two links to S2 leaves 2 of 7 nodes: a discovery that is implausible.
@@ -570,6 +574,48 @@ def test_no_process_outlives_its_poll(
     assert 1 <= len(warned) <= 2  # one line a minute, however many commands misbehave
     d.stop()
     assert not tools.processes(tools.mark)
+
+
+@pytest.fixture(scope="module")
+def captures(sim: IbSim, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """What the real tools print on this fabric: a switch's and a CA's perfquery answers (both
+    kinds), ibnetdiscover -p and its cache."""
+    sim.reap_clients()
+    cache = tmp_path_factory.mktemp("captures") / "fabric.cache"
+
+    def run(*argv: str) -> str:
+        out = subprocess.run(list(argv), env=sim.tool_env(), cwd=sim.workdir,
+                             capture_output=True, text=True, timeout=60, check=True)
+        return out.stdout
+
+    return {
+        "perfquery": [
+            run("perfquery", "-x", "-l", "1", "1,2,3,4,5,6,7,8"),
+            run("perfquery", "-l", "1", "1,2,3,4,5,6,7,8"),
+            run("perfquery", "-x", "-l", "2", "1") + run("perfquery", "-l", "2", "1"),
+        ],
+        "ibnetdiscover": run("ibnetdiscover", "-p", "--cache", str(cache)),
+        "cache": cache.read_bytes(),
+    }
+
+
+@SETTINGS
+@given(data=st.data())
+def test_ibsim_output_parses_exactly_or_not_at_all(
+    captures: dict[str, Any], data: st.DataObject
+) -> None:
+    """Item 4 on the simulator's own output: each mutation is read exactly or refused whole."""
+    for original in captures["perfquery"]:
+        kind, mutated = data.draw(mutations(original))
+        check_perfquery(kind, original, mutated)
+    original = captures["ibnetdiscover"]
+    kind, mutated = data.draw(mutations(original))
+    check_ibnd(kind, original, mutated)
+    cache = captures["cache"]
+    parse_ibnd_cache(cache)
+    cut = data.draw(st.integers(0, len(cache) - 1))
+    with pytest.raises(ParseError):
+        parse_ibnd_cache(cache[:cut])
 
 
 def test_fakes_are_on_the_path(tools: Tools) -> None:
