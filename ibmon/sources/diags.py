@@ -52,7 +52,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol
@@ -237,7 +237,9 @@ class _Capped:
         self.data = bytearray()
         self.overflowed = False
 
-    async def pump(self, stream: asyncio.StreamReader | None, overflow: Any) -> None:
+    async def pump(
+        self, stream: asyncio.StreamReader | None, overflow: Callable[[], None]
+    ) -> None:
         if stream is None:
             return
         while chunk := await stream.read(65536):

@@ -36,7 +36,7 @@ import itertools
 import os
 import signal
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 __all__ = [
@@ -359,9 +359,6 @@ class ToolScopes:
         mine: dict[int, ProcStat] = {}
         await self._settle("", mine)
         return list(mine.values())
-
-    def running(self) -> Iterable[str]:
-        return tuple(self._running)
 
 
 #: The scopes of this process: one registry, because orphans come back to the process, not to
