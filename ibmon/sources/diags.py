@@ -55,7 +55,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Final, Literal, Protocol
+from typing import Final, Literal, Protocol
 
 import structlog
 from pydantic import field_validator, model_validator
@@ -79,7 +79,7 @@ from ibmon.sources.parse import (
     parse_perfquery_blocks,
 )
 from ibmon.sources.parse.errors import sample as quote
-from ibmon.sources.procscope import SCOPES, become_subreaper, wait_exit
+from ibmon.sources.procscope import SCOPES, ProcStat, become_subreaper, wait_exit
 
 __all__ = [
     "COMMAND_SHARE",
@@ -95,7 +95,7 @@ __all__ = [
     "DiagsSourceConfig",
     "DiagsUnavailableError",
     "SubprocessRunner",
-    "budget",
+    "budget_for",
     "build",
     "classify",
 ]
@@ -136,7 +136,7 @@ class Budget:
         return self.command <= self.poll / 2
 
 
-def budget(interval: float, command_timeout: float | None = None) -> Budget:
+def budget_for(interval: float, command_timeout: float | None = None) -> Budget:
     """The timeouts of a diags source polled every ``interval`` seconds (module docstring)."""
     poll = poll_timeout(interval)
     command = command_timeout if command_timeout is not None else poll * COMMAND_SHARE
@@ -167,7 +167,7 @@ class DiagsSourceConfig(FabricSourceConfig):
 
     @property
     def budget(self) -> Budget:
-        return budget(self.interval, self.command_timeout)
+        return budget_for(self.interval, self.command_timeout)
 
     def budget_problems(self) -> list[str]:
         """Why the configured timeouts defeat "a hung node costs only that node" (or [])."""
@@ -315,7 +315,7 @@ class SubprocessRunner:
             asyncio.ensure_future(err.pump(proc.stderr, stop)),
         ]
         timed_out = False
-        left: list[Any] | None = None
+        left: list[ProcStat] | None = None
         try:
             async with asyncio.timeout(timeout):
                 # Not proc.wait(): it also waits for the pipes, which a leftover holds open.
@@ -352,7 +352,7 @@ class SubprocessRunner:
             strays=len(left),
         )
 
-    def _report_strays(self, tool: str, left: Sequence[Any]) -> None:
+    def _report_strays(self, tool: str, left: Sequence[ProcStat]) -> None:
         """One warning per tool and minute: a tool that always misbehaves must not flood."""
         name = os.path.basename(tool)
         now = time.monotonic()
@@ -512,7 +512,7 @@ class DiagsSource(FabricSource):
         self._ca_args = (["-C", ca] if ca else []) + (["-P", str(port)] if port else [])
         self._timeout = timeout
         self._retries = retries
-        b = budget(interval, command_timeout)
+        b = budget_for(interval, command_timeout)
         if discover_timeout is not None:
             b = replace(b, discovery=discover_timeout)
         self.budget = b

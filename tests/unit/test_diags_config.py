@@ -13,7 +13,7 @@ from structlog.testing import capture_logs
 from ibmon.config import ConfigError, load_settings
 from ibmon.pipeline import Pipeline
 from ibmon.selfmetrics import SelfMetrics
-from ibmon.sources.diags import DiagsSource, DiagsSourceConfig, budget
+from ibmon.sources.diags import DiagsSource, DiagsSourceConfig, budget_for
 from tests.ibsim_fixtures import REPO
 
 
@@ -35,7 +35,7 @@ def _cfg(tmp_path: Path, extra: str) -> Path:
 def test_timeouts_come_from_the_poll_limit(
     interval: float, command: float | None, poll: float, per_command: float, discovery: float
 ) -> None:
-    b = budget(interval, command)
+    b = budget_for(interval, command)
     assert (b.poll, b.command, b.discovery) == (poll, per_command, discovery)
     cfg = DiagsSourceConfig(interval=interval, command_timeout=command)
     assert Pipeline(cfg, metrics=SelfMetrics()).timeout == poll  # one number, both places
@@ -46,7 +46,7 @@ def test_timeouts_come_from_the_poll_limit(
 
 
 def test_the_default_fits_and_the_old_default_would_not() -> None:
-    b = budget(1.0)
+    b = budget_for(1.0)
     assert b.fits and b.command < b.poll
     assert b.poll < 13.0  # the 13 s the issue measured was longer than the whole poll
 
