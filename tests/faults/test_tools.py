@@ -75,6 +75,8 @@ PORTS = 21
 SOURCE = "fabric"
 #: A junk total the fake perfquery offers; the issue saw 4 x 123,456,789 bytes added.
 JUNK = 123456789
+#: pytest's record_property: the matrix figures go to the JUnit XML (``--junitxml``).
+Recorder = Callable[[str, object], None]
 
 PERFQUERY = r'''#!{python}
 """A perfquery that misbehaves for the LIDs the control file names (else the real one)."""
@@ -323,6 +325,19 @@ class Daemon:
             assert time.monotonic() < deadline, f"fewer than {n} polls in {timeout:.0f}s"
             time.sleep(0.2)
 
+    def detect(self, reason: str, before: int, check: Callable[[Scrape], None]) -> int:
+        """Polls it takes, from now (a fault was just switched on), until ``reason`` is counted;
+        every scrape on the way is checked."""
+        start = self.polls()
+        deadline = time.monotonic() + 90
+        while True:
+            s = self.scrape()
+            check(s)
+            if self.errors(reason, s) > before:
+                return self.polls(s) - start
+            assert time.monotonic() < deadline, f"{reason} never counted"
+            time.sleep(0.1)
+
     def children(self) -> dict[int, str]:
         """The daemon's direct children: pid -> state."""
         out = {}
@@ -395,7 +410,7 @@ def healthy(s: Scrape, *, missing: int = 0) -> None:
 
 
 def test_one_hung_perfquery_costs_only_its_node(
-    sim: IbSim, tools: Tools, daemon: Callable[..., Daemon]
+    sim: IbSim, tools: Tools, daemon: Callable[..., Daemon], record_property: Recorder
 ) -> None:
     """Item 3: the per-command timeout (P/4 = 2.5 s at a 1 s interval) ends a hung perfquery
     long before the poll's own limit (10 s), so one node times out and the rest is read. The
@@ -406,7 +421,9 @@ def test_one_hung_perfquery_costs_only_its_node(
     h2_guid, h2_port, _ = port_of(first, "H2")
     timeouts = d.errors("timeout", first)
     tools.set({str(h3_lid): "hang"})
-    d.until_polls(2)  # the hang is in effect from the next poll on
+    # the poll under way when the hang is switched on may already meet it, or the next one
+    detected = d.detect("timeout", timeouts, lambda s: healthy(s, missing=1))
+    assert detected <= 2
     sim.set_counters("H2", 1, {"PortCountersExtended.PortXmitData": 7_000_000_000})
     hung_fake = (str(tools.bin), f"-l\0{h3_lid}\0")
     seen_hung: dict[tuple[int, int], int] = {}  # hung fake -> poll count when first seen
@@ -432,13 +449,16 @@ def test_one_hung_perfquery_costs_only_its_node(
     assert later.value("ibmon_port_transmit_data_bytes_total", guid=h3_guid, port=h3_port)
     d.stop()
     assert not tools.processes(str(tools.bin))
+    record_property("detected_within_polls", detected)
+    record_property("hung_commands_killed", len(seen_hung))
+    record_property("scrapes_checked", d.watch.scrapes)
 
 
 # --------------------------------------------------------------------------- item 4
 
 
 def test_junk_in_perfquery_output_never_reaches_a_total(
-    sim: IbSim, tools: Tools, daemon: Callable[..., Daemon]
+    sim: IbSim, tools: Tools, daemon: Callable[..., Daemon], record_property: Recorder
 ) -> None:
     """Item 4: five kinds of junk in one node's perfquery answer (counter-shaped lines after
     the last block, the answer twice with a junk total, a block for a port not asked, garbage
@@ -463,6 +483,8 @@ def test_junk_in_perfquery_output_never_reaches_a_total(
         untouched(s)
 
     tools.set({str(lid): "junk"})
+    detected = d.detect("parse_error", parse_errors, check)
+    assert detected <= 2
     d.wait("five junk answers", lambda: (check(d.scrape()), tools.turns() >= 6)[1], timeout=90)
     tools.set({})
     d.until_polls(2, check)  # the poll under way may still get junk
@@ -473,13 +495,16 @@ def test_junk_in_perfquery_output_never_reaches_a_total(
     # each junk answer cost that node's port one poll, once
     assert d.errors("parse_error", last) - parse_errors >= 5
     d.stop()
+    record_property("detected_within_polls", detected)
+    record_property("junk_answers_refused", d.errors("parse_error", last) - parse_errors)
+    record_property("scrapes_checked", d.watch.scrapes)
 
 
 # --------------------------------------------------------------------------- item 5
 
 
 def test_a_failed_discovery_keeps_the_last_good_topology(
-    sim: IbSim, tools: Tools, daemon: Callable[..., Daemon]
+    sim: IbSim, tools: Tools, daemon: Callable[..., Daemon], record_property: Recorder
 ) -> None:
     """Item 5: half an output and exit 1, 10 MB of garbage, a cut-short output and a hang:
     each discovery is rejected whole, the previous topology stays and every port is polled,
@@ -488,8 +513,10 @@ def test_a_failed_discovery_keeps_the_last_good_topology(
     d.until_polls(3, healthy)
     causes = {"half_exit1": "failed", "garbage": "parse_error", "truncated": "incomplete",
               "hang": "timeout"}
+    detected = {}
     for mode, cause in causes.items():
         tools.set({"discover": mode})
+        detected[mode] = d.detect("discovery_rejected", d.errors("discovery_rejected"), healthy)
 
         def rejected(c: str = cause) -> int:
             return sum(e.get("cause") == c for e in d.events("discovery_rejected"))
@@ -510,6 +537,11 @@ def test_a_failed_discovery_keeps_the_last_good_topology(
     for s in d.scrapes:
         healthy(s)
     d.stop()
+    # a discovery every 2 s: the first one after the fault is rejected
+    assert max(detected.values()) <= 4, detected
+    record_property("detected_within_polls", detected)
+    record_property("discoveries_rejected", len(lines))
+    record_property("scrapes_checked", d.watch.scrapes)
 
 
 def test_an_implausible_discovery_is_held_back_until_it_repeats(
@@ -541,7 +573,7 @@ def test_an_implausible_discovery_is_held_back_until_it_repeats(
 
 
 def test_no_process_outlives_its_poll(
-    sim: IbSim, tools: Tools, daemon: Callable[..., Daemon]
+    sim: IbSim, tools: Tools, daemon: Callable[..., Daemon], record_property: Recorder
 ) -> None:
     """Item 6: every perfquery leaves a grandchild that calls setsid and keeps the tool's
     stdout open. The kill scope finds and kills each one when its command ends, so polls do not
@@ -574,6 +606,10 @@ def test_no_process_outlives_its_poll(
     assert 1 <= len(warned) <= 2  # one line a minute, however many commands misbehave
     d.stop()
     assert not tools.processes(tools.mark)
+    record_property("escapees_killed", d.errors("stray_process", last))
+    record_property("escapees_seen_alive", len(seen))
+    record_property("zombies_seen_in_passing", len(zombies))
+    record_property("scrapes_checked", d.watch.scrapes)
 
 
 @pytest.fixture(scope="module")

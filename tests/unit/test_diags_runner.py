@@ -219,3 +219,63 @@ async def test_real_runner_reports_a_crash() -> None:
         [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"], 10
     )
     assert classify(res) == "crashed"
+
+
+class Discoveries:
+    """An ibnetdiscover whose answers the test scripts: (text, exit status, cache text)."""
+
+    def __init__(self) -> None:
+        self.answers: list[tuple[str, int, str]] = []
+
+    async def run(self, argv: list[str], timeout: float, max_output: int = 0) -> CommandResult:
+        if "perfquery" in argv[0]:  # every node answers
+            lid = int(argv[argv.index("-l") + 1])
+            ports = [int(p) for p in argv[-1].split(",")]
+            make = (lambda p: _block(lid, p, p)) if "-x" in argv else (lambda p: _narrow(lid, p))
+            return CommandResult(0, "".join(make(p) for p in ports), "")
+        text, rc, cache_text = self.answers.pop(0)
+        if "--cache" in argv and cache_text:
+            answer_discovery(argv, cache_text)  # the cache of the fabric as it is
+        return CommandResult(rc, text, "ibnetdiscover: iberror: failed" if rc else "")
+
+
+def _switch_only(topo: str) -> str:
+    return "".join(ln for ln in topo.splitlines(keepends=True) if ln.startswith("SW"))
+
+
+async def test_a_rejected_discovery_keeps_the_last_topology() -> None:
+    from structlog.testing import capture_logs
+
+    runner = Discoveries()
+    src = DiagsSource(runner=runner, command_timeout=5)
+    small = "CA     2  1 0x0000000000100001 4x EDR                    'h1'\n"
+    try:
+        runner.answers.append(("garbage\n" * 1000, 0, TOPO))
+        with pytest.raises(DiagsUnavailableError, match=r"no topology yet.*parse_error"):
+            await src.discover()  # nothing to keep: the poll fails
+        runner.answers.append((TOPO, 0, TOPO))
+        good = await src.discover()
+        assert len(good.ports) == 6
+        with capture_logs() as logs:
+            for answer in [
+                (TOPO[: len(TOPO) // 2], 1, TOPO),  # half an output and exit 1
+                ("~" * 99 + "\n") * 10_000,  # 1 MB of garbage
+                ("".join(TOPO.splitlines(keepends=True)[:-2]), 0, TOPO),  # cut at a line end
+                (small, 0, small),  # 1 node where there were 4: implausible...
+                (small, 0, small),
+            ]:
+                runner.answers.append(answer if isinstance(answer, tuple) else (answer, 0, TOPO))
+                assert await src.discover() == good
+                snap = await src.sample()
+                assert [e.reason for e in snap.errors if e.key is None] == ["discovery_rejected"]
+                assert len(snap.ports) == 6  # every port of the last good topology polled
+            runner.answers.append((small, 0, small))  # ...until three discoveries agree
+            assert set((await src.discover()).ports) == {("0x0000000000100001", "1")}
+        rejected = [e for e in logs if e["event"] == "discovery_rejected"]
+        assert [e["cause"] for e in rejected] == [
+            "failed", "parse_error", "incomplete", "implausible", "implausible",
+        ]
+        assert all(len(e["detail"]) < 400 for e in rejected)  # a sample, not the output
+        assert [e["event"] for e in logs if e["event"] == "fabric_shrank"] == ["fabric_shrank"]
+    finally:
+        await src.close()
