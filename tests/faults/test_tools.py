@@ -75,8 +75,15 @@ PORTS = 21
 SOURCE = "fabric"
 #: A junk total the fake perfquery offers; the issue saw 4 x 123,456,789 bytes added.
 JUNK = 123456789
-#: pytest's record_property: the matrix figures go to the JUnit XML (``--junitxml``).
-Recorder = Callable[[str, object], None]
+#: Where the tests write their matrix figures (polls to detect, faults refused, scrapes
+#: checked), one JSON line per test, when set: ``IBMON_FAULT_FIGURES=/tmp/f.jsonl pytest ...``.
+FIGURES = os.environ.get("IBMON_FAULT_FIGURES")
+
+
+def record(test: str, **figures: object) -> None:
+    if FIGURES:
+        with open(FIGURES, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"test": test, **figures}) + "\n")
 
 PERFQUERY = r'''#!{python}
 """A perfquery that misbehaves for the LIDs the control file names (else the real one)."""
@@ -410,7 +417,7 @@ def healthy(s: Scrape, *, missing: int = 0) -> None:
 
 
 def test_one_hung_perfquery_costs_only_its_node(
-    sim: IbSim, tools: Tools, daemon: Callable[..., Daemon], record_property: Recorder
+    sim: IbSim, tools: Tools, daemon: Callable[..., Daemon]
 ) -> None:
     """Item 3: the per-command timeout (P/4 = 2.5 s at a 1 s interval) ends a hung perfquery
     long before the poll's own limit (10 s), so one node times out and the rest is read. The
@@ -449,16 +456,15 @@ def test_one_hung_perfquery_costs_only_its_node(
     assert later.value("ibmon_port_transmit_data_bytes_total", guid=h3_guid, port=h3_port)
     d.stop()
     assert not tools.processes(str(tools.bin))
-    record_property("detected_within_polls", detected)
-    record_property("hung_commands_killed", len(seen_hung))
-    record_property("scrapes_checked", d.watch.scrapes)
+    record("hung perfquery", detected_within_polls=detected, hung_killed=len(seen_hung),
+           scrapes_checked=d.watch.scrapes)
 
 
 # --------------------------------------------------------------------------- item 4
 
 
 def test_junk_in_perfquery_output_never_reaches_a_total(
-    sim: IbSim, tools: Tools, daemon: Callable[..., Daemon], record_property: Recorder
+    sim: IbSim, tools: Tools, daemon: Callable[..., Daemon]
 ) -> None:
     """Item 4: five kinds of junk in one node's perfquery answer (counter-shaped lines after
     the last block, the answer twice with a junk total, a block for a port not asked, garbage
@@ -495,16 +501,15 @@ def test_junk_in_perfquery_output_never_reaches_a_total(
     # each junk answer cost that node's port one poll, once
     assert d.errors("parse_error", last) - parse_errors >= 5
     d.stop()
-    record_property("detected_within_polls", detected)
-    record_property("junk_answers_refused", d.errors("parse_error", last) - parse_errors)
-    record_property("scrapes_checked", d.watch.scrapes)
+    record("junk perfquery", detected_within_polls=detected,
+           refused=d.errors("parse_error", last) - parse_errors, scrapes_checked=d.watch.scrapes)
 
 
 # --------------------------------------------------------------------------- item 5
 
 
 def test_a_failed_discovery_keeps_the_last_good_topology(
-    sim: IbSim, tools: Tools, daemon: Callable[..., Daemon], record_property: Recorder
+    sim: IbSim, tools: Tools, daemon: Callable[..., Daemon]
 ) -> None:
     """Item 5: half an output and exit 1, 10 MB of garbage, a cut-short output and a hang:
     each discovery is rejected whole, the previous topology stays and every port is polled,
@@ -539,9 +544,8 @@ def test_a_failed_discovery_keeps_the_last_good_topology(
     d.stop()
     # a discovery every 2 s: the first one after the fault is rejected
     assert max(detected.values()) <= 4, detected
-    record_property("detected_within_polls", detected)
-    record_property("discoveries_rejected", len(lines))
-    record_property("scrapes_checked", d.watch.scrapes)
+    record("failed discovery", detected_within_polls=detected, rejected=len(lines),
+           scrapes_checked=d.watch.scrapes)
 
 
 def test_an_implausible_discovery_is_held_back_until_it_repeats(
@@ -567,13 +571,14 @@ def test_an_implausible_discovery_is_held_back_until_it_repeats(
     d.wait("the whole fabric again",
            lambda: d.scrape().value("ibmon_source_ports", source=SOURCE) == PORTS, timeout=120)
     d.stop()
+    record("implausible discovery", rejected=len(implausible), scrapes_checked=d.watch.scrapes)
 
 
 # --------------------------------------------------------------------------- item 6
 
 
 def test_no_process_outlives_its_poll(
-    sim: IbSim, tools: Tools, daemon: Callable[..., Daemon], record_property: Recorder
+    sim: IbSim, tools: Tools, daemon: Callable[..., Daemon]
 ) -> None:
     """Item 6: every perfquery leaves a grandchild that calls setsid and keeps the tool's
     stdout open. The kill scope finds and kills each one when its command ends, so polls do not
@@ -606,10 +611,8 @@ def test_no_process_outlives_its_poll(
     assert 1 <= len(warned) <= 2  # one line a minute, however many commands misbehave
     d.stop()
     assert not tools.processes(tools.mark)
-    record_property("escapees_killed", d.errors("stray_process", last))
-    record_property("escapees_seen_alive", len(seen))
-    record_property("zombies_seen_in_passing", len(zombies))
-    record_property("scrapes_checked", d.watch.scrapes)
+    record("setsid grandchildren", killed=d.errors("stray_process", last),
+           seen_alive=len(seen), zombies_in_passing=len(zombies), scrapes_checked=d.watch.scrapes)
 
 
 @pytest.fixture(scope="module")
