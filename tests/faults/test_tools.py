@@ -36,8 +36,8 @@ from ibmon.sources.parse import ParseError, parse_ibnd_cache
 from mocks.ibsim import IbSim
 from tests.faults.promise import Scrape, TotalsWatch
 from tests.ibsim_fixtures import REPO, sim_for
+from tests.parse_properties import SETTINGS, check_ibnd, check_perfquery, mutations
 from tests.syspkg import require_binary
-from tests.unit.test_parse_strict import SETTINGS, check_ibnd, check_perfquery, mutations
 
 #: Two switches; discovery starts at S1 (ibsim attaches every client to the first node).
 #: Cutting S1's two links to S2 leaves 2 of 7 nodes: a discovery that is implausible.
