@@ -113,6 +113,8 @@ STDERR_MAX_OUTPUT: Final = 64 << 10
 DEFAULT_MAX_OUTPUT: Final = PERFQUERY_MAX_OUTPUT
 #: After the tool exits, how long its pipes may stay open (its leftovers are killed first).
 EOF_GRACE: Final = 1.0
+#: The longest a command's clean-up can take after its timeout (reaping, leftovers, pipes).
+CLEANUP_MAX: Final = 3 * EOF_GRACE
 #: A discovery with fewer nodes than this share of the last accepted one is implausible...
 SHRINK_LIMIT: Final = 0.5
 #: ...until this many discoveries in a row agree that the fabric did shrink.
@@ -272,6 +274,7 @@ class SubprocessRunner:
         self._cwd = cwd
         self._adopt = adopt_orphans
         self._stray_log: dict[str, tuple[float, int]] = {}
+        self._cleanups: set[asyncio.Future[list[ProcStat]]] = set()
 
     async def run(
         self, argv: list[str], timeout: float, max_output: int = DEFAULT_MAX_OUTPUT
@@ -303,11 +306,8 @@ class SubprocessRunner:
         out, err = _Capped(max_output), _Capped(STDERR_MAX_OUTPUT)
         exited = False
 
-        def reaped() -> bool:
-            return proc.returncode is not None
-
         def stop() -> None:
-            if not exited and not reaped():
+            if not exited and proc.returncode is None:
                 SCOPES.stop(proc.pid)
 
         readers = [
@@ -319,7 +319,7 @@ class SubprocessRunner:
         try:
             async with asyncio.timeout(timeout):
                 # Not proc.wait(): it also waits for the pipes, which a leftover holds open.
-                await wait_exit(proc.pid, reaped)
+                await wait_exit(proc.pid, lambda: proc.returncode is not None)
                 exited = True
                 # The tool is gone; whatever still holds its pipes is a leftover of it.
                 left = await SCOPES.close(token, proc.pid)
@@ -328,18 +328,13 @@ class SubprocessRunner:
             timed_out = True
         finally:
             stop()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wait_exit(proc.pid, reaped), EOF_GRACE)
-            if left is None:
-                left = await SCOPES.close(token, proc.pid)
-            for reader in readers:
-                reader.cancel()
-            await asyncio.gather(*readers, return_exceptions=True)
-            transport = getattr(proc, "_transport", None)
-            if transport is not None:
-                transport.close()  # pipes a stray we could not find still holds
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(proc.wait()), EOF_GRACE)
+            # The clean-up runs to its end even when this command is cancelled (a poll's
+            # deadline, a shutdown): a tool is never left unreaped nor its pipes open.
+            cleanup = asyncio.ensure_future(self._finish(proc, token, readers, left is None))
+            self._cleanups.add(cleanup)
+            cleanup.add_done_callback(self._cleanups.discard)
+            more = await asyncio.shield(cleanup)
+        left = (left or []) + more
         if left:
             self._report_strays(argv[0], left)
         return CommandResult(
@@ -351,6 +346,39 @@ class SubprocessRunner:
             too_large=out.overflowed or err.overflowed,
             strays=len(left),
         )
+
+    @staticmethod
+    async def _finish(
+        proc: asyncio.subprocess.Process,
+        token: str,
+        readers: Sequence[asyncio.Future[None]],
+        close_scope: bool,
+    ) -> list[ProcStat]:
+        """After a command, whatever happened: the tool reaped, its scope closed, its readers
+        and pipes closed (a stray we could not find may still hold them)."""
+        left: list[ProcStat] = []
+        transport = getattr(proc, "_transport", None)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    wait_exit(proc.pid, lambda: proc.returncode is not None), EOF_GRACE
+                )
+            if close_scope:
+                left = await SCOPES.close(token, proc.pid)
+        finally:
+            for reader in readers:
+                reader.cancel()
+            if transport is not None:
+                transport.close()
+        await asyncio.gather(*readers, return_exceptions=True)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(proc.wait()), EOF_GRACE)
+        return left
+
+    async def aclose(self) -> None:
+        """Let the clean-ups of cancelled commands finish (bounded: each is)."""
+        if self._cleanups:
+            await asyncio.wait(set(self._cleanups), timeout=CLEANUP_MAX)
 
     def _report_strays(self, tool: str, left: Sequence[ProcStat]) -> None:
         """One warning per tool and minute: a tool that always misbehaves must not flood."""
@@ -757,7 +785,7 @@ class DiagsSource(FabricSource):
         try:
             async with asyncio.timeout(limit + 1.0):
                 return await self._runner.run(argv, limit, PERFQUERY_MAX_OUTPUT)
-        except TimeoutError:
+        except TimeoutError:  # the runner's own clean-up goes on in the background
             return CommandResult(None, "", "", True, limit + 1.0)
 
     async def _poll_group(
@@ -803,5 +831,7 @@ class DiagsSource(FabricSource):
         return counters_from_blocks(blocks), errors
 
     async def close(self) -> None:
+        if isinstance(self._runner, SubprocessRunner):
+            await self._runner.aclose()
         shutil.rmtree(self._tmp, ignore_errors=True)
         await SCOPES.sweep()

@@ -130,3 +130,28 @@ async def test_the_scope_token_reaches_the_tool_and_strays_are_logged_once(
     warned = [e for e in logs if e["event"] == "tool_left_processes"]
     assert len(warned) == 1  # one line a minute per tool, not one per command
     assert warned[0]["killed"] == 1 and warned[0]["log_level"] == "warning"
+
+
+async def test_a_command_cancelled_twice_still_cleans_up(tmp_path: Path) -> None:
+    """A poll's deadline and a shutdown can cancel a command, and cancel it again while it is
+    cleaning up: the tool and its grandchild still die, are reaped, and no pipe is left open
+    (an unclosed transport would complain when collected)."""
+    import gc
+
+    pidfile = tmp_path / "grandchild"
+    runner = SubprocessRunner()
+    task = asyncio.ensure_future(
+        runner.run(_escaping_tool(pidfile, then="time.sleep(3600)"), 30)
+    )
+    await _settle(pidfile.exists)
+    grandchild = int(pidfile.read_text())
+    task.cancel()
+    await asyncio.sleep(0)
+    task.cancel()  # again, while the first cancellation is being handled
+    results = await asyncio.gather(task, return_exceptions=True)
+    assert isinstance(results[0], asyncio.CancelledError)
+    await runner.aclose()
+    await _settle(lambda: _gone(grandchild) and not _zombie_children())
+    assert _gone(grandchild)
+    assert not _zombie_children()
+    gc.collect()
