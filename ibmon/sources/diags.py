@@ -17,7 +17,9 @@ exactly what the tool prints.
 Timeouts come from the poll's own limit (``ibmon.polltime``, P = max(5 x interval, 10 s)), so
 one hung command is cut off before the poll is: a perfquery may take ``command_timeout``
 (default P/4), a discovery or state refresh ``max(P/4, 3P/4 - command_timeout)`` (default P/2).
-A poll with a discovery and one hung node then ends within P/2 + P/4 plus the sweep.
+A poll with a discovery and one hung node then ends within P/2 + P/4 plus the sweep. The first
+discovery, with no topology to keep polling, may take 0.9 P; a fabric whose discovery needs more
+than the discovery budget needs a longer interval (its timeout says so).
 
 Discovery keeps the last good topology. An ibnetdiscover that fails (non-zero exit, killed on
 timeout, output over the cap), whose text or cache is not exactly the format, whose text and
@@ -119,6 +121,8 @@ CLEANUP_MAX: Final = 3 * EOF_GRACE
 SHRINK_LIMIT: Final = 0.5
 #: ...until this many discoveries in a row agree that the fabric did shrink.
 SHRINK_CONFIRMATIONS: Final = 3
+#: Share of the poll timeout the first discovery may take (there is no sweep to protect yet).
+FIRST_DISCOVERY_SHARE: Final = 0.9
 #: Upper bound of a configured command timeout.
 MAX_COMMAND_TIMEOUT: Final = 3600.0
 
@@ -609,7 +613,11 @@ class DiagsSource(FabricSource):
             "--cache",
             str(cache),
         ]
-        res = await self._runner.run(argv, self.budget.discovery, DISCOVERY_MAX_OUTPUT)
+        # With no topology yet there is no sweep to protect: the first discovery may take
+        # nearly the whole poll (that poll then fails; the next one polls what it found).
+        first = self._view is None
+        limit = self.budget.poll * FIRST_DISCOVERY_SHARE if first else self.budget.discovery
+        res = await self._runner.run(argv, limit, DISCOVERY_MAX_OUTPUT)
         if res.strays:
             errors.append(SourceError("stray_process", f"ibnetdiscover left {res.strays}"))
         reason = classify(res)
@@ -617,6 +625,9 @@ class DiagsSource(FabricSource):
             raise await self._open_failure(res)
         if reason in ("tool_missing", "permission"):
             raise DiagsUnavailableError(f"ibnetdiscover: {reason}: {_first_line(res.stderr)}")
+        if reason == "timeout":
+            raise _RejectedError(reason, f"ibnetdiscover took over {limit:g}s (the discovery "
+                                 "budget, from the poll timeout: a longer interval raises it)")
         if reason is not None:
             raise _RejectedError(reason, _first_line(res.stderr) or f"exit status {res.rc}")
         try:

@@ -279,3 +279,26 @@ async def test_a_rejected_discovery_keeps_the_last_topology() -> None:
         assert [e["event"] for e in logs if e["event"] == "fabric_shrank"] == ["fabric_shrank"]
     finally:
         await src.close()
+
+
+async def test_the_first_discovery_may_take_most_of_the_poll() -> None:
+    """With no topology to keep polling, a slow first discovery gets 0.9 of the poll timeout;
+    later ones get the discovery budget, so a hung node still fits in the same poll."""
+    runner = Discoveries()
+    seen: list[float] = []
+    run = runner.run
+
+    async def timed(argv: list[str], timeout: float, max_output: int = 0) -> CommandResult:
+        if "ibnetdiscover" in argv[0]:
+            seen.append(timeout)
+        return await run(argv, timeout, max_output)
+
+    runner.run = timed  # type: ignore[method-assign]
+    src = DiagsSource(runner=runner, interval=1.0)
+    try:
+        runner.answers += [(TOPO, 0, TOPO), (TOPO, 0, TOPO)]
+        await src.discover()
+        await src.discover()
+    finally:
+        await src.close()
+    assert seen == [9.0, 5.0]  # poll timeout 10 s: 0.9 of it, then half
