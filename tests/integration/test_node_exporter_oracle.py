@@ -24,15 +24,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ibmon.sources.sysfs import SysfsSource
 from ibmon.tracker import Tracker
+from tests.fixtures import real_fixture
 from tests.sysfs_tree import FULL_COUNTERS, write_device, write_port
 from tests.syspkg import require_binary
 
 pytestmark = pytest.mark.system
 
-REAL = Path(__file__).resolve().parents[2] / ".." / "shared" / "real-fixtures"
+#: Real sysfs captures under ../shared/real-fixtures (tests.fixtures finds them).
 REAL_TREES = {
-    "procfs": REAL / "procfs" / "testdata" / "fixtures.ttar.d" / "fixtures" / "sys",
-    "node_exporter": REAL / "node_exporter" / "collector" / "fixtures" / "sys.ttar.d" / "sys",
+    "procfs": "procfs/testdata/fixtures.ttar.d/fixtures/sys",
+    "node_exporter": "node_exporter/collector/fixtures/sys.ttar.d/sys",
 }
 
 #: node_exporter series (without ``node_infiniband_``) -> ibmon counter.
@@ -159,9 +160,7 @@ async def assert_same_totals(sysfs: Path, log: Path) -> int:
 
 @pytest.mark.parametrize("tree", sorted(REAL_TREES))
 async def test_real_tree_totals_match_node_exporter(tree: str, tmp_path: Path) -> None:
-    root = REAL_TREES[tree]
-    if not root.is_dir():
-        pytest.skip(f"real fixtures absent: {root}")
+    root = real_fixture(REAL_TREES[tree])
     assert await assert_same_totals(root, tmp_path / "node_exporter.log") >= 8
 
 

@@ -23,12 +23,14 @@ from ibmon.sources.sysfs import (
     parse_rate,
     synthetic_guid,
 )
+from tests.fixtures import real_fixture
 from tests.sysfs_tree import FULL_COUNTERS, class_dir, write_device, write_file, write_port
 
-REAL = Path(__file__).resolve().parents[2] / ".." / "shared" / "real-fixtures"
-PROCFS_SYS = REAL / "procfs" / "testdata" / "fixtures.ttar.d" / "fixtures" / "sys"
-NODE_EXPORTER_SYS = REAL / "node_exporter" / "collector" / "fixtures" / "sys.ttar.d" / "sys"
-REAL_TREES = {"procfs": PROCFS_SYS, "node_exporter": NODE_EXPORTER_SYS}
+#: Real sysfs captures under ../shared/real-fixtures (tests.fixtures finds them).
+REAL_TREES = {
+    "procfs": "procfs/testdata/fixtures.ttar.d/fixtures/sys",
+    "node_exporter": "node_exporter/collector/fixtures/sys.ttar.d/sys",
+}
 KNOWN_REASONS = {
     "no_pma", "einval", "eacces", "missing", "empty", "garbage", "bad_rate",
     "unsupported", "io", "unassigned", "duplicate",
@@ -37,10 +39,8 @@ GUID = "0x0002c90300a1b2c3"
 
 
 def real_tree(name: str) -> Path:
-    root = REAL_TREES[name]
-    if not root.is_dir():
-        pytest.skip(f"real fixtures absent: {root}")
-    return root
+    """A captured sysfs root: skips locally when the captures are absent, fails in CI."""
+    return real_fixture(REAL_TREES[name])
 
 
 async def sample(root: Path, **kw: object) -> Snapshot:
@@ -583,6 +583,7 @@ async def test_sample_reads_off_the_event_loop(
 
 def test_has_devices_on_missing_root(tmp_path: Path) -> None:
     assert not has_devices(tmp_path / "nope")
-    real = PROCFS_SYS
-    if real.is_dir():
-        assert has_devices(real)
+
+
+def test_has_devices_on_a_real_tree() -> None:
+    assert has_devices(real_tree("procfs"))
