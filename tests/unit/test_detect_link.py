@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -12,6 +15,7 @@ from detect_views import GUID, PEER, link, view
 from ibmon.detect.engine import Engine
 from ibmon.events import Event
 from ibmon.model import LinkInfo, PortView
+from tests.detect_settings import TABLE_IDS, TABLES, below, settings_for
 
 
 def step(engine: Engine, views: list[PortView], t: float) -> list[Event]:
@@ -106,3 +110,46 @@ def test_topology_changes_after_the_baseline() -> None:
     assert (gone.port.guid, gone.port.port) == (GUID, "2")
     (new,) = step(engine, [view("1", link=moved), view("3")], 4)
     assert new.details["change"] == "appeared"
+
+
+# --------------------------------------------------------------------------- boundaries
+
+boundary = pytest.mark.parametrize("tables", TABLES, ids=TABLE_IDS)
+
+
+def flaps(
+    tables: dict[str, Any], downs_at: list[float], polls: list[float]
+) -> list[tuple[float, Event]]:
+    """LinkDowned goes up by one at each time in ``downs_at``; the port is polled then and at
+    ``polls``. Returns the flapping edges with the poll time they happened at."""
+    engine = Engine(tables)
+    history = 40  # link downs from before monitoring started: not flapping
+    out: list[tuple[float, Event]] = []
+    for t in sorted({0.0, *downs_at, *polls}):
+        total = history + sum(1 for d in downs_at if d <= t)
+        out += [(t, e) for e in step(engine, [view(totals={"link_downed": total})], t)
+                if e.type == "link_flapping"]
+    return out
+
+
+@boundary
+@pytest.mark.parametrize(("extra", "fires"), [(-1, False), (0, True), (1, True)])
+def test_flapping_at_count_link_downs_within_the_window(
+    tables: dict[str, Any], extra: int, fires: bool
+) -> None:
+    s = settings_for("link_flapping", tables)
+    n = s.count + extra
+    gap = s.window / (n + 1)  # all n downs well inside one window
+    downs = [gap * (i + 1) for i in range(n)]
+    edges = [(t, e.status, e.value, e.threshold) for t, e in flaps(tables, downs, [])]
+    # one edge, at the count-th down, however many more follow
+    assert edges == ([(downs[s.count - 1], "firing", s.count, s.count)] if fires else [])
+
+
+@boundary
+def test_a_link_down_counts_for_exactly_one_window(tables: dict[str, Any]) -> None:
+    s = settings_for("link_flapping", tables)
+    downs = [1.0 + i for i in range(s.count)]  # count downs, one per second from t=1
+    edge = downs[0] + s.window  # the first of them leaves the window here
+    edges = [(t, e.status) for t, e in flaps(tables, downs, [below(edge), edge])]
+    assert edges == [(downs[-1], "firing"), (edge, "resolved")]
