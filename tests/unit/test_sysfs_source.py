@@ -255,6 +255,23 @@ async def test_counters_and_hw_counters(tmp_path: Path) -> None:
     assert (p.state, p.phys_state) == (4, 5)
 
 
+async def test_64bit_values_are_read_exactly(tmp_path: Path) -> None:
+    """No float on the way: 2**64 - 1 and its neighbours are not float64 values, and the
+    node_exporter oracle (float64) could not tell them apart."""
+    write_device(tmp_path, "mlx5_0")
+    write_port(tmp_path, "mlx5_0", 1, counters={
+        **FULL_COUNTERS, "unicast_xmit_packets": 2**64 - 1, "unicast_rcv_packets": 2**64 - 2,
+        "port_xmit_data": 2**53 + 1, "port_rcv_data": 2**62 - 1,
+    }, hw_counters={"out_of_buffer": 2**64 - 3})
+    p = (await sample(tmp_path)).ports[(GUID, "1")]
+    assert p.counters["unicast_transmit_packets"] == 2**64 - 1
+    assert p.counters["unicast_receive_packets"] == 2**64 - 2
+    assert p.counters["transmit_data"] == 2**53 + 1
+    assert p.counters["receive_data"] == 2**62 - 1
+    assert p.hw_counters == {"out_of_buffer": 2**64 - 3}
+    assert all(type(v) is int for v in (*p.counters.values(), *p.hw_counters.values()))
+
+
 async def test_roce_port_is_read_the_same_way(tmp_path: Path) -> None:
     write_device(tmp_path, "mlx5_2", node_guid="b859:9f03:00d4:0e8a")
     write_port(tmp_path, "mlx5_2", 1, link_layer="Ethernet\n", lid="0x0\n",
