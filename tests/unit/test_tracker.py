@@ -770,33 +770,38 @@ def _ops(top: int, odd: bool) -> st.SearchStrategy[tuple[str, int]]:
 
 
 @st.composite
+def _port(draw: st.DrawFn, *, odd: bool) -> list[HwCounter]:
+    """One port's counters: 1-4 catalogue counters (narrow or wide) and 0-2 hw_counters."""
+    names = draw(st.lists(st.sampled_from(NAMES), min_size=1, max_size=4, unique=True))
+    hw_names = draw(st.lists(st.sampled_from(HW_NAMES), max_size=2, unique=True))
+    counters = []
+    for hw, name in [(False, n) for n in names] + [(True, n) for n in hw_names]:
+        wide = hw or iba_bits(BY_NAME[name].pma) == 64 or draw(st.booleans())
+        c = HwCounter(name, hw, wide, 0)
+        c.value = c.true = draw(_starts(c.top, odd))
+        counters.append(c)
+    return counters
+
+
+@st.composite
 def scenarios(draw: st.DrawFn, *, odd: bool) -> Scenario:
     """``odd``: resets, saturation, missing reads and ports, time standing still or going back.
-    Without it nothing is lost or hidden, so every total is the true count."""
-    ports = []
-    for number in range(1, draw(st.integers(1, 3)) + 1):
-        names = draw(st.lists(st.sampled_from(NAMES), min_size=1, max_size=4, unique=True))
-        hw_names = draw(st.lists(st.sampled_from(HW_NAMES), max_size=2, unique=True))
-        counters = []
-        for hw, name in [(False, n) for n in names] + [(True, n) for n in hw_names]:
-            wide = hw or iba_bits(BY_NAME[name].pma) == 64 or draw(st.booleans())
-            c = HwCounter(name, hw, wide, 0)
-            c.value = c.true = draw(_starts(c.top, odd))
-            counters.append(c)
-        ports.append(HwPort(str(number), counters))
-    sc = Scenario(ports)
-    dts = st.sampled_from([-7.0, -0.5, 0.0, 0.25, 1.0, 7.0] if odd else [0.5, 1.0, 3.0])
-    missing = st.frozensets(st.sampled_from([(p.number, c.hw, c.name) for p in ports
-                                             for c in p.counters]))
-    absent = st.frozensets(st.sampled_from([p.number for p in ports]))
-    for _ in range(draw(st.integers(1, 12))):
-        dt = draw(dts)
-        ops = {(p.number, c.hw, c.name): draw(_ops(c.top, odd)) for p in ports for c in p.counters}
-        if odd:
-            sc.steps.append(Step(dt, ops, draw(missing), draw(absent)))
-        else:
-            sc.steps.append(Step(dt, ops, frozenset(), frozenset()))
-    return sc
+    Without it nothing is lost or hidden, so every total is the true count.
+
+    Ports and steps are drawn as lists so that a failure shrinks quickly to few of each."""
+    ports = [HwPort(str(i), counters) for i, counters in
+             enumerate(draw(st.lists(_port(odd=odd), min_size=1, max_size=3)), start=1)]
+    keys = [(p.number, c.hw, c.name) for p in ports for c in p.counters]
+    ops = st.fixed_dictionaries({(p.number, c.hw, c.name): _ops(c.top, odd)
+                                 for p in ports for c in p.counters})
+    if odd:
+        step = st.builds(Step, st.sampled_from([-7.0, -0.5, 0.0, 0.25, 1.0, 7.0]), ops,
+                         st.frozensets(st.sampled_from(keys)),
+                         st.frozensets(st.sampled_from([p.number for p in ports])))
+    else:
+        step = st.builds(Step, st.sampled_from([0.5, 1.0, 3.0]), ops,
+                         st.just(frozenset()), st.just(frozenset()))
+    return Scenario(ports, draw(st.lists(step, min_size=1, max_size=12)))
 
 
 def check_view(v: PortView, port: HwPort, now: float, missing: frozenset[tuple[bool, str]],
