@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import os
 import random
 import struct
 from pathlib import Path
@@ -30,25 +29,28 @@ from ibmon.sources.parse import (
 )
 from ibmon.sources.shard import assign_nodes, filter_topology, parse_shard
 from mocks.topology import fat_tree
+from tests.fixtures import real_fixture, real_fixtures
+from tests.syspkg import require_library
 
-FIXTURES = Path(__file__).resolve().parents[2] / ".." / "shared" / "real-fixtures"
-IBX = FIXTURES / "infiniband_exporter" / "collectors" / "fixtures"
-TOPO = FIXTURES / "ibtopotool" / "tests"
+IBX = "infiniband_exporter/collectors/fixtures"
+TOPO = "ibtopotool/tests"
 
 
-def _need(path: Path) -> Path:
-    if not path.exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"real captures missing: {path}")
-        pytest.skip(f"real captures not present: {path}")
-    return path
+def ibx(relative: str) -> Path:
+    """A treydock/infiniband_exporter capture (skips locally when absent, fails in CI)."""
+    return real_fixture(f"{IBX}/{relative}")
+
+
+def topo_capture(name: str) -> Path:
+    """A jabl/ibtopotool capture (skips locally when absent, fails in CI)."""
+    return real_fixture(f"{TOPO}/{name}")
 
 
 # ------------------------------------------------------------------ perfquery, real captures
 
 
 def test_perfquery_switch_two_ports_capmask2() -> None:
-    text = (_need(IBX) / "perfquery" / "0x7cfe9003009ce5b0.out").read_text()
+    text = ibx("perfquery/0x7cfe9003009ce5b0.out").read_text()
     ports, stray = parse_perfquery(text)
     assert stray == []
     assert sorted(ports) == [1, 2]
@@ -65,7 +67,7 @@ def test_perfquery_switch_two_ports_capmask2() -> None:
 
 def test_perfquery_capmask2_zero_error_fields_not_trusted() -> None:
     # CapMask2 0: the bytes after CounterSelect2 are reserved; only a narrow query gives errors.
-    text = (_need(IBX) / "perfquery" / "0x7cfe9003003b4b96.out").read_text()
+    text = ibx("perfquery/0x7cfe9003003b4b96.out").read_text()
     ports, _ = parse_perfquery(text)
     c = ports[1]
     assert c.counters["transmit_data"] == 37108676853855
@@ -75,16 +77,16 @@ def test_perfquery_capmask2_zero_error_fields_not_trusted() -> None:
 
 
 def test_perfquery_switch_errors_and_empty_file() -> None:
-    ports, _ = parse_perfquery((_need(IBX) / "perfquery" / "0x506b4b03005c2740.out").read_text())
+    ports, _ = parse_perfquery(ibx("perfquery/0x506b4b03005c2740.out").read_text())
     assert ports[1].counters["transmit_discards"] == 20046
     assert ports[1].counters["receive_switch_relay_errors"] == 7
     assert ports[1].counters["link_downed"] == 1
-    empty, stray = parse_perfquery((IBX / "perfquery" / "0x506b4b0300cc02a6.out").read_text())
+    empty, stray = parse_perfquery(ibx("perfquery/0x506b4b0300cc02a6.out").read_text())
     assert empty == {} and stray == []
 
 
 def test_perfquery_details_blocks_are_not_counters() -> None:
-    text = (_need(IBX) / "perfquery-rcv-error" / "0x7cfe9003009ce5b0-2.out").read_text()
+    text = ibx("perfquery-rcv-error/0x7cfe9003009ce5b0-2.out").read_text()
     ports, stray = parse_perfquery(text)
     assert ports == {} and stray == []
 
@@ -154,7 +156,7 @@ def test_perfquery_garbage_lines_reported_not_raised() -> None:
 
 def test_ibnetdiscover_ports_test_out() -> None:
     ports, stray = parse_ibnetdiscover_ports(
-        (_need(IBX) / "ibnetdiscover" / "test.out").read_text()
+        ibx("ibnetdiscover/test.out").read_text()
     )
     assert stray == [] and len(ports) == 9
     first = ports[0]
@@ -172,7 +174,7 @@ def test_ibnetdiscover_ports_test_out() -> None:
 
 
 def test_ibnetdiscover_ports_sharp_and_spaces() -> None:
-    ports, _ = parse_ibnetdiscover_ports((_need(IBX) / "ibnetdiscover" / "test2.out").read_text())
+    ports, _ = parse_ibnetdiscover_ports(ibx("ibnetdiscover/test2.out").read_text())
     sharp = ports[0]
     assert sharp.desc == "Mellanox Technologies Aggregation Node" and sharp.node_type == "ca"
     assert sharp.remote_desc == "5FB0405-leaf-IB01 "  # trailing space kept
@@ -181,13 +183,13 @@ def test_ibnetdiscover_ports_sharp_and_spaces() -> None:
 
 
 def test_ibnetdiscover_ports_unquoted_desc() -> None:
-    ports, _ = parse_ibnetdiscover_ports((_need(IBX) / "ibnetdiscover" / "test3.out").read_text())
+    ports, _ = parse_ibnetdiscover_ports(ibx("ibnetdiscover/test3.out").read_text())
     assert ports[0].desc == "Infiniscale-IV Mellanox Technologies"
     assert (ports[0].lid, ports[0].port, ports[0].speed) == (479, 22, "QDR")
 
 
 def test_topology_files_from_ibtopotool() -> None:
-    one, stray = parse_topology_file((_need(TOPO) / "1.topo").read_text())
+    one, stray = parse_topology_file(topo_capture("1.topo").read_text())
     assert stray == [] and len(one) == 14
     sw = next(p for p in one if p.guid == "0x0008f10400410015" and p.port == 1)
     assert (sw.remote_guid, sw.remote_port, sw.width, sw.speed) == (
@@ -199,11 +201,11 @@ def test_topology_files_from_ibtopotool() -> None:
     assert sw.lid == 3 and sw.desc == "SW-6IB4 Voltaire"
     ca = next(p for p in one if p.guid == "0x0008f10403960558" and p.port == 2)
     assert ca.lid == 14 and ca.remote_lid == 6 and ca.node_type == "ca"
-    three, stray3 = parse_ibnetdiscover((TOPO / "3.topo").read_text())
+    three, stray3 = parse_ibnetdiscover(topo_capture("3.topo").read_text())
     assert len(stray3) == 1 and stray3[0].startswith("src/query_smp.c")
     fdr = next(p for p in three if p.guid == "0xe41d2d030003e470" and p.port == 3)
     assert fdr.speed == "FDR" and fdr.remote_desc == "MF0;switch-de779e:SX6012/U1"
-    four, _ = parse_ibnetdiscover((TOPO / "4.topo").read_text())
+    four, _ = parse_ibnetdiscover(topo_capture("4.topo").read_text())
     assert {(p.guid, p.port) for p in four} == {
         ("0x0021283a8389a0a0", 23),
         ("0x0003ba000100e388", 2),
@@ -211,7 +213,7 @@ def test_topology_files_from_ibtopotool() -> None:
 
 
 def test_every_capture_parses_without_exception() -> None:
-    files = [*sorted((_need(IBX) / "ibnetdiscover").iterdir()), *sorted(TOPO.glob("*.topo"))]
+    files = [*real_fixtures(f"{IBX}/ibnetdiscover/*"), *real_fixtures(f"{TOPO}/*.topo")]
     for f in files:
         ports, _ = parse_ibnetdiscover(f.read_text())
         assert ports, f
@@ -266,12 +268,7 @@ def test_node_name_map() -> None:
 
 
 def _libibmad() -> ctypes.CDLL:
-    try:
-        lib = ctypes.CDLL("libibmad.so.5")
-    except OSError:
-        if os.environ.get("CI"):
-            pytest.fail("libibmad.so.5 missing (apt package libibmad5)")
-        pytest.skip("libibmad.so.5 not installed (apt package libibmad5)")
+    lib = require_library("libibmad.so.5", "libibmad5")
     lib.mad_field_name.restype = ctypes.c_char_p
     lib.mad_decode_field.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
     return lib
