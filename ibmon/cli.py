@@ -147,6 +147,7 @@ def _settings_for_run(config: Path | None, listen: str | None = None) -> Setting
 
 def _run_daemon(
     settings: Settings,
+    config: Path | None,
     reload: Callable[[], Settings] | None,
     banner: str | None = None,
 ) -> None:
@@ -154,7 +155,7 @@ def _run_daemon(
     from ibmon.daemon import Daemon, StartError
 
     async def _main() -> None:
-        daemon = Daemon(settings, reload_settings=reload)
+        daemon = Daemon(settings, config_path=config, reload_settings=reload)
         async with asyncio.TaskGroup() as tg:
             tg.create_task(daemon.run(), name="daemon")
             if banner:
@@ -195,7 +196,7 @@ def run(
         _die(str(exc))
     _configure_logging(settings, log_level)
     reload = (lambda: _settings_for_run(config, listen)) if config is not None else None
-    _run_daemon(settings, reload)
+    _run_daemon(settings, config, reload)
 
 
 Format = Literal["table", "json", "prom"]
@@ -347,7 +348,7 @@ def demo(
         f"  live view: ibmon top --url http://{host}:{{port}}   (in another terminal)\n"
         "  stop with Ctrl-C"
     )
-    _run_daemon(settings, None, banner)
+    _run_daemon(settings, None, None, banner)
 
 
 @sim_app.command("sysfs")
