@@ -283,9 +283,10 @@ class Daemon:
         self.settings = new
         try:
             await self._sync_exporters(tg)
-        except StartError as exc:
+        except Exception as exc:  # StartError, or anything else: never the daemon's end
             self.settings = old
-            self._reload_refused("failed", str(exc))
+            text = str(exc) if isinstance(exc, StartError) else f"{type(exc).__name__}: {exc}"
+            self._reload_refused("failed", text)
             return False
         tables = new.detect.tables()
         if tables != self._engine_tables:
@@ -481,10 +482,11 @@ class Daemon:
             if pipeline.save_due:
                 # A reset or saturation changed what a restart must know: save before this
                 # source polls again, so a kill -9 loses at most the poll in progress. A save
-                # slower than an interval finishes in the background instead of holding polls.
+                # slower than an interval stops holding polls at that deadline (its worker
+                # thread still completes the write).
                 pipeline.save_due = False
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(self._saving()), timeout=interval)
+                    await asyncio.wait_for(self._saving(), timeout=interval)
             next_poll += interval
             now = time.monotonic()
             if next_poll < now:  # fell behind: skip missed ticks rather than burst
