@@ -113,6 +113,8 @@ class Daemon:
         if reload_settings is None and config_path is not None:
             reload_settings = _file_loader(config_path)
         self._reload_settings = reload_settings
+        #: Why the latest reload was refused (None: applied, or none asked for).
+        self._refused: str | None = None
         self.metrics = SelfMetrics()
         self.state: FabricState = EMPTY_STATE
         self.ready = asyncio.Event()
@@ -232,7 +234,7 @@ class Daemon:
         self._polls = self._start_polls(tg)
         await self._publish()
         while True:
-            notify("READY=1\nSTATUS=polling " + ", ".join(sorted(self._pipelines)))
+            notify("READY=1\nSTATUS=" + self._status())
             if not self.ready.is_set() and (period := watchdog_interval()) is not None:
                 # systemd expects the first WATCHDOG=1 after READY=1.
                 self._chores.append(tg.create_task(self._watchdog(period), name="watchdog"))
@@ -296,12 +298,21 @@ class Daemon:
         if new.state.path != old.state.path:
             self._statefile = StateFile(new.state.path)
             self._dirty.set()
+        self._refused = None
         self.reloads.labels("applied").inc()
         self.reload_ok.set(1)
         log.info("config_reloaded", path=str(self.config_path) if self.config_path else None)
         return True
 
+    def _status(self) -> str:
+        """The one line ``systemctl status`` shows: what is polled, and a refused reload."""
+        status = "polling " + ", ".join(sorted(self._pipelines))
+        if self._refused is not None:
+            status += f"; reload refused, previous config running: {self._refused}"
+        return status[:400]
+
     def _reload_refused(self, result: str, error: str) -> None:
+        self._refused = error
         self.reloads.labels(result).inc()
         self.reload_ok.set(0)
         log.error(
