@@ -22,6 +22,7 @@ import asyncio
 import ctypes
 import ctypes.util
 import itertools
+import socket
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -262,20 +263,51 @@ class PrometheusExporter:
 
     # --- lifecycle ------------------------------------------------------------------------------
 
-    async def start(self, tg: asyncio.TaskGroup | None = None) -> None:
-        """Listen; aiohttp runs the server, so ``tg`` (the ``Exporter`` interface) is unused."""
+    async def start(
+        self, tg: asyncio.TaskGroup | None = None, *, inherit: PrometheusExporter | None = None
+    ) -> None:
+        """Listen; aiohttp runs the server, so ``tg`` (the ``Exporter`` interface) is unused.
+
+        ``inherit`` is a running exporter this one replaces (a config reload): on the same
+        address this one serves copies of its listening sockets, so the port never closes and
+        nothing can take it in between; the caller stops ``inherit`` afterwards. Elsewhere
+        this one binds its own address first, so a failure leaves ``inherit`` serving.
+        """
         if self._runner is not None:
             raise RuntimeError("exporter already started")
         runner = web.AppRunner(self._app, access_log=None, shutdown_timeout=5.0)
         await runner.setup()
+        same = inherit is not None and inherit._listen_key == self._listen_key
+        inherited = inherit._sockets() if inherit is not None and same else []
         try:
-            site = web.TCPSite(runner, self._host, self._port, ssl_context=self._ssl)
-            await site.start()
+            if inherited:
+                for sock in inherited:
+                    await web.SockSite(runner, sock, ssl_context=self._ssl).start()
+            else:
+                site = web.TCPSite(runner, self._host, self._port, ssl_context=self._ssl)
+                await site.start()
         except BaseException:
+            for sock in inherited:
+                sock.close()
             await runner.cleanup()
             raise
         self._runner = runner
         log.info("listening", address=self._listen, port=self.port)
+
+    @property
+    def _listen_key(self) -> tuple[str, int]:
+        return self._host, self._port
+
+    def _sockets(self) -> list[socket.socket]:
+        """Duplicates of the listening sockets (empty when not listening)."""
+        if self._runner is None:
+            return []
+        out: list[socket.socket] = []
+        for site in self._runner.sites:
+            server = getattr(site, "_server", None)  # aiohttp keeps the asyncio.Server here
+            for sock in getattr(server, "sockets", None) or ():
+                out.append(sock.dup())
+        return out
 
     async def stop(self) -> None:
         runner, self._runner = self._runner, None

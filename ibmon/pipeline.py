@@ -85,6 +85,10 @@ class Pipeline:
         self._fabric = fabric
         self._clock = clock
         self._wall = wall
+        #: Set by ``ingest`` when the tracker saw a counter reset or a saturation: state a
+        #: restart needs (the old baseline is wrong from now on), so the daemon saves it
+        #: before the next poll instead of at ``save_interval``. The daemon clears it.
+        self.save_due = False
         self._views = _NO_VIEWS
         self._discovered: Source | None = None
         self._next_discover = 0.0
@@ -168,9 +172,13 @@ class Pipeline:
     def ingest(self, snap: Snapshot) -> list[Event]:
         """Track and detect one successful sample; synchronous, plain data in and out."""
         clock = self._clock
+        tracker = self.tracker
+        seen = tracker.resets_seen + tracker.saturations_seen
         t0 = clock()
-        views = self.tracker.update(snap)
+        views = tracker.update(snap)
         t1 = clock()
+        if tracker.resets_seen + tracker.saturations_seen != seen:
+            self.save_due = True
         events = self.engine.process(views, monotonic=snap.monotonic, wall=snap.wall)
         events += self.engine.source_poll(True, wall=snap.wall)
         self._stage["track"].observe(t1 - t0)

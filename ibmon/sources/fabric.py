@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ibmon.config import Duration, SourceConfigBase
 from ibmon.linkspeed import active_speed, active_width, effective_rate_bps, max_common
@@ -71,6 +71,13 @@ class FabricSourceConfig(SourceConfigBase):
     #: seconds between port-state refreshes between discoveries; None = the source's default
     #: (mad: every poll, in the same MAD batch; diags: 30 s, one ibnetdiscover for the fabric)
     state_interval: Duration | None = None
+
+    @field_validator("shard")
+    @classmethod
+    def _check_shard(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_shard(v)  # K < N: "3/3" would poll nothing, and only fail at start
+        return v
 
 
 @dataclass(slots=True)
