@@ -192,22 +192,27 @@ class Pipeline:
         A source with no ports and no errors (an empty shard, a filter that matches nothing) is
         not blind: there is nothing to see.
         """
-        answered = {k for k, s in snap.ports.items() if s.counters or s.hw_counters}
-        if not answered and (snap.errors or snap.ports):
-            if snap.errors:
-                first = snap.errors[0]
-                why = (f"no port answered ({len(snap.errors)} errors, first: "
-                       f"{first.reason}: {first.detail})")
-            else:
-                why = (f"no port answered: {len(snap.ports)} ports have no LID to ask "
-                       "(is a subnet manager running?)")
-            return "no_answer", why
-        known = [k for k, v in self._views.items() if v.totals or v.hw_totals]
-        if known:
-            asked = {e.key for e in snap.errors if e.key is not None}
-            silent = sum(1 for k in known if k in asked and k not in snap.ports)
-            if silent > SILENT_FRACTION * len(known):
-                return "ports_silent", f"{silent} of {len(known)} known ports did not answer"
+        ports, errors = snap.ports, snap.errors
+        # any() stops at the first port with counters: the usual poll costs next to nothing.
+        if not any(s.counters or s.hw_counters for s in ports.values()):
+            if errors:
+                first = errors[0]
+                return "no_answer", (f"no port answered ({len(errors)} errors, first: "
+                                     f"{first.reason}: {first.detail})")
+            if ports:
+                return "no_answer", (f"no port answered: {len(ports)} ports have no LID to ask "
+                                     "(is a subnet manager running?)")
+            return None
+        asked = {e.key for e in errors if e.key is not None}
+        if asked:
+            views = self._views
+            known = sum(1 for v in views.values() if v.totals or v.hw_totals)
+            silent = sum(
+                1 for k in asked
+                if k not in ports and (v := views.get(k)) is not None and (v.totals or v.hw_totals)
+            )
+            if silent > SILENT_FRACTION * known:
+                return "ports_silent", f"{silent} of {known} known ports did not answer"
         return None
 
     def ingest(self, snap: Snapshot, failure: tuple[str, str] | None = None) -> list[Event]:
@@ -248,12 +253,13 @@ class Pipeline:
         self, snap: Snapshot, fresh: dict[PortKey, PortView], *, keep_all: bool
     ) -> dict[PortKey, PortView]:
         """``fresh`` plus the earlier views of ports that did not answer, marked stale."""
-        missing = self._views.keys() - fresh.keys()
+        if keep_all:
+            missing = self._views.keys() - fresh.keys()
+        else:  # only ports the sample says did not answer (no error: the port has left)
+            missing = {e.key for e in snap.errors if e.key is not None and e.key not in fresh}
+            missing &= self._views.keys()
         if not missing:
             return fresh
-        if not keep_all:
-            asked = {e.key for e in snap.errors if e.key is not None}
-            missing &= asked
         views = dict(fresh)
         old = self._views
         for key in missing:
@@ -269,6 +275,7 @@ class Pipeline:
         if self._views:
             self._views = MappingProxyType({k: stale_view(v) for k, v in self._views.items()})
         self.metrics.stale_ports.labels(self.label).set(len(self._views))
+        self.metrics.source_ports.labels(self.label).set(0)
         return self._down(reason, str(error) or type(error).__name__, wall=self._wall())
 
     def _down(self, reason: str, text: str, *, wall: float) -> list[Event]:

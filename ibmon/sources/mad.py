@@ -301,12 +301,13 @@ class MadSource(FabricSource):
         self._reopen_at = time.monotonic() + delay
         await self._reap_dying()
 
-    async def _reap_dying(self) -> None:
+    async def _reap_dying(self, grace: float = 0.5) -> None:
         """Wait (off the loop) for closed or killed workers to exit; keep those that do not."""
         if not self._dying:
             return
         dying = self._dying
-        gone = await asyncio.gather(*(asyncio.to_thread(w.close) for w in dying))
+        gone = await asyncio.gather(*(asyncio.to_thread(w.close, grace, 2.0 * grace)
+                                      for w in dying))
         self._dying = [w for w, ok in zip(dying, gone, strict=True) if not ok]
 
     def _kill_workers(self, why: str) -> None:
@@ -318,7 +319,7 @@ class MadSource(FabricSource):
 
     def _run_sync(self, reqs: Sequence[MadRequest]) -> list[MadResult]:
         """Blocking: split ``reqs`` over the workers, which work in parallel."""
-        workers = self._workers
+        workers = self._workers  # this generation: a verdict on it must not hit its successor
         if not workers or not all(w.ready for w in workers):
             raise MadError("MAD port not open")
         try:
@@ -332,12 +333,13 @@ class MadSource(FabricSource):
                 for i, w in enumerate(workers):
                     out[i::n] = w.receive()
         except MadError as exc:
-            self._broken = str(exc)
+            if self._workers is workers:
+                self._broken = str(exc)
             raise
         if any(r.data is not None for r in out):
             self._failures = 0
         failed = sum(1 for r in out if r.error == "send_failed")
-        if failed:
+        if failed and self._workers is workers:
             self._broken = f"{failed} of {len(out)} MADs could not be sent"
         return out
 
@@ -630,5 +632,5 @@ class MadSource(FabricSource):
         and the MAD thread. Never waits on the fabric."""
         self._dying += self._workers
         self._workers = []
-        await self._reap_dying()
+        await self._reap_dying(grace=0.3)  # inside the daemon's 1 s budget for a close
         self._executor.shutdown(wait=False)

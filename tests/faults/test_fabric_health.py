@@ -48,7 +48,7 @@ class Daemon:
     """One ``ibmon run`` process with a ``mad`` source on the simulator, scraped through one
     ``TotalsWatch`` (keep the object for the whole test: the watch spans restarts)."""
 
-    def __init__(self, tmp: Path, sim: IbSim, extra: str = "") -> None:
+    def __init__(self, tmp: Path, sim: IbSim, extra: str = "", kind: str = "mad") -> None:
         self.tmp = tmp
         self.sim = sim
         self.watch = TotalsWatch()
@@ -56,7 +56,7 @@ class Daemon:
         self.config = tmp / "ibmon.toml"
         self.config.write_text(
             '[prometheus]\nlisten = "127.0.0.1:0"\n'
-            f'[[sources]]\ntype = "mad"\nname = "{SRC}"\ninterval = "1s"\n{extra}\n'
+            f'[[sources]]\ntype = "{kind}"\nname = "{SRC}"\ninterval = "1s"\n{extra}\n'
             f'[state]\npath = "{tmp / "state.json"}"\nsave_interval = "1s"\n'
             f'[events]\nfile = "{self.events_file}"\n'
         )
@@ -144,6 +144,7 @@ class Daemon:
         assert rc == 0, text[-3000:]
         assert "Traceback" not in text, text[-3000:]
         assert mad_workers(pid) == [] and stray_workers(pid) == []
+        assert tools_of(self.sim) == []
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -194,6 +195,23 @@ def stray_workers(parent: int) -> list[int]:
             st = _proc_stat(int(entry))
             if st and st[1] != "Z":
                 out.append(int(entry))
+    return out
+
+
+def tools_of(sim: IbSim) -> list[str]:
+    """infiniband-diags processes still running against this simulator (orphans)."""
+    out = []
+    marker = f"IBSIM_SOCKNAME={sim.sockname}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        cmd = _cmdline(int(entry))
+        if marker in env.split(b"\0") and ("perfquery" in cmd or "ibnetdiscover" in cmd):
+            out.append(cmd)
     return out
 
 
@@ -263,6 +281,28 @@ def test_fabric_vanishes_then_returns(daemon: Daemon, sim: IbSim) -> None:
         "detected_polls": detected, "recovered_polls_after_return": recovered,
         "scrapes": daemon.scrapes,
     }
+
+
+def test_diags_gets_the_same_rule(tmp_path: Path, sim: IbSim) -> None:
+    """Health is decided in the pipeline: the diags source is blind and heals the same way."""
+    d = Daemon(tmp_path, sim, kind="diags")
+    try:
+        d.start()
+        d.watch_polls(1)
+        sim.stop()
+        at = d.polls(d.scrape())
+        down = d.until("source_up 0", lambda s: s.value("ibmon_source_up", source=SRC) == 0)
+        detected = d.polls(down) - at
+        assert detected <= 3
+        assert len(down.series("ibmon_port_stale")) == N_PORTS
+        sim.start()
+        d.until("source_up 1 again", lambda s: s.value("ibmon_source_up", source=SRC) == 1
+                and not s.series("ibmon_port_stale"), timeout=90)
+        assert len(fired(d, "source_failed", "resolved")) == 1
+        d.stop()
+    finally:
+        d.kill()
+    MATRIX["fabric vanishes, diags source"] = {"detected_polls": detected}
 
 
 def test_kill9_of_the_daemon_leaves_no_mad_worker(daemon: Daemon) -> None:
