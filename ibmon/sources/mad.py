@@ -264,11 +264,14 @@ class MadSource(FabricSource):
         if not self._workers:
             if now < self._reopen_at:
                 raise MadError(f"MAD port closed; reopening in {self._reopen_at - now:.1f}s")
-            self._workers = [
-                MadWorker(ca=self._ca, port=self._port, timeout=self._timeout,
-                          retries=self._retries, window=self._window)
-                for _ in range(self._n_ports)
-            ]
+            try:
+                for _ in range(self._n_ports):
+                    self._workers.append(
+                        MadWorker(ca=self._ca, port=self._port, timeout=self._timeout,
+                                  retries=self._retries, window=self._window))
+            except OSError as exc:
+                await self._retire(f"cannot start the MAD worker: {exc}")
+                raise MadError(f"cannot start the MAD worker: {exc}") from None
         starting = [w for w in self._workers if not w.ready]
         if not starting:
             return
@@ -291,7 +294,7 @@ class MadSource(FabricSource):
     async def _retire(self, why: str) -> None:
         """Close every worker (they end; under ibsim they detach) and schedule the reopen."""
         workers, self._workers = self._workers, []
-        if workers:
+        if any(w.ready for w in workers):  # a port that could not open is the poll's error
             log.warning("mad_port_closed", source=self.name, reason=why,
                         pids=[w.pid for w in workers])
         self._dying += workers

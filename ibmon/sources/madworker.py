@@ -16,9 +16,11 @@ thread cannot satisfy:
   reaps a worker before it starts its replacement; a worker that does not die when killed is
   never replaced (``MadSource`` refuses to open the port a second time while it lives).
 
-The child dies with the daemon (``PR_SET_PDEATHSIG``, and end of file on its stdin), ignores
-Ctrl-C (the daemon stops it), and never prints a traceback: every failure goes back to the daemon
-as an error frame and becomes a one-line ``MadError``.
+The child dies with the daemon (``PR_SET_PDEATHSIG``, and end of file on its stdin) and
+otherwise only when the daemon ends it: it ignores SIGINT, SIGTERM and SIGHUP, which a terminal or
+systemd's ``KillMode=control-group`` send to the whole group at once, so a stop never shows up as
+a failed poll. It never prints a traceback: every failure goes back to the daemon as an error
+frame and becomes a one-line ``MadError``.
 
 Protocol, on the child's stdin/stdout: frames of a 4-byte big-endian length and a ``marshal``
 payload (plain tuples, bytes, ints and strings only; both ends are this module). The child
@@ -305,7 +307,8 @@ def main(argv: Sequence[str]) -> int:
     """The worker process (``python -m ibmon.sources.madworker '<json args>'``)."""
     args = json.loads(argv[1])
     _die_with_parent(int(args["parent"]))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # the daemon decides
+        signal.signal(sig, signal.SIG_IGN)
     # The engine allocates short-lived tuples per MAD and creates no cycles: no GC at all.
     gc.disable()
     out = os.dup(1)
