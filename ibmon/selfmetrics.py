@@ -61,6 +61,18 @@ class SelfMetrics:
             "ibmon_source_ports", "Ports the source reported in its latest poll.",
             ["source"], registry=r,
         )
+        self.stale_ports = Gauge(
+            "ibmon_source_stale_ports",
+            "Ports kept at their last values because they did not answer the source's latest"
+            " poll (ibmon_port_stale).",
+            ["source"], registry=r,
+        )
+        self.unreachable_nodes = Gauge(
+            "ibmon_source_unreachable_nodes",
+            "Fabric nodes kept in the topology although they did not answer the latest"
+            " discovery (a fabric source drops one after unreachable_discoveries misses).",
+            ["source"], registry=r,
+        )
         self.events = Counter(
             "ibmon_events", "Events emitted by the detectors.", ["type", "severity"], registry=r
         )

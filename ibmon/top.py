@@ -61,8 +61,9 @@ def render(ports: list[dict[str, Any]], events: list[dict[str, Any]], title: str
                     key=severity_rank, default=None)
         conds = ", ".join(p.get("conditions", [])) or ""
         util = p.get("utilization") or {}
+        state = state_label(p.get("state"), p.get("phys_state"))
         table.add_row(
-            name, state_label(p.get("state"), p.get("phys_state")),
+            name, f"{state} (stale)" if p.get("stale") else state,
             _pct(util.get("transmit")), _pct(util.get("receive")),
             _pct(p.get("transmit_wait_ratio")), _ber(p.get("symbol_error_ber")),
             Text(conds, style=_STYLE.get(worst or "", "")),

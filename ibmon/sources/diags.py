@@ -259,6 +259,8 @@ class DiagsSource(FabricSource):
         ibstat: str = "ibstat",
         command_timeout: float | None = None,
         state_interval: float = 30.0,
+        topology_interval: float = 300.0,
+        unreachable_discoveries: int = 3,
     ) -> None:
         super().__init__(
             name=name,
@@ -267,6 +269,8 @@ class DiagsSource(FabricSource):
             shard=shard,
             node_name_map=node_name_map,
             state_interval=state_interval,
+            topology_interval=topology_interval,
+            unreachable_discoveries=unreachable_discoveries,
         )
         self._runner: CommandRunner = runner or SubprocessRunner(concurrency=concurrency)
         # as infiniband-diags: no -P (or port 0) = libibumad picks the port (a switch: 0)
@@ -296,6 +300,8 @@ class DiagsSource(FabricSource):
             exclude=cfg.exclude,
             shard=cfg.shard,
             state_interval=cfg.state_interval if cfg.state_interval is not None else 30.0,
+            topology_interval=cfg.topology_interval,
+            unreachable_discoveries=cfg.unreachable_discoveries,
         )
 
     # ----------------------------------------------------------------- per-command timeout
@@ -348,8 +354,10 @@ class DiagsSource(FabricSource):
         except (OSError, ValueError) as exc:
             errors.append(SourceError("cache_unreadable", f"ibnetdiscover cache: {exc}"))
         view = self._view_from(ports, fab)
-        self._groups = [_Group(lid, keys) for lid, keys in view.by_lid().items()]
-        return self._adopt(view, errors, started)
+        topo = self._adopt(view, errors, started)
+        assert self._view is not None  # the merged view: unreachable nodes are still asked
+        self._groups = [_Group(lid, keys) for lid, keys in self._view.by_lid().items()]
+        return topo
 
     async def _open_failure(self, res: CommandResult) -> DiagsUnavailableError:
         """Why ibnetdiscover could not open the local port, from what ``ibstat`` shows."""
