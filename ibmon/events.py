@@ -1,4 +1,4 @@
-"""Events: the pydantic model of DESIGN.md and a bounded fan-out bus with its built-in consumers.
+"""Events: the model every channel publishes, and a bounded fan-out bus with its consumers.
 
 Detectors emit events; the bus hands each one to every consumer through that consumer's own
 bounded queue. ``publish`` never waits: when a consumer falls behind, its queue fills and further

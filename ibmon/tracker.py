@@ -1,6 +1,6 @@
 """Counter semantics: raw PMA values in, software-accumulated totals and honest rates out.
 
-Why this module exists (DOMAIN.md section 1): narrow PortCounters fields saturate instead of
+Why this module exists (docs/infiniband.md §1): narrow PortCounters fields saturate instead of
 wrapping, 64-bit fields never realistically wrap, and other people (``perfquery -R``, opensm
 PerfMgr, reboots) reset counters behind our back. So every decrease is a reset whose new value is
 the increase since the reset, a counter pinned at its narrow maximum is losing increments and gets

@@ -1,6 +1,6 @@
 """Link faults: a port that went down, a link that keeps going down, a link running slow.
 
-DOMAIN.md section 3 and 4: a port that was Active and is not is down; three or more LinkDowned
+docs/infiniband.md §3-4: a port that was Active and is not is down; three or more LinkDowned
 increments within 10 minutes is flapping; a link whose active width or speed is below the best
 both ends support and enable is degraded. sysfs knows only the active rate, so node-local ports
 compare against a configured expected rate or the majority rate of the host's other ports.

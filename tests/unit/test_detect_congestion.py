@@ -110,7 +110,7 @@ def test_thresholds_are_configurable() -> None:
 #
 # Every level is tested at, just below and just above its value (the neighbouring floats), for
 # the InfiniBand ratio and the RoCE ECN/CNP rate, with the default thresholds and with a
-# configured table. DOMAIN.md section 4: "at or above" warning/critical, clear "below".
+# configured table. docs/infiniband.md §4: "at or above" warning/critical, clear "below".
 
 
 @dataclass(frozen=True)

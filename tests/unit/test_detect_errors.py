@@ -137,7 +137,7 @@ LINK_BPS = 100e9  # 4X EDR data rate; window x rate is an exact float for both t
 def errors_for_ber(ber: float, window: float) -> int:
     """The symbol-error count whose BER over ``window`` at LINK_BPS is exactly ``ber``.
 
-    BER = errors / (window x link bits per second) (DOMAIN.md section 4). The count is checked to
+    BER = errors / (window x link bits per second) (docs/infiniband.md §4). The count is checked to
     give the threshold exactly in floating point, so "at" really is at the threshold.
     """
     n = round(ber * window * LINK_BPS)

@@ -1,4 +1,4 @@
-"""Tracker semantics (DOMAIN.md section 1): baseline, x4, resets, saturation, rates, restarts.
+"""Tracker semantics (docs/infiniband.md §1): baseline, x4, resets, saturation, rates, restarts.
 
 The unit tests pin each rule with numbers a reader can check by hand; the hypothesis tests drive
 a model of the hardware (true increments, resets by other tools, fields clamping at their
@@ -571,7 +571,7 @@ def test_load_rejects_malformed_state_and_keeps_the_current_state(change: str) -
 # --------------------------------------------------------------------------- the IBA tables
 #
 # Counter widths and the x4 rule, written here from the InfiniBand Architecture Specification
-# (PMA PortCounters, attribute 0x12, and PortCountersExtended, 0x1D; DOMAIN.md section 1), not
+# (PMA PortCounters, attribute 0x12, and PortCountersExtended, 0x1D; docs/infiniband.md §1), not
 # read from ibmon.counters: the hardware model below must not inherit a mistake from the
 # catalogue it checks.
 
