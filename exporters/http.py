@@ -1,32 +1,59 @@
-"""HTTP plumbing of the exporter: listen addresses, basic auth, TLS and spliced gzip.
+"""HTTP plumbing of the exporter: listen addresses, basic auth, TLS, spliced gzip and limits.
 
 Kept apart from ``exporters.prometheus`` so each piece is small and testable without a server.
+The limits (``ConnectionGuard``, ``GuardedSite``, ``ServerLog``) keep the listener answering
+while clients misbehave: see "connection limits" below.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
 import hmac
+import resource
 import ssl
 import struct
+import time
+import weakref
 import zlib
-from collections.abc import Iterable, Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import structlog
+from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError
+from aiohttp.typedefs import Handler
+from prometheus_client import CollectorRegistry, Counter
 
 from ibmon.config import parse_listen  # the one listen-address rule, shared with config checks
 
 __all__ = [
+    "ANONYMOUS",
+    "KEEPALIVE_TIMEOUT",
+    "LINGER_TIME",
+    "MAX_CONNECTIONS",
+    "PUBLIC_PATHS",
+    "READ_TIMEOUT",
     "BasicAuth",
+    "ConnectionGuard",
     "Deflated",
+    "GuardedSite",
+    "HttpMetrics",
+    "RateLimitedLog",
+    "ServerLog",
     "accepts_gzip",
     "concat",
+    "connection_cap",
     "crc32_combine",
     "deflate_chunks",
     "gzip_parts",
     "hash_password",
+    "http_metrics",
     "inflate",
     "parse_listen",
     "tls_context",
@@ -261,3 +288,371 @@ def gzip_parts(head: bytes, tail: Deflated, level: int) -> list[bytes]:
     crc = crc32_combine(zlib.crc32(head), tail.crc, tail.size)
     trailer = struct.pack("<II", crc, (len(head) + tail.size) & 0xFFFFFFFF)
     return [GZIP_HEADER, head_deflated, *tail.parts, trailer]
+
+
+# --- connection limits ---------------------------------------------------------------------------
+# aiohttp reads request headers without a deadline of its own and accepts every connection the
+# kernel hands it. 1,100 clients that each trickle a header line every few seconds then held
+# every descriptor of a 1024-fd process: /metrics stopped answering, state saves failed, and
+# asyncio logged a traceback for every refused accept (36,000 lines in 12 s). So each listener:
+#
+# - caps its open connections (``max_connections``, lowered to fit RLIMIT_NOFILE), so the
+#   process never runs out of descriptors;
+# - gives every request ``READ_TIMEOUT`` to arrive complete (headers, from the moment the
+#   connection opened or its next request started), and TLS clients as long for the handshake;
+# - at the cap, makes room for a new client by closing the connection that has waited longest
+#   without a request in progress (a slow or idle client), so a scraper that connects and sends
+#   its request at once is always served; only when every connection is busy answering is the
+#   new one refused;
+# - counts all of this in ``ibmon_http_connections_closed_total{reason}`` and logs it at most
+#   once a minute per reason.
+
+#: Seconds a client has to deliver a complete request (and the TLS handshake) once it starts.
+READ_TIMEOUT = 10.0
+#: Open connections per listener; Prometheus needs one per scraper, ``ibmon top`` one each.
+MAX_CONNECTIONS = 256
+#: Descriptors left for everything else (state file, tool pipes, MQTT, umad) under the cap.
+FD_RESERVE = 128
+#: An idle keep-alive connection is closed after this long (aiohttp's default is an hour).
+KEEPALIVE_TIMEOUT = 75.0
+#: After answering, how long an unread request body is drained before the connection closes.
+LINGER_TIME = 2.0
+#: Rate-limited log lines: at most one per event (and reason) per this many seconds.
+LOG_INTERVAL = 60.0
+#: Answer without basic auth (Kubernetes probes cannot send credentials); see ``exporters.api``.
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+#: Request key set on a request to a public path that came without valid credentials while
+#: basic auth is on: such answers leave out anything descriptive (source names, errors).
+ANONYMOUS = "ibmon.anonymous"
+
+log = structlog.get_logger("ibmon.http")
+
+
+def connection_cap(wanted: int) -> int:
+    """``wanted``, lowered so the cap plus ``FD_RESERVE`` fits the soft descriptor limit."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(1, min(wanted, soft - FD_RESERVE))
+
+
+@dataclass(frozen=True, slots=True)
+class HttpMetrics:
+    """The listener's series, created once per registry (listeners come and go on reload)."""
+
+    closed: Counter
+    bad_requests: Counter
+
+
+_HTTP_METRICS: weakref.WeakKeyDictionary[CollectorRegistry, HttpMetrics] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def http_metrics(registry: CollectorRegistry) -> HttpMetrics:
+    """The ``ibmon_http_*`` series in ``registry``, registered on first use."""
+    found = _HTTP_METRICS.get(registry)
+    if found is None:
+        found = _HTTP_METRICS[registry] = HttpMetrics(
+            closed=Counter(
+                "ibmon_http_connections_closed",
+                "Connections the listener closed or refused to protect itself: read_timeout (no"
+                " complete request in time), evicted (made room for a new client at the cap),"
+                " refused (at the cap with every connection busy).",
+                ["reason"], registry=registry,
+            ),
+            bad_requests=Counter(
+                "ibmon_http_bad_requests",
+                "Requests that were not valid HTTP (answered 400, connection closed).",
+                registry=registry,
+            ),
+        )
+        for reason in ("read_timeout", "evicted", "refused"):
+            found.closed.labels(reason)
+    return found
+
+
+class RateLimitedLog:
+    """At most one line per key every ``interval`` seconds; the next says how many were skipped.
+
+    What a hostile or broken client can trigger at will must not be able to flood the journal;
+    the metrics count every occurrence, the log shows that it happens and one example.
+    """
+
+    def __init__(self, logger: Any = log, *, interval: float = LOG_INTERVAL,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._log = logger
+        self._interval = interval
+        self._clock = clock
+        self._next: dict[str, float] = {}
+        self._skipped: dict[str, int] = {}
+
+    def __call__(self, level: str, event: str, *, key: str | None = None, **fields: Any) -> bool:
+        """Log ``event`` at ``level`` unless one with the same key was logged lately."""
+        key = key or event
+        now = self._clock()
+        if now < self._next.get(key, float("-inf")):
+            self._skipped[key] = self._skipped.get(key, 0) + 1
+            return False
+        self._next[key] = now + self._interval
+        if skipped := self._skipped.pop(key, 0):
+            fields["suppressed"] = skipped
+        getattr(self._log, level)(event, **fields)
+        return True
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+class ServerLog:
+    """Stands in for the ``aiohttp.server`` logger of one listener.
+
+    aiohttp logs every malformed request with its traceback (550 bytes of log per 26-byte
+    request). Here a request that is not valid HTTP is counted and logged as one structured
+    line, rate-limited; a client that went away mid-answer is not an error; anything else is a
+    bug in a handler and keeps its traceback (rate-limited too).
+    """
+
+    def __init__(self, metrics: HttpMetrics, limited: RateLimitedLog) -> None:
+        self._metrics = metrics
+        self._limited = limited
+
+    def _report(self, msg: str, args: tuple[Any, ...], exc: Any) -> None:
+        peer = str(args[0]) if args and "%s" in str(msg) else None
+        if isinstance(exc, HttpProcessingError):
+            self._metrics.bad_requests.inc()
+            fields: dict[str, Any] = {"peer": peer, "error": _one_line(exc.message)}
+            if isinstance(exc, BadHttpMethod) and "\\x16\\x03" in str(exc.message):
+                fields["hint"] = "a TLS client on a plain HTTP listener (https:// vs http://)?"
+            self._limited("warning", "http_bad_request", **fields)
+        elif isinstance(exc, ConnectionError | asyncio.CancelledError):
+            return  # the client went away; nothing is wrong with ibmon or its config
+        elif isinstance(exc, BaseException):
+            self._limited("error", "http_handler_error", peer=peer,
+                          error=f"{type(exc).__name__}: {_one_line(str(exc))}", exc_info=exc)
+        else:
+            self._limited("error", "http_server_error", error=_one_line(msg % args if args
+                                                                       else msg))
+
+    def exception(self, msg: str, *args: Any, exc_info: Any = None, **_: Any) -> None:
+        self._report(msg, args, exc_info)
+
+    def error(self, msg: str, *args: Any, exc_info: Any = None, **_: Any) -> None:
+        self._report(msg, args, exc_info)
+
+    def warning(self, msg: str, *args: Any, exc_info: Any = None, **_: Any) -> None:
+        self._report(msg, args, exc_info)
+
+    def debug(self, msg: str, *args: Any, exc_info: Any = None, **_: Any) -> None:
+        # aiohttp reports a bad method on a connection's first request at debug level (port
+        # scanners, TLS to a plain listener); it is still a malformed request to count.
+        if isinstance(exc_info, HttpProcessingError):
+            self._report(msg, args, exc_info)
+
+    def info(self, msg: str, *args: Any, **_: Any) -> None:
+        return None
+
+    def isEnabledFor(self, level: int) -> bool:  # noqa: N802 - the logging.Logger API
+        return True
+
+
+def _abort(transport: asyncio.BaseTransport) -> None:
+    """Close at once (RST: the descriptor is free now, not after a FIN handshake)."""
+    if isinstance(transport, asyncio.Transport):
+        transport.abort()
+    else:
+        transport.close()
+
+
+def _peer(transport: asyncio.BaseTransport) -> str | None:
+    peer = transport.get_extra_info("peername")
+    if isinstance(peer, tuple) and peer:
+        return str(peer[0])
+    return None if peer is None else str(peer)
+
+
+class _GuardedConnection(asyncio.Protocol):
+    """Wraps aiohttp's protocol for one connection: admission, the read deadline, eviction."""
+
+    def __init__(self, guard: ConnectionGuard, make_inner: Callable[[], asyncio.Protocol]) -> None:
+        self._guard = guard
+        self._make_inner = make_inner
+        self._inner: asyncio.Protocol | None = None
+        self.transport: asyncio.BaseTransport | None = None
+        self.peer: str | None = None
+        self.busy = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self.closed = False
+
+    # -- asyncio.Protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self.peer = _peer(transport)
+        if not self._guard._admit(self):
+            self.closed = True
+            _abort(transport)
+            return
+        self._arm()
+        self._inner = self._make_inner()
+        self._inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self._inner is None:
+            return
+        if not self.busy and self._timer is None:
+            self._arm()  # the next request started: it has READ_TIMEOUT to arrive whole
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return None if self._inner is None else self._inner.eof_received()
+
+    def pause_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._disarm()
+        self._guard._forget(self)
+        inner, self._inner = self._inner, None
+        if inner is not None:
+            inner.connection_lost(exc)
+
+    # -- guard -----------------------------------------------------------------------------
+
+    def _arm(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(self._guard.read_timeout, self._expired)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expired(self) -> None:
+        self._timer = None
+        if not self.busy:
+            self.close("read_timeout")
+
+    def close(self, reason: str) -> None:
+        """Close now, counted and (rate-limited) logged under ``reason``."""
+        if self.closed or self.transport is None:
+            return
+        self.closed = True
+        self._disarm()
+        self._guard._closed(reason, self)
+        _abort(self.transport)
+
+    def begin(self) -> None:
+        """A complete request reached the application: no read deadline while it is answered."""
+        self.busy += 1
+        self._disarm()
+        self._guard._idle.pop(self, None)
+
+    def end(self) -> None:
+        self.busy -= 1
+        if not self.busy and not self.closed:
+            self._guard._idle[self] = None  # the most recently active idle connection
+
+
+class ConnectionGuard:
+    """One listener's connection accounting (see "connection limits" above)."""
+
+    def __init__(self, *, metrics: HttpMetrics, max_connections: int = MAX_CONNECTIONS,
+                 read_timeout: float = READ_TIMEOUT, limited: RateLimitedLog | None = None) -> None:
+        if max_connections < 1 or read_timeout <= 0:
+            raise ValueError("max_connections and read_timeout must be positive")
+        self.max_connections = max_connections
+        self.read_timeout = read_timeout
+        self._metrics = metrics
+        self._limited = limited or RateLimitedLog()
+        self._open: dict[asyncio.BaseTransport, _GuardedConnection] = {}
+        #: Connections without a request in progress, the longest waiting first.
+        self._idle: OrderedDict[_GuardedConnection, None] = OrderedDict()
+
+    @property
+    def open(self) -> int:
+        return len(self._open)
+
+    def factory(self, inner: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
+        """The protocol factory for ``loop.create_server``, wrapping aiohttp's."""
+        return lambda: _GuardedConnection(self, inner)
+
+    def _admit(self, conn: _GuardedConnection) -> bool:
+        if len(self._open) >= self.max_connections:
+            victim = next(iter(self._idle), None)
+            if victim is None:
+                self._closed("refused", conn)
+                return False
+            victim.close("evicted")
+        assert conn.transport is not None
+        self._open[conn.transport] = conn
+        self._idle[conn] = None
+        return True
+
+    def _forget(self, conn: _GuardedConnection) -> None:
+        self._idle.pop(conn, None)
+        if conn.transport is not None and self._open.get(conn.transport) is conn:
+            del self._open[conn.transport]
+
+    def _closed(self, reason: str, conn: _GuardedConnection) -> None:
+        self._idle.pop(conn, None)
+        self._metrics.closed.labels(reason).inc()
+        self._limited("warning", "http_connection_closed", key=f"closed:{reason}",
+                      reason=reason, peer=conn.peer, open=len(self._open),
+                      max_connections=self.max_connections, read_timeout=self.read_timeout)
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Marks the connection busy while its request is handled (outermost middleware)."""
+        transport = request.transport
+        conn = self._open.get(transport) if transport is not None else None
+        if conn is None:
+            return await handler(request)
+        conn.begin()
+        try:
+            return await handler(request)
+        finally:
+            conn.end()
+
+
+class GuardedSite(web.BaseSite):
+    """A TCP site whose connections pass through a ``ConnectionGuard``.
+
+    aiohttp's ``TCPSite`` has no hook for the protocol factory nor the TLS handshake timeout,
+    so this one calls ``loop.create_server`` itself, as ``TCPSite`` does.
+    """
+
+    __slots__ = ("_guard", "_host", "_port")
+
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, *, guard: ConnectionGuard,
+                 ssl_context: ssl.SSLContext | None = None, backlog: int = 128) -> None:
+        super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
+        self._host = host
+        self._port = port
+        self._guard = guard
+
+    @property
+    def name(self) -> str:
+        scheme = "https" if self._ssl_context else "http"
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"{scheme}://{host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        server = self._runner.server
+        assert server is not None
+        extra: dict[str, Any] = {}
+        if self._ssl_context is not None:
+            extra["ssl_handshake_timeout"] = self._guard.read_timeout
+        self._server = await asyncio.get_running_loop().create_server(
+            self._guard.factory(server), self._host, self._port, ssl=self._ssl_context,
+            backlog=self._backlog, **extra,
+        )
