@@ -116,6 +116,12 @@ class _TlsContext(ssl.SSLContext):
             with contextlib.suppress(OSError):
                 socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
+    def close(self) -> None:
+        """Close what paho left open: it drops the socket of a failed handshake unclosed."""
+        for sock in list(self.handshakes):
+            with contextlib.suppress(OSError):
+                sock.close()
+
 
 def _load(what: str, path: Any, load: Any) -> None:
     try:
@@ -485,6 +491,8 @@ class MqttPublisher:
                 self._set_connected(False)
                 if client is not None:
                     _close_socket(client)
+                if self._tls is not None:
+                    self._tls.close()
                 self._tls = None
             if self._stopping:
                 return
