@@ -299,7 +299,7 @@ def gzip_parts(head: bytes, tail: Deflated, level: int) -> list[bytes]:
 # - caps its open connections (``max_connections``, lowered to fit RLIMIT_NOFILE), so the
 #   process never runs out of descriptors;
 # - gives every request ``READ_TIMEOUT`` to arrive complete (headers, from the moment the
-#   connection opened or its next request started), and TLS clients as long for the handshake;
+#   connection opened or its next request started; a TLS handshake counts against the first);
 # - at the cap, makes room for a new client by closing the connection that has waited longest
 #   without a request in progress (a slow or idle client), so a scraper that connects and sends
 #   its request at once is always served; only when every connection is busy answering is the
@@ -317,6 +317,8 @@ FD_RESERVE = 128
 KEEPALIVE_TIMEOUT = 75.0
 #: After answering, how long an unread request body is drained before the connection closes.
 LINGER_TIME = 2.0
+#: Bytes of a TLS client's first request kept while the handshake hands over (one request).
+EARLY_BYTES = 64 * 1024
 #: Rate-limited log lines: at most one per event (and reason) per this many seconds.
 LOG_INTERVAL = 60.0
 #: Answer without basic auth (Kubernetes probes cannot send credentials); see ``exporters.api``.
@@ -474,58 +476,112 @@ def _peer(transport: asyncio.BaseTransport) -> str | None:
 
 
 class _GuardedConnection(asyncio.Protocol):
-    """Wraps aiohttp's protocol for one connection: admission, the read deadline, eviction."""
+    """Wraps aiohttp's protocol for one connection: admission, the read deadline, eviction.
+
+    With TLS the guard does the handshake itself (``loop.start_tls``) after admitting the TCP
+    connection, so a client that never completes the handshake holds a counted, evictable
+    place under the same deadline instead of an uncounted descriptor.
+    """
 
     def __init__(self, guard: ConnectionGuard, make_inner: Callable[[], asyncio.Protocol]) -> None:
         self._guard = guard
         self._make_inner = make_inner
-        self._inner: asyncio.Protocol | None = None
-        self.transport: asyncio.BaseTransport | None = None
+        self.inner: asyncio.Protocol | None = None
+        self.transport: asyncio.BaseTransport | None = None  # TCP: what ``close`` aborts
         self.peer: str | None = None
         self.busy = 0
         self._timer: asyncio.TimerHandle | None = None
+        self._handshake: asyncio.Task[None] | None = None
+        self._early: list[bytes] = []
         self.closed = False
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self.transport is not None:  # a TLS layer that announces itself (not start_tls's)
+            self._start_inner(transport)
+            return
         self.transport = transport
         self.peer = _peer(transport)
         if not self._guard._admit(self):
             self.closed = True
             _abort(transport)
             return
-        self._arm()
-        self._inner = self._make_inner()
-        self._inner.connection_made(transport)
+        self._arm()  # the deadline covers the TLS handshake and the first request
+        if self._guard.ssl_context is None:
+            self._start_inner(transport)
+        else:
+            # Not a byte may be read before the TLS layer is in place (start_tls resumes).
+            assert isinstance(transport, asyncio.ReadTransport)
+            transport.pause_reading()
+            self._handshake = asyncio.ensure_future(self._start_tls(transport))
+
+    async def _start_tls(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        assert self._guard.ssl_context is not None
+        app: asyncio.BaseTransport | None = None
+        try:
+            # Our own read deadline (armed at accept) closes a slow handshake and counts it;
+            # asyncio's handshake timeout is only the backstop.
+            app = await asyncio.get_running_loop().start_tls(
+                transport, self, self._guard.ssl_context, server_side=True,
+                ssl_handshake_timeout=2 * self._guard.read_timeout,
+            )
+        except (OSError, asyncio.CancelledError):
+            pass  # a failed or timed-out handshake (asyncio logs it at debug level)
+        finally:
+            self._handshake = None
+        if app is not None and not self.closed:
+            self._start_inner(app)
+        else:  # never got as far as a request: give the place back
+            self._drop()
+            _abort(transport)
+
+    def _start_inner(self, transport: asyncio.BaseTransport) -> None:
+        if self.closed or self.inner is not None:
+            return
+        self.inner = self._make_inner()
+        self._guard._handlers[self.inner] = self
+        self.inner.connection_made(transport)
+        early, self._early = self._early, []
+        for data in early:
+            self.data_received(data)
 
     def data_received(self, data: bytes) -> None:
-        if self._inner is None:
+        if self.inner is None:
+            # Decrypted bytes can arrive between the end of the handshake and the moment
+            # start_tls hands us the transport: keep them (a request's worth at most).
+            self._early.append(data)
+            if sum(map(len, self._early)) > EARLY_BYTES:
+                self.close("read_timeout")
             return
         if not self.busy and self._timer is None:
             self._arm()  # the next request started: it has READ_TIMEOUT to arrive whole
-        self._inner.data_received(data)
+        self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
-        return None if self._inner is None else self._inner.eof_received()
+        return None if self.inner is None else self.inner.eof_received()
 
     def pause_writing(self) -> None:
-        if self._inner is not None:
-            self._inner.pause_writing()
+        if self.inner is not None:
+            self.inner.pause_writing()
 
     def resume_writing(self) -> None:
-        if self._inner is not None:
-            self._inner.resume_writing()
+        if self.inner is not None:
+            self.inner.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self._disarm()
-        self._guard._forget(self)
-        inner, self._inner = self._inner, None
+        self._drop()
+        inner, self.inner = self.inner, None
         if inner is not None:
             inner.connection_lost(exc)
 
     # -- guard -----------------------------------------------------------------------------
+
+    def _drop(self) -> None:
+        self.closed = True
+        self._disarm()
+        self._guard._forget(self)
 
     def _arm(self) -> None:
         loop = asyncio.get_running_loop()
@@ -545,9 +601,8 @@ class _GuardedConnection(asyncio.Protocol):
         """Close now, counted and (rate-limited) logged under ``reason``."""
         if self.closed or self.transport is None:
             return
-        self.closed = True
-        self._disarm()
         self._guard._closed(reason, self)
+        self._drop()
         _abort(self.transport)
 
     def begin(self) -> None:
@@ -566,23 +621,27 @@ class ConnectionGuard:
     """One listener's connection accounting (see "connection limits" above)."""
 
     def __init__(self, *, metrics: HttpMetrics, max_connections: int = MAX_CONNECTIONS,
-                 read_timeout: float = READ_TIMEOUT, limited: RateLimitedLog | None = None) -> None:
+                 read_timeout: float = READ_TIMEOUT, limited: RateLimitedLog | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         if max_connections < 1 or read_timeout <= 0:
             raise ValueError("max_connections and read_timeout must be positive")
         self.max_connections = max_connections
         self.read_timeout = read_timeout
+        self.ssl_context = ssl_context
         self._metrics = metrics
         self._limited = limited or RateLimitedLog()
-        self._open: dict[asyncio.BaseTransport, _GuardedConnection] = {}
+        self._open: set[_GuardedConnection] = set()
         #: Connections without a request in progress, the longest waiting first.
         self._idle: OrderedDict[_GuardedConnection, None] = OrderedDict()
+        #: aiohttp's protocol object of each connection, for the middleware.
+        self._handlers: dict[asyncio.Protocol, _GuardedConnection] = {}
 
     @property
     def open(self) -> int:
         return len(self._open)
 
     def factory(self, inner: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
-        """The protocol factory for ``loop.create_server``, wrapping aiohttp's."""
+        """The protocol factory for ``loop.create_server`` (plain TCP), wrapping aiohttp's."""
         return lambda: _GuardedConnection(self, inner)
 
     def _admit(self, conn: _GuardedConnection) -> bool:
@@ -592,15 +651,15 @@ class ConnectionGuard:
                 self._closed("refused", conn)
                 return False
             victim.close("evicted")
-        assert conn.transport is not None
-        self._open[conn.transport] = conn
+        self._open.add(conn)
         self._idle[conn] = None
         return True
 
     def _forget(self, conn: _GuardedConnection) -> None:
         self._idle.pop(conn, None)
-        if conn.transport is not None and self._open.get(conn.transport) is conn:
-            del self._open[conn.transport]
+        self._open.discard(conn)
+        if conn.inner is not None and self._handlers.get(conn.inner) is conn:
+            del self._handlers[conn.inner]
 
     def _closed(self, reason: str, conn: _GuardedConnection) -> None:
         self._idle.pop(conn, None)
@@ -612,8 +671,7 @@ class ConnectionGuard:
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Marks the connection busy while its request is handled (outermost middleware)."""
-        transport = request.transport
-        conn = self._open.get(transport) if transport is not None else None
+        conn = self._handlers.get(request.protocol)
         if conn is None:
             return await handler(request)
         conn.begin()
@@ -624,17 +682,18 @@ class ConnectionGuard:
 
 
 class GuardedSite(web.BaseSite):
-    """A TCP site whose connections pass through a ``ConnectionGuard``.
+    """A TCP site whose connections pass through a ``ConnectionGuard`` (which does TLS).
 
-    aiohttp's ``TCPSite`` has no hook for the protocol factory nor the TLS handshake timeout,
-    so this one calls ``loop.create_server`` itself, as ``TCPSite`` does.
+    aiohttp's ``TCPSite`` has no hook for the protocol factory, so this one calls
+    ``loop.create_server`` itself, as ``TCPSite`` does, without TLS: the guard admits each TCP
+    connection first, then runs the handshake under its deadline.
     """
 
     __slots__ = ("_guard", "_host", "_port")
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, *, guard: ConnectionGuard,
-                 ssl_context: ssl.SSLContext | None = None, backlog: int = 128) -> None:
-        super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
+                 backlog: int = 128) -> None:
+        super().__init__(runner, ssl_context=guard.ssl_context, backlog=backlog)
         self._host = host
         self._port = port
         self._guard = guard
@@ -649,10 +708,6 @@ class GuardedSite(web.BaseSite):
         await super().start()
         server = self._runner.server
         assert server is not None
-        extra: dict[str, Any] = {}
-        if self._ssl_context is not None:
-            extra["ssl_handshake_timeout"] = self._guard.read_timeout
         self._server = await asyncio.get_running_loop().create_server(
-            self._guard.factory(server), self._host, self._port, ssl=self._ssl_context,
-            backlog=self._backlog, **extra,
+            self._guard.factory(server), self._host, self._port, backlog=self._backlog,
         )

@@ -174,7 +174,8 @@ class PrometheusExporter:
                         reason="the open-file limit (RLIMIT_NOFILE) is too low; raise"
                                " LimitNOFILE")
         self._guard = ConnectionGuard(metrics=self._http_metrics, max_connections=cap,
-                                      read_timeout=read_timeout, limited=self._limited_log)
+                                      read_timeout=read_timeout, limited=self._limited_log,
+                                      ssl_context=self._ssl)
         middlewares = [self._guard.middleware]
         if self._auth:
             middlewares.append(self._basic_auth)
@@ -303,8 +304,7 @@ class PrometheusExporter:
         )
         await runner.setup()
         try:
-            site = GuardedSite(runner, self._host, self._port, guard=self._guard,
-                               ssl_context=self._ssl)
+            site = GuardedSite(runner, self._host, self._port, guard=self._guard)
             await site.start()
         except BaseException:
             await runner.cleanup()

@@ -8,6 +8,7 @@ import asyncio
 import configparser
 import contextlib
 import resource
+import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -161,3 +162,36 @@ async def test_a_client_being_answered_is_never_evicted_and_a_full_house_refuses
         assert await asyncio.gather(*busy) == ["released"] * 4
     with contextlib.suppress(Exception):
         await writer.wait_closed()
+
+
+async def test_tls_clients_that_never_finish_the_handshake_count_against_the_cap(
+    tmp_path: Path,
+) -> None:
+    """The guard admits the TCP connection before the handshake, so silent TLS clients hold
+    counted, evictable places (not uncounted descriptors) and meet the same deadline."""
+    from tests.mqtt_broker import make_tls
+
+    tls = make_tls(tmp_path / "tls")
+    metrics = SelfMetrics()
+    exporter = PrometheusExporter(listen="127.0.0.1:0", self_metrics=metrics,
+                                  tls_cert=tls.server_cert, tls_key=tls.server_key,
+                                  max_connections=3, read_timeout=0.5)
+    async with exporter:
+        silent = [await asyncio.open_connection("127.0.0.1", exporter.port) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        ctx = ssl.create_default_context(cafile=str(tls.ca))
+        async with aiohttp.ClientSession() as session, session.get(
+            f"https://127.0.0.1:{exporter.port}/metrics", ssl=ctx
+        ) as resp:
+            assert resp.status == 200
+        assert await _closed(silent[0][0])  # evicted for the scraper
+        for reader, _ in silent[1:]:
+            assert await _closed(reader)  # the read deadline covers the handshake
+        for _, writer in silent:
+            writer.close()
+
+    def closed(reason: str) -> float | None:
+        return metrics.registry.get_sample_value("ibmon_http_connections_closed_total",
+                                                 {"reason": reason})
+
+    assert (closed("evicted"), closed("read_timeout")) == (1, 2)
