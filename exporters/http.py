@@ -435,8 +435,11 @@ class ServerLog:
             self._limited("error", "http_handler_error", peer=peer,
                           error=f"{type(exc).__name__}: {_one_line(str(exc))}", exc_info=exc)
         else:
-            self._limited("error", "http_server_error", error=_one_line(msg % args if args
-                                                                       else msg))
+            try:
+                text = str(msg) % args if args else str(msg)
+            except (TypeError, ValueError):
+                text = f"{msg} {args}"
+            self._limited("error", "http_server_error", error=_one_line(text))
 
     def exception(self, msg: str, *args: Any, exc_info: Any = None, **_: Any) -> None:
         self._report(msg, args, exc_info)
