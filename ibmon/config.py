@@ -148,6 +148,8 @@ class PrometheusConfig(_Section):
     tls_cert: Path | None = None
     tls_key: Path | None = None
     basic_auth_file: Path | None = None
+    #: Open connections the listener keeps (lowered to fit RLIMIT_NOFILE; exporters.http).
+    max_connections: int = Field(default=256, ge=1, le=1_000_000)
 
     @field_validator("listen")
     @classmethod

@@ -365,6 +365,7 @@ class Daemon:
             tls_cert=cfg.tls_cert,
             tls_key=cfg.tls_key,
             basic_auth_file=cfg.basic_auth_file,
+            max_connections=cfg.max_connections,
         )
         provider = ApiProvider(
             state=lambda: self.state,

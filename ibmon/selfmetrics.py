@@ -98,8 +98,10 @@ class SelfMetrics:
                 ),
                 dropped=Counter(
                     "ibmon_mqtt_dropped",
-                    "Events never delivered to MQTT: queue overflow while the broker was away,"
-                    " or still queued at shutdown.",
+                    "Events lost inside the MQTT publisher while waiting for the broker: queue"
+                    " overflow while it was away, or still queued at shutdown. Part of"
+                    ' ibmon_events_dropped_total{consumer="mqtt"}, which counts every event'
+                    " MQTT lost.",
                     registry=r,
                 ),
             )
