@@ -9,7 +9,8 @@ Starts ibsim + opensm on ``fabric_for_ports(--ports)``, writes a config with one
 ``/metrics`` with gzip every ``--scrape-interval`` seconds, as Prometheus would.
 
 After the first poll has completed (start-up: imports, discovery, first sweep), the daemon's
-``utime + stime`` from ``/proc/<pid>/stat`` (all its threads) is read at the start and end of a
+``utime + stime`` from ``/proc/<pid>/stat`` (all its threads, plus its live child processes: the
+``mad`` source's MAD worker holds the umad port in one) is read at the start and end of a
 ``--duration`` second window and reported as a percentage of one core, with VmRSS/VmHWM.
 Discovery runs on the 5-minute timer, so it is not in the window; its cost per run is reported
 from the start-up phase and amortised separately. Exits 1 when the window is over 5 % of a core.
@@ -44,6 +45,21 @@ def cpu_seconds(pid: int) -> float:
     text = Path(f"/proc/{pid}/stat").read_text()
     fields = text[text.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """``cpu_seconds`` of ``pid`` plus its live children (the MAD worker process)."""
+    total = cpu_seconds(pid)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == pid:
+            continue
+        try:
+            text = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        if int(text[text.rindex(")") + 2 :].split()[1]) == pid:
+            total += cpu_seconds(int(entry))
+    return total
 
 
 def memory_mb(pid: int) -> tuple[float, float]:
@@ -196,7 +212,7 @@ def main() -> None:
                     stderr=subprocess.DEVNULL,
                     start_new_session=True,
                 )
-            cpu0, w0 = cpu_seconds(proc.pid), time.monotonic()
+            cpu0, w0 = tree_cpu_seconds(proc.pid), time.monotonic()
             next_scrape = w0 + args.scrape_interval
             scrapes = 0
             while time.monotonic() - w0 < args.duration:
@@ -207,7 +223,7 @@ def main() -> None:
                     scrapes += 1
                     next_scrape += args.scrape_interval
                 time.sleep(0.1)
-            cpu1, w1 = cpu_seconds(proc.pid), time.monotonic()
+            cpu1, w1 = tree_cpu_seconds(proc.pid), time.monotonic()
             rss, hwm = memory_mb(proc.pid)
             if spy is not None:
                 spy.wait(timeout=60)

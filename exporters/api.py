@@ -1,34 +1,76 @@
 """JSON API on the Prometheus listener: ports, events, health and readiness.
 
 ``/api/v1/ports`` lists ports worst first (firing conditions, then transmit wait, BER and
-utilization) with their active conditions; ``?condition=congestion`` filters, ``?limit=N`` cuts.
-``/api/v1/events`` returns recent events, newest last; ``?type=``, ``?since=<event id>`` and
-``?limit=`` narrow it. ``/healthz`` answers while the process serves (liveness); ``/readyz``
-only once the daemon runs and at least one source's latest poll succeeded (readiness).
+utilization) with their active conditions, one bounded page at a time: ``?limit=N`` (default
+``DEFAULT_PAGE``, at most ``MAX_PAGE``), ``?condition=congestion`` filters, and the answer's
+``next`` is an opaque cursor for ``?cursor=`` that continues after the page's last port (null
+on the last page). ``/api/v1/events`` returns recent events, newest last; ``?type=``,
+``?since=<event id>`` and ``?limit=`` narrow it. ``/healthz`` answers while the process serves
+(liveness); ``/readyz`` only once the daemon runs and at least one source's latest poll
+succeeded (readiness). Both answer without basic auth (Kubernetes probes); ``/readyz`` then
+leaves out source names and errors.
 
-Responses are built from the latest immutable FabricState and encoded in a worker thread, so a
-large fabric never stalls polling; the routes share the listener's TLS and basic auth.
+Cost is paid once per state, never per client: the worst-first order of a state is built on the
+first request that needs it, and each port's JSON is encoded the first time any client asks for
+it, then reused by every client until the next state. All of that runs in one worker thread
+that may use at most ``API_SHARE`` of the wall clock (``ApiWorker``), so however many clients
+ask, polling keeps its CPU. A cursor names a position in the order (the last port's sort key),
+not in a particular state, so paging goes on across polls: a port whose rank changed between
+two pages may be seen twice or not at all, as with any live keyset pagination.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import bisect
 import json
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
+from exporters.http import ANONYMOUS
 from exporters.ports import port_json
 from ibmon.detect.engine import ActiveCondition
 from ibmon.events import Event, severity_rank
 from ibmon.model import PortKey, PortView
-from ibmon.state import FabricState, in_port_order
+from ibmon.state import FabricState
 
-__all__ = ["ApiProvider", "api_routes", "port_json", "worst_first"]
+__all__ = [
+    "API_SHARE",
+    "DEFAULT_PAGE",
+    "MAX_EVENTS",
+    "MAX_PAGE",
+    "ApiProvider",
+    "ApiWorker",
+    "PortsIndex",
+    "api_routes",
+    "decode_cursor",
+    "encode_cursor",
+    "port_json",
+    "query_count",
+    "worst_first",
+]
 
-MAX_LIMIT = 100_000
+#: Ports per page when the client gives no ``limit``, and the most it may ask for.
+DEFAULT_PAGE = 100
+MAX_PAGE = 1000
+#: Events per answer, by default and at most (``since`` pages forward).
+MAX_EVENTS = 1000
+#: Share of the wall clock the API's worker thread may spend encoding (the rest is polling's).
+API_SHARE = 0.25
+#: A cursor is small; anything longer is not one of ours.
+MAX_CURSOR = 512
+#: The order and JSON of a state no client asked about for this long are let go (they hold
+#: that state's port views, which the daemon itself has already replaced).
+INDEX_TTL = 30.0
+
+T = TypeVar("T")
+SortKey = tuple[float, float, float, float, float, str, int, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,90 +83,301 @@ class ApiProvider:
     ready: Callable[[], bool]
 
 
-def _score(view: PortView, active: Sequence[ActiveCondition]) -> tuple[float, ...]:
+def _sort_key(view: PortView, active: Sequence[ActiveCondition]) -> SortKey:
+    """Ascending = worst first: severity, number of conditions, transmit wait, BER,
+    utilization (all descending), then the one port order (GUID, port number)."""
     worst = max((severity_rank(a.finding.severity) for a in active), default=-1)
+    port = view.identity.port
     return (
-        worst,
-        len(active),
-        view.xmit_wait_ratio or 0.0,
-        view.symbol_error_ber or 0.0,
-        max(view.utilization_tx or 0.0, view.utilization_rx or 0.0),
+        -float(worst),
+        -float(len(active)),
+        -(view.xmit_wait_ratio or 0.0),
+        -(view.symbol_error_ber or 0.0),
+        -max(view.utilization_tx or 0.0, view.utilization_rx or 0.0),
+        view.identity.guid,
+        len(port),
+        port,
     )
+
+
+def _by_port(conditions: Iterable[ActiveCondition]) -> dict[PortKey, list[ActiveCondition]]:
+    by_port: dict[PortKey, list[ActiveCondition]] = {}
+    for a in conditions:
+        by_port.setdefault(a.key, []).append(a)
+    return by_port
 
 
 def worst_first(
     state: FabricState, conditions: Iterable[ActiveCondition]
 ) -> list[tuple[PortView, list[ActiveCondition]]]:
-    """Ports by how bad they look; equally bad ports in the one port order (stable sort)."""
-    by_port: dict[PortKey, list[ActiveCondition]] = {}
-    for a in conditions:
-        by_port.setdefault(a.key, []).append(a)
-    rows = [(v, by_port.get(v.key, [])) for v in in_port_order(state.ports.values())]
-    rows.sort(key=lambda r: _score(*r), reverse=True)
+    """Ports by how bad they look; equally bad ports in the one port order."""
+    by_port = _by_port(conditions)
+    rows = [(v, by_port.get(v.key, [])) for v in state.ports.values()]
+    rows.sort(key=lambda r: _sort_key(*r))
     return rows
 
 
-def _limit(query: Mapping[str, str], default: int) -> int:
-    raw = query.get("limit")
+# --- cursors -------------------------------------------------------------------------------------
+
+
+def encode_cursor(key: SortKey) -> str:
+    """The opaque ``next`` value: the page's last sort key, as URL-safe base64 of JSON."""
+    raw = json.dumps(list(key), separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(text: str) -> SortKey:
+    """The sort key in a cursor; ValueError for anything ``encode_cursor`` did not make."""
+    if len(text) > MAX_CURSOR or not text.isascii():
+        raise ValueError("cursor too long or not ASCII")
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        items = json.loads(raw)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"cursor is not one this server gave: {exc}") from None
+    if not isinstance(items, list) or len(items) != 8:
+        raise ValueError("cursor is not one this server gave")
+    nums, (guid, port_len, port) = items[:5], items[5:]
+    if (
+        any(isinstance(n, bool) or not isinstance(n, int | float) for n in nums)
+        or not isinstance(guid, str)
+        or isinstance(port_len, bool)
+        or not isinstance(port_len, int)
+        or not isinstance(port, str)
+    ):
+        raise ValueError("cursor is not one this server gave")
+    a, b, c, d, e = (float(n) for n in nums)
+    return (a, b, c, d, e, guid, port_len, port)
+
+
+# --- one state's ports, encoded once -------------------------------------------------------------
+
+
+class PortsIndex:
+    """One state's ports worst first, with each port's JSON encoded at most once.
+
+    Built and read only in the ``ApiWorker`` thread (one at a time), so the memo needs no lock.
+    """
+
+    def __init__(self, state: FabricState, conditions: Iterable[ActiveCondition]) -> None:
+        self.state = state
+        by_port = _by_port(conditions)
+        rows = [(_sort_key(v, by_port.get(v.key, [])), v, by_port.get(v.key, []))
+                for v in state.ports.values()]
+        rows.sort(key=lambda r: r[0])
+        self.keys: list[SortKey] = [r[0] for r in rows]
+        self._rows = [(v, a) for _, v, a in rows]
+        self._json: list[bytes | None] = [None] * len(rows)
+        self._by_condition: dict[str, list[int]] | None = None
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def positions(self, condition: str | None) -> Sequence[int]:
+        """Row numbers in order, all or those with ``condition`` firing."""
+        if not condition:
+            return range(len(self._rows))
+        if self._by_condition is None:
+            groups: dict[str, list[int]] = {}
+            for i, (view, _) in enumerate(self._rows):
+                for name in view.conditions:
+                    groups.setdefault(name, []).append(i)
+            self._by_condition = groups
+        return self._by_condition.get(condition, [])
+
+    def encoded(self, i: int) -> bytes:
+        body = self._json[i]
+        if body is None:
+            body = self._json[i] = _dumps(port_json(*self._rows[i]))
+        return body
+
+    def page(self, condition: str | None, after: SortKey | None, limit: int) -> bytes:
+        """The whole response body for one page."""
+        rows = self.positions(condition)
+        keys = self.keys
+        start = 0 if after is None else bisect.bisect_right(rows, after, key=lambda i: keys[i])
+        chosen = rows[start : start + limit]
+        more = start + len(chosen) < len(rows) and len(chosen) > 0
+        cursor = encode_cursor(keys[chosen[-1]]) if more else None
+        head = _dumps({"generated": self.state.generated, "count": len(rows), "limit": limit,
+                       "next": cursor})
+        return b"".join((head[:-1], b',"ports":[', b",".join(self.encoded(i) for i in chosen),
+                         b"]}"))
+
+
+class ApiWorker:
+    """Runs the API's CPU work one job at a time in a thread, within a share of the clock.
+
+    After a job that took ``t`` seconds of thread CPU, the next one starts no sooner than
+    ``t * (1 - share) / share`` later: with ``share`` 0.25 the API may use a quarter of one
+    core, whatever the number of clients, and the poll loop (which needs the same GIL) keeps the
+    rest. Waiting clients queue on the lock; the listener's connection cap bounds them.
+    """
+
+    def __init__(self, share: float = API_SHARE) -> None:
+        if not 0 < share <= 1:
+            raise ValueError("share must be in (0, 1]")
+        self.share = share
+        self._lock = asyncio.Lock()
+        self._rest_until = 0.0
+        self.busy_seconds = 0.0
+
+    @property
+    def busy(self) -> bool:
+        return self._lock.locked()
+
+    async def run(self, job: Callable[[], T]) -> T:
+        async with self._lock:
+            if (delay := self._rest_until - time.monotonic()) > 0:
+                await asyncio.sleep(delay)
+            spent: list[float] = []
+
+            def timed() -> T:
+                started = time.thread_time()
+                try:
+                    return job()
+                finally:
+                    spent.append(time.thread_time() - started)
+
+            task = asyncio.ensure_future(asyncio.to_thread(timed))
+            try:
+                return await asyncio.shield(task)
+            finally:
+                if not task.done():  # the client went away: keep the slot until the thread ends
+                    await asyncio.wait({task})
+                cpu = spent[0] if spent else 0.0
+                self.busy_seconds += cpu
+                self._rest_until = time.monotonic() + cpu * (1 - self.share) / self.share
+
+
+# --- query parameters ----------------------------------------------------------------------------
+
+
+def _bad_request(message: str) -> web.HTTPBadRequest:
+    return web.HTTPBadRequest(text=_dumps({"error": message}).decode(),
+                              content_type="application/json")
+
+
+def query_count(query: Mapping[str, str], name: str, *, default: int, maximum: int) -> int:
+    """A non-negative count from the query, at most ``maximum``; HTTP 400 unless ASCII digits.
+
+    ``str.isdigit`` alone accepts ``²`` (which ``int`` then refuses: a 500) and fullwidth or
+    Arabic-Indic digits (which ``int`` accepts): neither is a number a client meant to send.
+    """
+    raw = query.get(name)
     if raw is None:
         return default
-    if not raw.isdigit():
-        raise web.HTTPBadRequest(
-            text='{"error":"limit must be a non-negative integer"}', content_type="application/json"
-        )
-    return min(int(raw), MAX_LIMIT)
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 12:
+        raise _bad_request(f"{name} must be a non-negative integer (ASCII digits)")
+    return min(int(raw), maximum)
 
 
 def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), allow_nan=False, default=str).encode()
 
 
-async def _json(obj: Any) -> web.Response:
-    body = await asyncio.to_thread(_dumps, obj)
-    return web.Response(body=body, content_type="application/json")
+def _json(body: bytes, status: int = 200) -> web.Response:
+    return web.Response(body=body, status=status, content_type="application/json")
 
 
-def api_routes(provider: ApiProvider) -> list[web.RouteDef]:
-    """The routes, for ``PrometheusExporter.add_routes``."""
+# --- routes --------------------------------------------------------------------------------------
 
-    async def ports(request: web.Request) -> web.StreamResponse:
-        limit = _limit(request.query, MAX_LIMIT)
-        wanted = request.query.get("condition")
-        state = provider.state()
-        rows = worst_first(state, provider.conditions())
-        if wanted:
-            rows = [r for r in rows if wanted in r[0].conditions]
-        out = [port_json(v, a) for v, a in rows[:limit]]
-        return await _json({"generated": state.generated, "count": len(rows), "ports": out})
 
-    async def events(request: web.Request) -> web.StreamResponse:
-        limit = _limit(request.query, 1000)
+class _Api:
+    """The route handlers and what they keep between requests (one index, event JSON)."""
+
+    def __init__(self, provider: ApiProvider, worker: ApiWorker) -> None:
+        self.provider = provider
+        self.worker = worker
+        self.index: PortsIndex | None = None
+        self.event_json: dict[str, bytes] = {}
+        self._release: asyncio.TimerHandle | None = None
+
+    def _keep_index(self) -> None:
+        """(Re)start the countdown after which an unused index is let go."""
+        if self._release is not None:
+            self._release.cancel()
+        self._release = asyncio.get_running_loop().call_later(INDEX_TTL, self._drop_index)
+
+    def _drop_index(self) -> None:
+        self._release = None
+        if self.worker.busy:  # never pull it from under a running job
+            self._keep_index()
+        else:
+            self.index = None
+
+    def _index_for(self, state: FabricState, conditions: list[ActiveCondition]) -> PortsIndex:
+        index = self.index
+        if index is None or index.state is not state:
+            index = self.index = None  # release the old order before building the new one
+            index = self.index = PortsIndex(state, conditions)
+        return index
+
+    async def ports(self, request: web.Request) -> web.StreamResponse:
+        query = request.query
+        limit = query_count(query, "limit", default=DEFAULT_PAGE, maximum=MAX_PAGE)
+        condition = query.get("condition") or None
+        after: SortKey | None = None
+        if (cursor := query.get("cursor")) is not None:
+            try:
+                after = decode_cursor(cursor)
+            except ValueError as exc:
+                raise _bad_request(f"cursor: {exc}") from None
+        state = self.provider.state()
+        conditions = list(self.provider.conditions())
+
+        def build() -> bytes:
+            return self._index_for(state, conditions).page(condition, after, limit)
+
+        body = await self.worker.run(build)
+        self._keep_index()
+        return _json(body)
+
+    async def events(self, request: web.Request) -> web.StreamResponse:
+        limit = query_count(request.query, "limit", default=MAX_EVENTS, maximum=MAX_EVENTS)
         kind = request.query.get("type")
         since = request.query.get("since")
-        items = list(provider.events())
+        items = list(self.provider.events())
         if since:
             ids = [e.id for e in items]
             items = items[ids.index(since) + 1:] if since in ids else items
         if kind:
             items = [e for e in items if e.type == kind]
         items = items[-limit:] if limit else []
-        return await _json({"events": [e.model_dump(mode="json") for e in items]})
+        memo = self.event_json
+        if len(memo) > 2 * max(MAX_EVENTS, len(self.provider.events())):
+            keep = {e.id for e in self.provider.events()}
+            self.event_json = memo = {k: v for k, v in memo.items() if k in keep}
+        missing = [e for e in items if e.id not in memo]
+        if missing:
+            def encode() -> None:
+                for e in missing:
+                    memo[e.id] = e.model_dump_json().encode()
 
-    async def healthz(request: web.Request) -> web.StreamResponse:
-        return web.Response(body=b'{"ok":true}', content_type="application/json")
+            await self.worker.run(encode)
+        return _json(b'{"events":[' + b",".join(memo[e.id] for e in items) + b"]}")
 
-    async def readyz(request: web.Request) -> web.StreamResponse:
-        state = provider.state()
+    async def healthz(self, request: web.Request) -> web.StreamResponse:
+        return _json(b'{"ok":true}')
+
+    async def readyz(self, request: web.Request) -> web.StreamResponse:
+        state = self.provider.state()
         up = sorted(name for name, s in state.sources.items() if s.up)
-        down = {name: s.last_error for name, s in state.sources.items() if not s.up}
-        ok = provider.ready() and bool(up)
-        body = _dumps({"ready": ok, "sources_up": up, "sources_down": down})
-        return web.Response(body=body, status=200 if ok else 503,
-                            content_type="application/json")
+        ok = self.provider.ready() and bool(up)
+        if request.get(ANONYMOUS):
+            body = _dumps({"ready": ok})
+        else:
+            down = {name: s.last_error for name, s in state.sources.items() if not s.up}
+            body = _dumps({"ready": ok, "sources_up": up, "sources_down": down})
+        return _json(body, status=200 if ok else 503)
 
+
+def api_routes(provider: ApiProvider, *, worker: ApiWorker | None = None) -> list[web.RouteDef]:
+    """The routes, for ``PrometheusExporter.add_routes``."""
+    api = _Api(provider, worker or ApiWorker())
     return [
-        web.get("/api/v1/ports", ports),
-        web.get("/api/v1/events", events),
-        web.get("/healthz", healthz),
-        web.get("/readyz", readyz),
+        web.get("/api/v1/ports", api.ports),
+        web.get("/api/v1/events", api.events),
+        web.get("/healthz", api.healthz),
+        web.get("/readyz", api.readyz),
     ]

@@ -1,32 +1,60 @@
-"""HTTP plumbing of the exporter: listen addresses, basic auth, TLS and spliced gzip.
+"""HTTP plumbing of the exporter: listen addresses, basic auth, TLS, spliced gzip and limits.
 
 Kept apart from ``exporters.prometheus`` so each piece is small and testable without a server.
+The limits (``ConnectionGuard``, ``GuardedSite``, ``ServerLog``) keep the listener answering
+while clients misbehave: see "connection limits" below.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
 import hmac
+import resource
+import socket
 import ssl
 import struct
+import time
+import weakref
 import zlib
-from collections.abc import Iterable, Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import structlog
+from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError
+from aiohttp.typedefs import Handler
+from prometheus_client import CollectorRegistry, Counter
 
 from ibmon.config import parse_listen  # the one listen-address rule, shared with config checks
 
 __all__ = [
+    "ANONYMOUS",
+    "KEEPALIVE_TIMEOUT",
+    "LINGER_TIME",
+    "MAX_CONNECTIONS",
+    "PUBLIC_PATHS",
+    "READ_TIMEOUT",
     "BasicAuth",
+    "ConnectionGuard",
     "Deflated",
+    "GuardedSite",
+    "HttpMetrics",
+    "RateLimitedLog",
+    "ServerLog",
     "accepts_gzip",
     "concat",
+    "connection_cap",
     "crc32_combine",
     "deflate_chunks",
     "gzip_parts",
     "hash_password",
+    "http_metrics",
     "inflate",
     "parse_listen",
     "tls_context",
@@ -261,3 +289,438 @@ def gzip_parts(head: bytes, tail: Deflated, level: int) -> list[bytes]:
     crc = crc32_combine(zlib.crc32(head), tail.crc, tail.size)
     trailer = struct.pack("<II", crc, (len(head) + tail.size) & 0xFFFFFFFF)
     return [GZIP_HEADER, head_deflated, *tail.parts, trailer]
+
+
+# --- connection limits ---------------------------------------------------------------------------
+# aiohttp reads request headers without a deadline of its own and accepts every connection the
+# kernel hands it. 1,100 clients that each trickle a header line every few seconds then held
+# every descriptor of a 1024-fd process: /metrics stopped answering, state saves failed, and
+# asyncio logged a traceback for every refused accept (36,000 lines in 12 s). So each listener:
+#
+# - caps its open connections (``max_connections``, lowered to fit RLIMIT_NOFILE), so the
+#   process never runs out of descriptors;
+# - gives every request ``READ_TIMEOUT`` to arrive complete (headers, from the moment the
+#   connection opened or its next request started; a TLS handshake counts against the first);
+# - at the cap, makes room for a new client by closing the connection that has waited longest
+#   without a request in progress (a slow or idle client), so a scraper that connects and sends
+#   its request at once is always served; only when every connection is busy answering is the
+#   new one refused;
+# - counts all of this in ``ibmon_http_connections_closed_total{reason}`` and logs it at most
+#   once a minute per reason.
+
+#: Seconds a client has to deliver a complete request (and the TLS handshake) once it starts.
+READ_TIMEOUT = 10.0
+#: Open connections per listener; Prometheus needs one per scraper, ``ibmon top`` one each.
+MAX_CONNECTIONS = 256
+#: Descriptors left for everything else (state file, tool pipes, MQTT, umad) under the cap.
+FD_RESERVE = 128
+#: An idle keep-alive connection is closed after this long (aiohttp's default is an hour).
+KEEPALIVE_TIMEOUT = 75.0
+#: After answering, how long an unread request body is drained before the connection closes.
+LINGER_TIME = 2.0
+#: Bytes of a TLS client's first request kept while the handshake hands over (one request).
+EARLY_BYTES = 64 * 1024
+#: Rate-limited log lines: at most one per event (and reason) per this many seconds.
+LOG_INTERVAL = 60.0
+#: Answer without basic auth (Kubernetes probes cannot send credentials); see ``exporters.api``.
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+#: Request key set on a request to a public path that came without valid credentials while
+#: basic auth is on: such answers leave out anything descriptive (source names, errors).
+ANONYMOUS = "ibmon.anonymous"
+
+log = structlog.get_logger("ibmon.http")
+
+
+def connection_cap(wanted: int) -> int:
+    """``wanted``, lowered so the cap plus ``FD_RESERVE`` fits the soft descriptor limit."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(1, min(wanted, soft - FD_RESERVE))
+
+
+@dataclass(frozen=True, slots=True)
+class HttpMetrics:
+    """The listener's series, created once per registry (listeners come and go on reload)."""
+
+    closed: Counter
+    bad_requests: Counter
+
+
+_HTTP_METRICS: weakref.WeakKeyDictionary[CollectorRegistry, HttpMetrics] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def http_metrics(registry: CollectorRegistry) -> HttpMetrics:
+    """The ``ibmon_http_*`` series in ``registry``, registered on first use."""
+    found = _HTTP_METRICS.get(registry)
+    if found is None:
+        found = _HTTP_METRICS[registry] = HttpMetrics(
+            closed=Counter(
+                "ibmon_http_connections_closed",
+                "Connections the listener closed or refused to protect itself: read_timeout (no"
+                " complete request in time), evicted (made room for a new client at the cap),"
+                " refused (at the cap with every connection busy).",
+                ["reason"], registry=registry,
+            ),
+            bad_requests=Counter(
+                "ibmon_http_bad_requests",
+                "Requests that were not valid HTTP (answered 400, connection closed).",
+                registry=registry,
+            ),
+        )
+        for reason in ("read_timeout", "evicted", "refused"):
+            found.closed.labels(reason)
+    return found
+
+
+class RateLimitedLog:
+    """At most one line per key every ``interval`` seconds; the next says how many were skipped.
+
+    What a hostile or broken client can trigger at will must not be able to flood the journal;
+    the metrics count every occurrence, the log shows that it happens and one example.
+    """
+
+    def __init__(self, logger: Any = log, *, interval: float = LOG_INTERVAL,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._log = logger
+        self._interval = interval
+        self._clock = clock
+        self._next: dict[str, float] = {}
+        self._skipped: dict[str, int] = {}
+
+    def __call__(self, level: str, event: str, *, key: str | None = None, **fields: Any) -> bool:
+        """Log ``event`` at ``level`` unless one with the same key was logged lately."""
+        key = key or event
+        now = self._clock()
+        if now < self._next.get(key, float("-inf")):
+            self._skipped[key] = self._skipped.get(key, 0) + 1
+            return False
+        self._next[key] = now + self._interval
+        if skipped := self._skipped.pop(key, 0):
+            fields["suppressed"] = skipped
+        getattr(self._log, level)(event, **fields)
+        return True
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+class ServerLog:
+    """Stands in for the ``aiohttp.server`` logger of one listener.
+
+    aiohttp logs every malformed request with its traceback (550 bytes of log per 26-byte
+    request). Here a request that is not valid HTTP is counted and logged as one structured
+    line, rate-limited; a client that went away mid-answer is not an error; anything else is a
+    bug in a handler and keeps its traceback (rate-limited too).
+    """
+
+    def __init__(self, metrics: HttpMetrics, limited: RateLimitedLog) -> None:
+        self._metrics = metrics
+        self._limited = limited
+
+    def _report(self, msg: str, args: tuple[Any, ...], exc: Any) -> None:
+        peer = str(args[0]) if args and "%s" in str(msg) else None
+        if isinstance(exc, HttpProcessingError):
+            self._metrics.bad_requests.inc()
+            fields: dict[str, Any] = {"peer": peer, "error": _one_line(exc.message)}
+            if isinstance(exc, BadHttpMethod) and "\\x16\\x03" in str(exc.message):
+                fields["hint"] = "a TLS client on a plain HTTP listener (https:// vs http://)?"
+            self._limited("warning", "http_bad_request", **fields)
+        elif isinstance(exc, ConnectionError | asyncio.CancelledError):
+            return  # the client went away; nothing is wrong with ibmon or its config
+        elif isinstance(exc, BaseException):
+            self._limited("error", "http_handler_error", peer=peer,
+                          error=f"{type(exc).__name__}: {_one_line(str(exc))}", exc_info=exc)
+        else:
+            try:
+                text = str(msg) % args if args else str(msg)
+            except (TypeError, ValueError):
+                text = f"{msg} {args}"
+            self._limited("error", "http_server_error", error=_one_line(text))
+
+    def exception(self, msg: str, *args: Any, exc_info: Any = None, **_: Any) -> None:
+        self._report(msg, args, exc_info)
+
+    def error(self, msg: str, *args: Any, exc_info: Any = None, **_: Any) -> None:
+        self._report(msg, args, exc_info)
+
+    def warning(self, msg: str, *args: Any, exc_info: Any = None, **_: Any) -> None:
+        self._report(msg, args, exc_info)
+
+    def debug(self, msg: str, *args: Any, exc_info: Any = None, **_: Any) -> None:
+        # aiohttp reports a bad method on a connection's first request at debug level (port
+        # scanners, TLS to a plain listener); it is still a malformed request to count.
+        if isinstance(exc_info, HttpProcessingError):
+            self._report(msg, args, exc_info)
+
+    def info(self, msg: str, *args: Any, **_: Any) -> None:
+        return None
+
+    def isEnabledFor(self, level: int) -> bool:  # noqa: N802 - the logging.Logger API
+        return True
+
+
+def _abort(transport: asyncio.BaseTransport) -> None:
+    """Close at once (RST: the descriptor is free now, not after a FIN handshake)."""
+    if isinstance(transport, asyncio.Transport):
+        transport.abort()
+    else:
+        transport.close()
+
+
+def _peer(transport: asyncio.BaseTransport) -> str | None:
+    peer = transport.get_extra_info("peername")
+    if isinstance(peer, tuple) and peer:
+        return str(peer[0])
+    return None if peer is None else str(peer)
+
+
+class _GuardedConnection(asyncio.Protocol):
+    """Wraps aiohttp's protocol for one connection: admission, the read deadline, eviction.
+
+    With TLS the guard does the handshake itself (``loop.start_tls``) after admitting the TCP
+    connection, so a client that never completes the handshake holds a counted, evictable
+    place under the same deadline instead of an uncounted descriptor.
+    """
+
+    def __init__(self, guard: ConnectionGuard, make_inner: Callable[[], asyncio.Protocol]) -> None:
+        self._guard = guard
+        self._make_inner = make_inner
+        self.inner: asyncio.Protocol | None = None
+        self.transport: asyncio.BaseTransport | None = None  # TCP: what ``close`` aborts
+        self.peer: str | None = None
+        self.busy = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._handshake: asyncio.Task[None] | None = None
+        self._early: list[bytes] = []
+        self.closed = False
+
+    # -- asyncio.Protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self.transport is not None:  # a TLS layer that announces itself (not start_tls's)
+            self._start_inner(transport)
+            return
+        self.transport = transport
+        self.peer = _peer(transport)
+        if not self._guard._admit(self):
+            self.closed = True
+            _abort(transport)
+            return
+        self._arm()  # the deadline covers the TLS handshake and the first request
+        if self._guard.ssl_context is None:
+            self._start_inner(transport)
+        else:
+            # Not a byte may be read before the TLS layer is in place (start_tls resumes).
+            assert isinstance(transport, asyncio.ReadTransport)
+            transport.pause_reading()
+            self._handshake = asyncio.ensure_future(self._start_tls(transport))
+
+    async def _start_tls(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        assert self._guard.ssl_context is not None
+        app: asyncio.BaseTransport | None = None
+        try:
+            # Our own read deadline (armed at accept) closes a slow handshake and counts it;
+            # asyncio's handshake timeout is only the backstop.
+            app = await asyncio.get_running_loop().start_tls(
+                transport, self, self._guard.ssl_context, server_side=True,
+                ssl_handshake_timeout=2 * self._guard.read_timeout,
+            )
+        except (OSError, asyncio.CancelledError):
+            pass  # a failed or timed-out handshake (asyncio logs it at debug level)
+        finally:
+            self._handshake = None
+        if app is not None and not self.closed:
+            self._start_inner(app)
+        else:  # never got as far as a request: give the place back
+            self._drop()
+            _abort(transport)
+
+    def _start_inner(self, transport: asyncio.BaseTransport) -> None:
+        if self.closed or self.inner is not None:
+            return
+        self.inner = self._make_inner()
+        self._guard._handlers[self.inner] = self
+        self.inner.connection_made(transport)
+        early, self._early = self._early, []
+        for data in early:
+            self.data_received(data)
+
+    def data_received(self, data: bytes) -> None:
+        if self.inner is None:
+            # Decrypted bytes can arrive between the end of the handshake and the moment
+            # start_tls hands us the transport: keep them (a request's worth at most).
+            self._early.append(data)
+            if sum(map(len, self._early)) > EARLY_BYTES:
+                self.close("read_timeout")
+            return
+        if not self.busy and self._timer is None:
+            self._arm()  # the next request started: it has READ_TIMEOUT to arrive whole
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return None if self.inner is None else self.inner.eof_received()
+
+    def pause_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._drop()
+        inner, self.inner = self.inner, None
+        if inner is not None:
+            inner.connection_lost(exc)
+
+    # -- guard -----------------------------------------------------------------------------
+
+    def _drop(self) -> None:
+        self.closed = True
+        self._disarm()
+        self._guard._forget(self)
+
+    def _arm(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(self._guard.read_timeout, self._expired)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expired(self) -> None:
+        self._timer = None
+        if not self.busy:
+            self.close("read_timeout")
+
+    def close(self, reason: str) -> None:
+        """Close now, counted and (rate-limited) logged under ``reason``."""
+        if self.closed or self.transport is None:
+            return
+        self._guard._closed(reason, self)
+        self._drop()
+        _abort(self.transport)
+
+    def begin(self) -> None:
+        """A complete request reached the application: no read deadline while it is answered."""
+        self.busy += 1
+        self._disarm()
+        self._guard._idle.pop(self, None)
+
+    def end(self) -> None:
+        self.busy -= 1
+        if not self.busy and not self.closed:
+            self._guard._idle[self] = None  # the most recently active idle connection
+
+
+class ConnectionGuard:
+    """One listener's connection accounting (see "connection limits" above)."""
+
+    def __init__(self, *, metrics: HttpMetrics, max_connections: int = MAX_CONNECTIONS,
+                 read_timeout: float = READ_TIMEOUT, limited: RateLimitedLog | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        if max_connections < 1 or read_timeout <= 0:
+            raise ValueError("max_connections and read_timeout must be positive")
+        self.max_connections = max_connections
+        self.read_timeout = read_timeout
+        self.ssl_context = ssl_context
+        self._metrics = metrics
+        self._limited = limited or RateLimitedLog()
+        self._open: set[_GuardedConnection] = set()
+        #: Connections without a request in progress, the longest waiting first.
+        self._idle: OrderedDict[_GuardedConnection, None] = OrderedDict()
+        #: aiohttp's protocol object of each connection, for the middleware.
+        self._handlers: dict[asyncio.Protocol, _GuardedConnection] = {}
+
+    @property
+    def open(self) -> int:
+        return len(self._open)
+
+    def factory(self, inner: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
+        """The protocol factory for ``loop.create_server`` (plain TCP), wrapping aiohttp's."""
+        return lambda: _GuardedConnection(self, inner)
+
+    def _admit(self, conn: _GuardedConnection) -> bool:
+        if len(self._open) >= self.max_connections:
+            victim = next(iter(self._idle), None)
+            if victim is None:
+                self._closed("refused", conn)
+                return False
+            victim.close("evicted")
+        self._open.add(conn)
+        self._idle[conn] = None
+        return True
+
+    def _forget(self, conn: _GuardedConnection) -> None:
+        self._idle.pop(conn, None)
+        self._open.discard(conn)
+        if conn.inner is not None and self._handlers.get(conn.inner) is conn:
+            del self._handlers[conn.inner]
+
+    def _closed(self, reason: str, conn: _GuardedConnection) -> None:
+        self._idle.pop(conn, None)
+        self._metrics.closed.labels(reason).inc()
+        self._limited("warning", "http_connection_closed", key=f"closed:{reason}",
+                      reason=reason, peer=conn.peer, open=len(self._open),
+                      max_connections=self.max_connections, read_timeout=self.read_timeout)
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Marks the connection busy while its request is handled (outermost middleware)."""
+        conn = self._handlers.get(request.protocol)
+        if conn is None:
+            return await handler(request)
+        conn.begin()
+        try:
+            return await handler(request)
+        finally:
+            conn.end()
+
+
+class GuardedSite(web.BaseSite):
+    """A TCP site whose connections pass through a ``ConnectionGuard`` (which does TLS).
+
+    aiohttp's ``TCPSite`` has no hook for the protocol factory, so this one calls
+    ``loop.create_server`` itself, as ``TCPSite`` does, without TLS: the guard admits each TCP
+    connection first, then runs the handshake under its deadline.
+    """
+
+    __slots__ = ("_guard", "_host", "_port", "_sock")
+
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, *, guard: ConnectionGuard,
+                 backlog: int = 128, sock: socket.socket | None = None) -> None:
+        super().__init__(runner, ssl_context=guard.ssl_context, backlog=backlog)
+        self._host = host
+        self._port = port
+        self._guard = guard
+        # A listening socket handed over by the exporter this one replaces (a reload on the
+        # same address): served as is, so the port never closes in between.
+        self._sock = sock
+
+    @property
+    def name(self) -> str:
+        scheme = "https" if self._ssl_context else "http"
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"{scheme}://{host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        server = self._runner.server
+        assert server is not None
+        loop = asyncio.get_running_loop()
+        if self._sock is not None:
+            self._server = await loop.create_server(
+                self._guard.factory(server), sock=self._sock, backlog=self._backlog
+            )
+        else:
+            self._server = await loop.create_server(
+                self._guard.factory(server), self._host, self._port, backlog=self._backlog,
+            )

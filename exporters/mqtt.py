@@ -15,10 +15,19 @@ set. Node descriptions are user-controlled text; they travel in payloads, never 
 
 The broker is never on the polling path: ``submit`` and ``publish_state`` are O(1) and never
 block or raise. A background task owns the connection, reconnects with jittered exponential
-backoff and keeps events in a bounded queue while the broker is away (oldest dropped first,
-counted in ``ibmon_mqtt_dropped_total``), delivering them in order after reconnect. An event
-leaves the queue only once the broker acknowledged it, so delivery is at least once. aiomqtt is
-imported only in this module.
+backoff and keeps events in a bounded queue while the broker is away (oldest dropped first),
+delivering them in order after reconnect. An event leaves the queue only once the broker
+acknowledged it, so delivery is at least once. aiomqtt is imported only in this module.
+
+Lost events: ``ibmon_events_dropped_total{consumer="mqtt"}`` is the one number that says how
+many events MQTT lost, for any reason (the bus queue was full, the publisher's queue overflowed
+while the broker was away, events still queued at stop). ``ibmon_mqtt_dropped_total`` is the part
+of it lost inside the publisher, waiting for the broker.
+
+Stopping is bounded (``stop``): a session gets ``flush_timeout`` to deliver what is queued and
+``OFFLINE_GRACE`` to say ``offline``; a connection attempt that has not been answered is
+abandoned at once, and a TLS handshake blocked in paho's connect thread is interrupted, so
+SIGTERM stays within the daemon's 2 s even when the broker accepts TCP and never answers.
 """
 
 from __future__ import annotations
@@ -28,8 +37,10 @@ import contextlib
 import json
 import random
 import re
+import socket
 import ssl
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -38,7 +49,7 @@ from typing import Any
 import aiomqtt
 import structlog
 
-from ibmon.config import MqttConfig
+from ibmon.config import MqttConfig, MqttTlsConfig
 from ibmon.events import EVENT_TYPES, Event, EventBus, Subscription
 from ibmon.model import GUID_RE, PhysState, PortKey, PortState, PortView
 from ibmon.selfmetrics import MqttMetrics, SelfMetrics
@@ -47,7 +58,9 @@ from ibmon.state import FabricState
 __all__ = [
     "MqttPublisher",
     "Topics",
+    "describe_connect_error",
     "port_state_payload",
+    "tls_context",
 ]
 
 log = structlog.get_logger("ibmon.mqtt")
@@ -65,9 +78,108 @@ BATCH = 100
 #: Messages serialized or handed to paho between yields to the event loop, and ports diffed
 #: between yields: each step stays around a millisecond, so a burst never stalls polling.
 SLICE = 20
-#: After the flush timeout: time left to publish "offline" and disconnect cleanly.
-SHUTDOWN_GRACE = 2.0
+#: At stop: how long a connected session may keep delivering queued events (default).
+FLUSH_TIMEOUT = 1.0
+#: Then: how long publishing the retained "offline" may take before we disconnect anyway.
+OFFLINE_GRACE = 0.3
+#: Then: how long a cancelled connection task gets to end.
+CANCEL_GRACE = 0.3
 STATE_CHUNK = 200
+
+
+class TlsFileError(ValueError):
+    """A TLS file named in ``[mqtt.tls]`` cannot be used; the message names the key and file."""
+
+
+class _TlsContext(ssl.SSLContext):
+    """A client context that remembers the sockets it wraps.
+
+    paho connects and does the TLS handshake in a worker thread that cannot be cancelled; a
+    broker that accepts TCP and never answers the handshake holds that thread (and so the
+    process's exit) for paho's whole connect timeout. ``interrupt`` shuts those sockets down,
+    which ends the blocked handshake at once.
+    """
+
+    def __init__(self, protocol: int) -> None:
+        super().__init__()
+        self.handshakes: weakref.WeakSet[ssl.SSLSocket] = weakref.WeakSet()
+        self.wrapped = 0  # sockets handed to TLS: the TCP connection was up
+
+    def wrap_socket(self, *args: Any, **kwargs: Any) -> ssl.SSLSocket:
+        sock = super().wrap_socket(*args, **kwargs)
+        self.handshakes.add(sock)
+        self.wrapped += 1
+        return sock
+
+    def interrupt(self) -> None:
+        for sock in list(self.handshakes):
+            with contextlib.suppress(OSError):
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        """Close what paho left open: it drops the socket of a failed handshake unclosed."""
+        for sock in list(self.handshakes):
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+def _load(what: str, path: Any, load: Any) -> None:
+    try:
+        load()
+    except ssl.SSLError as exc:  # before OSError: it is one, and strerror is not set
+        raise TlsFileError(f"mqtt.tls.{what} {path}: not usable: {exc}") from None
+    except OSError as exc:
+        raise TlsFileError(f"mqtt.tls.{what} {path}: {exc.strerror or exc}") from None
+
+
+def tls_context(tls: MqttTlsConfig | None) -> _TlsContext | None:
+    """The client context for ``[mqtt.tls]``; TlsFileError names the file that is wrong."""
+    if tls is None:
+        return None
+    ctx = _TlsContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies the chain and the host name
+    if tls.ca_file is not None:
+        _load("ca_file", tls.ca_file, lambda: ctx.load_verify_locations(cafile=str(tls.ca_file)))
+    else:
+        ctx.load_default_certs(ssl.Purpose.SERVER_AUTH)
+    if tls.cert_file is not None:
+        what = "cert_file" if tls.key_file is None else "cert_file/key_file"
+        files = tls.cert_file if tls.key_file is None else f"{tls.cert_file} + {tls.key_file}"
+        _load(what, files, lambda: ctx.load_cert_chain(
+            str(tls.cert_file), str(tls.key_file) if tls.key_file is not None else None))
+    if not tls.verify:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+_NOT_TLS = ("reset by peer", "eof occurred", "unexpected eof", "wrong version number",
+            "record layer failure", "packet length too long", "http request")
+
+
+def describe_connect_error(exc: BaseException, *, tls: bool, host: str, port: int,
+                           handshake_started: bool = False) -> str:
+    """One line saying what went wrong with a connection attempt, and where to look.
+
+    aiomqtt turns paho's socket and TLS errors into ``MqttError(str(exc))``, which leaves
+    "[Errno 104] Connection reset by peer" for a TLS client talking to a plain MQTT port; the
+    original error is still its ``__context__``.
+    """
+    original = exc.__context__ if exc.__context__ is not None else exc
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, TlsFileError) or not tls:
+        return text
+    low = f"{text} {original}".lower()
+    if "certificate verify failed" in low or isinstance(original, ssl.SSLCertVerificationError):
+        return (f"TLS: the broker at {host}:{port} presented a certificate that does not verify"
+                f" ({original}); check mqtt.tls.ca_file and the broker's host name")
+    in_tls = handshake_started or isinstance(original, ssl.SSLError)
+    if in_tls and any(marker in low for marker in _NOT_TLS):
+        return (f"TLS handshake with {host}:{port} failed ({text}): the broker's port does not"
+                " seem to speak TLS (a plain MQTT listener? use its TLS port, or drop"
+                " [mqtt.tls])")
+    if in_tls:
+        return f"TLS handshake with {host}:{port} failed: {text}"
+    return text
 
 
 class Topics:
@@ -181,7 +293,7 @@ class MqttPublisher:
         metrics: SelfMetrics,
         backoff_min: float = 0.5,
         backoff_max: float = 30.0,
-        flush_timeout: float = 3.0,
+        flush_timeout: float = FLUSH_TIMEOUT,
     ) -> None:
         self.name = "mqtt"
         self.config = config
@@ -200,7 +312,9 @@ class MqttPublisher:
         self._pump_task: asyncio.Task[None] | None = None
         self._bus: EventBus | None = None
         self._sub: Subscription | None = None
+        self._feed: Subscription | None = None  # where lost events are reported
         self._bus_task: asyncio.Task[None] | None = None
+        self._tls: _TlsContext | None = None
         self._state: FabricState | None = None
         self._state_dirty = False
         # What the broker holds per port topic: a signature, or None when it must be resent.
@@ -223,9 +337,17 @@ class MqttPublisher:
         """Queue one event; when the queue is full the oldest event is dropped and counted."""
         if len(self._queue) >= self.config.queue_size:
             self._queue.popleft()
-            self._metrics.dropped.inc()
+            self._lost(1)
         self._queue.append(event)
         self._wake.set()
+
+    def _lost(self, count: int) -> None:
+        """Count events that will never reach the broker, in both series (module docstring)."""
+        if count <= 0:
+            return
+        self._metrics.dropped.inc(count)
+        if self._feed is not None:
+            self._feed.lost(count)
 
     def submit_many(self, events: Iterable[Event]) -> None:
         for event in events:
@@ -242,6 +364,7 @@ class MqttPublisher:
     async def consume(self, events: Subscription) -> None:
         """``exporters.base.EventConsumer``: move events from a bus subscription to the send
         queue, until cancelled (never waits for the broker)."""
+        self._feed = events
         while True:
             first = await events.queue.get()
             self.submit_many([first, *events.drain(BATCH * 10)])
@@ -266,7 +389,12 @@ class MqttPublisher:
                 self._task = asyncio.create_task(self._run(), name="mqtt")
 
     async def stop(self) -> None:
-        """Flush what fits in ``flush_timeout``, publish ``offline`` and disconnect."""
+        """Flush what fits in ``flush_timeout``, publish ``offline`` and disconnect.
+
+        Bounded: ``flush_timeout + OFFLINE_GRACE + CANCEL_GRACE`` at most, and at once when no
+        session is up (connecting, or waiting to retry): there is nobody to flush to. Events
+        still queued are counted as lost.
+        """
         if self._bus_task is not None:
             self._bus_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -280,18 +408,21 @@ class MqttPublisher:
         self._stopping = True
         self._wake.set()
         if task is not None:
-            done, _ = await asyncio.wait({task}, timeout=self._flush_timeout)
-            if not done and self._pump_task is not None:
-                # Give up flushing but still say "offline" ourselves: a cancelled session
-                # would send DISCONNECT, which discards the Last Will and leaves "online".
-                self._pump_task.cancel()
-                done, _ = await asyncio.wait({task}, timeout=SHUTDOWN_GRACE)
-            if not done:
+            if self._connected:
+                done, _ = await asyncio.wait({task}, timeout=self._flush_timeout)
+                if not done and self._pump_task is not None:
+                    # Give up flushing but still say "offline" ourselves: a cancelled session
+                    # would send DISCONNECT, which discards the Last Will and leaves "online".
+                    self._pump_task.cancel()
+                    await asyncio.wait({task}, timeout=OFFLINE_GRACE + CANCEL_GRACE)
+            if not task.done():
+                if self._tls is not None:
+                    self._tls.interrupt()  # a handshake blocked in paho's thread ends now
                 task.cancel()
-                await asyncio.wait({task}, timeout=SHUTDOWN_GRACE)
+                await asyncio.wait({task}, timeout=CANCEL_GRACE)
         if self._queue:
             log.warning("mqtt_events_dropped_at_shutdown", count=len(self._queue))
-            self._metrics.dropped.inc(len(self._queue))
+            self._lost(len(self._queue))
             self._queue.clear()
         self._set_connected(False)
 
@@ -306,7 +437,15 @@ class MqttPublisher:
         password: str | None = None
         if cfg.password_file is not None:
             # Read at every connect so a rotated secret is picked up; never logged.
-            password = cfg.password_file.read_text(encoding="utf-8").rstrip("\r\n")
+            try:
+                password = cfg.password_file.read_text(encoding="utf-8").rstrip("\r\n")
+            except (OSError, UnicodeDecodeError) as exc:
+                reason = getattr(exc, "strerror", None) or str(exc)
+                raise TlsFileError(
+                    f"mqtt.password_file {cfg.password_file}: cannot read it: {reason}"
+                ) from None
+        # Read at every connect too (renewed certificates); a bad file is named in the error.
+        self._tls = tls_context(cfg.tls)
         client = aiomqtt.Client(
             cfg.host,
             cfg.port,
@@ -316,29 +455,13 @@ class MqttPublisher:
             will=aiomqtt.Will(self.topics.status, b"offline", qos=1, retain=True),
             clean_session=True,
             keepalive=max(1, round(cfg.keepalive)),
-            tls_context=self._tls_context(),
+            tls_context=self._tls,
             max_inflight_messages=BATCH,
             timeout=max(10.0, cfg.keepalive * 1.5),
         )
         # aiomqtt warns on every publish beyond 10 in flight; we pipeline BATCH on purpose.
         client.pending_calls_threshold = BATCH * 2 + 10
         return client
-
-    def _tls_context(self) -> ssl.SSLContext | None:
-        tls = self.config.tls
-        if tls is None:
-            return None
-        ctx = ssl.create_default_context(
-            cafile=str(tls.ca_file) if tls.ca_file is not None else None
-        )
-        if tls.cert_file is not None:
-            ctx.load_cert_chain(
-                str(tls.cert_file), str(tls.key_file) if tls.key_file is not None else None
-            )
-        if not tls.verify:
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        return ctx
 
     async def _run(self) -> None:
         """Connect, publish, reconnect; returns only when stopping. Never raises."""
@@ -354,7 +477,12 @@ class MqttPublisher:
                     await self._session(client)
                     return  # _session returns only after a graceful stop
             except (aiomqtt.MqttError, OSError, ssl.SSLError, ValueError) as exc:
-                error = str(exc) or type(exc).__name__
+                tls = self._tls
+                error = describe_connect_error(
+                    exc, tls=self.config.tls is not None, host=self.config.host,
+                    port=self.config.port,
+                    handshake_started=tls is not None and tls.wrapped > 0,
+                )
             except Exception as exc:  # a publisher bug must not take the daemon down
                 error = f"{type(exc).__name__}: {exc}"
                 log.exception("mqtt_unexpected_error", error=error)
@@ -363,6 +491,9 @@ class MqttPublisher:
                 self._set_connected(False)
                 if client is not None:
                     _close_socket(client)
+                if self._tls is not None:
+                    self._tls.close()
+                self._tls = None
             if self._stopping:
                 return
             delay = min(self._backoff_max, self._backoff_min * 2**attempt)
@@ -434,7 +565,7 @@ class MqttPublisher:
 
     async def _shutdown(self, client: aiomqtt.Client) -> None:
         with contextlib.suppress(aiomqtt.MqttError, TimeoutError):
-            async with asyncio.timeout(SHUTDOWN_GRACE - 0.5):
+            async with asyncio.timeout(OFFLINE_GRACE):
                 await self._publish(client, [(self.topics.status, b"offline", 1, True)])
 
     async def _publish(
@@ -495,7 +626,7 @@ class MqttPublisher:
                 overflow = len(self._queue) - self.config.queue_size
                 for _ in range(max(0, overflow)):
                     self._queue.popleft()
-                    self._metrics.dropped.inc()
+                self._lost(overflow)
 
     async def _send_state(self, client: aiomqtt.Client) -> None:
         self._state_dirty = False

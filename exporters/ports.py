@@ -72,6 +72,7 @@ def port_json(view: PortView, active: Sequence[ActiveCondition] = ()) -> dict[st
         "totals": view.totals, "rates": view.rates, "saturated": sorted(view.saturated),
         "resets": view.resets, "hw_totals": view.hw_totals, "hw_gauges": view.hw_gauges,
         "conditions": sorted(view.conditions),
+        "stale": view.stale,
         "active": [
             {"type": a.type, "severity": a.finding.severity, "since": a.since,
              "value": a.finding.value, "message": a.finding.message,

@@ -22,6 +22,7 @@ import asyncio
 import ctypes
 import ctypes.util
 import itertools
+import socket
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -32,12 +33,24 @@ from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 
 from exporters.http import (
+    ANONYMOUS,
+    KEEPALIVE_TIMEOUT,
+    LINGER_TIME,
+    MAX_CONNECTIONS,
+    PUBLIC_PATHS,
+    READ_TIMEOUT,
     BasicAuth,
+    ConnectionGuard,
     Deflated,
+    GuardedSite,
+    RateLimitedLog,
+    ServerLog,
     accepts_gzip,
     concat,
+    connection_cap,
     deflate_chunks,
     gzip_parts,
+    http_metrics,
     inflate,
     parse_listen,
     tls_context,
@@ -124,7 +137,9 @@ class PrometheusExporter:
     renders in a worker thread so the loop never stalls on a large fabric.
     Both must be called from the event loop thread. ``basic_auth_file`` (format in
     ``exporters.http.BasicAuth``) and ``tls_cert``/``tls_key`` are read here, so a bad file is a
-    config error at startup, not a failing scrape later.
+    config error at startup, not a failing scrape later. ``max_connections`` and
+    ``read_timeout`` bound what clients can hold (``exporters.http``, "connection limits");
+    ``/healthz`` and ``/readyz`` answer without basic auth, for probes.
     """
 
     def __init__(
@@ -135,6 +150,8 @@ class PrometheusExporter:
         tls_cert: Path | None = None,
         tls_key: Path | None = None,
         basic_auth_file: Path | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        read_timeout: float = READ_TIMEOUT,
     ) -> None:
         self.name = "prometheus"
         self._listen = listen
@@ -150,7 +167,19 @@ class PrometheusExporter:
         self._seq = itertools.count(1)
         self._installed_seq = 0
         self._runner: web.AppRunner | None = None
-        middlewares = [self._basic_auth] if self._auth else []
+        self._http_metrics = http_metrics(self_metrics.registry)
+        self._limited_log = RateLimitedLog()
+        cap = connection_cap(max_connections)
+        if cap < max_connections:
+            log.warning("connection_cap_lowered", wanted=max_connections, cap=cap,
+                        reason="the open-file limit (RLIMIT_NOFILE) is too low; raise"
+                               " LimitNOFILE")
+        self._guard = ConnectionGuard(metrics=self._http_metrics, max_connections=cap,
+                                      read_timeout=read_timeout, limited=self._limited_log,
+                                      ssl_context=self._ssl)
+        middlewares = [self._guard.middleware]
+        if self._auth:
+            middlewares.append(self._basic_auth)
         self._app = web.Application(middlewares=middlewares)
         self._app.router.add_get("/", self._index)
         self._app.router.add_get("/metrics", self._metrics)
@@ -224,6 +253,9 @@ class PrometheusExporter:
     async def _basic_auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         assert self._auth is not None
         if not self._auth.check(request.headers.get(hdrs.AUTHORIZATION)):
+            if request.path in PUBLIC_PATHS:
+                request[ANONYMOUS] = True
+                return await handler(request)
             raise web.HTTPUnauthorized(
                 headers={hdrs.WWW_AUTHENTICATE: 'Basic realm="ibmon", charset="UTF-8"'}
             )
@@ -262,20 +294,53 @@ class PrometheusExporter:
 
     # --- lifecycle ------------------------------------------------------------------------------
 
-    async def start(self, tg: asyncio.TaskGroup | None = None) -> None:
-        """Listen; aiohttp runs the server, so ``tg`` (the ``Exporter`` interface) is unused."""
+    async def start(
+        self, tg: asyncio.TaskGroup | None = None, *, inherit: PrometheusExporter | None = None
+    ) -> None:
+        """Listen; aiohttp runs the server, so ``tg`` (the ``Exporter`` interface) is unused.
+
+        ``inherit`` is a running exporter this one replaces (a config reload): on the same
+        address this one serves copies of its listening sockets, so the port never closes and
+        nothing can take it in between; the caller stops ``inherit`` afterwards. Elsewhere
+        this one binds its own address first, so a failure leaves ``inherit`` serving.
+        """
         if self._runner is not None:
             raise RuntimeError("exporter already started")
-        runner = web.AppRunner(self._app, access_log=None, shutdown_timeout=5.0)
+        runner = web.AppRunner(
+            self._app, access_log=None, shutdown_timeout=5.0,
+            logger=ServerLog(self._http_metrics, self._limited_log),
+            keepalive_timeout=KEEPALIVE_TIMEOUT, lingering_time=LINGER_TIME,
+        )
         await runner.setup()
+        same = inherit is not None and inherit._listen_key == self._listen_key
+        inherited = inherit._sockets() if inherit is not None and same else []
         try:
-            site = web.TCPSite(runner, self._host, self._port, ssl_context=self._ssl)
-            await site.start()
+            handed: list[socket.socket | None] = [*inherited] or [None]
+            for sock in handed:
+                site = GuardedSite(runner, self._host, self._port, guard=self._guard, sock=sock)
+                await site.start()
         except BaseException:
+            for sock in inherited:
+                sock.close()
             await runner.cleanup()
             raise
         self._runner = runner
         log.info("listening", address=self._listen, port=self.port)
+
+    @property
+    def _listen_key(self) -> tuple[str, int]:
+        return self._host, self._port
+
+    def _sockets(self) -> list[socket.socket]:
+        """Duplicates of the listening sockets (empty when not listening)."""
+        if self._runner is None:
+            return []
+        out: list[socket.socket] = []
+        for site in self._runner.sites:
+            server = getattr(site, "_server", None)  # aiohttp keeps the asyncio.Server here
+            for sock in getattr(server, "sockets", None) or ():
+                out.append(sock.dup())
+        return out
 
     async def stop(self) -> None:
         runner, self._runner = self._runner, None

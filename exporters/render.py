@@ -160,6 +160,9 @@ _COND_HEADER = _header("ibmon_port_condition", "gauge",
                        "1 while a detector reports the condition on the port.")
 _SAT_HEADER = _header("ibmon_port_saturated", "gauge",
                       "1 while the hardware counter is stuck at its maximum (rate unknown).")
+_STALE_HEADER = _header("ibmon_port_stale", "gauge",
+                        "1 while the port did not answer its source's latest poll: its series "
+                        "are the last values read, without rates. Absent otherwise.")
 _RESETS_HEADER = _header("ibmon_port_resets_total", "counter",
                          "Hardware counter resets ibmon observed and accumulated across.")
 
@@ -313,7 +316,7 @@ def _counter_chunks(pairs: _Pairs, names: _EscapeMemo) -> Iterator[bytes]:
 
 
 def _health_chunks(pairs: _Pairs, names: _EscapeMemo) -> Iterator[bytes]:
-    """Utilization, transmit wait, BER, conditions, saturation and resets."""
+    """Utilization, transmit wait, BER, conditions, saturation, staleness and resets."""
     util: list[str] = []
     for lb, v in pairs:
         if v.utilization_tx is not None:
@@ -340,6 +343,9 @@ def _health_chunks(pairs: _Pairs, names: _EscapeMemo) -> Iterator[bytes]:
     yield from _some(_family(_SAT_HEADER, [
         f'ibmon_port_saturated{{{lb},counter="{names[c]}"}} 1\n'
         for lb, v in pairs if v.saturated for c in sorted(v.saturated)
+    ]))
+    yield from _some(_family(_STALE_HEADER, [
+        f"ibmon_port_stale{{{lb}}} 1\n" for lb, v in pairs if v.stale
     ]))
     yield from _some(_family(_RESETS_HEADER, [
         f'ibmon_port_resets_total{{{lb},counter="{names[c]}"}} {n}\n'

@@ -31,7 +31,7 @@ DS: Json = {"type": "prometheus", "uid": "${datasource}"}
 SCHEMA_VERSION = 38  # Grafana 10.x
 RI = "$__rate_interval"
 
-# The descriptive labels of a port, joined onto port series (DESIGN.md: keys and labels).
+# The descriptive labels of a port, joined onto port series (keys: docs/architecture.md).
 NODE = "* on(guid, port) group_left(node_desc) ibmon_port_info"
 SWITCH_PORTS = 'max by (guid, port) (ibmon_port_info{node_type="switch"})'
 SWITCH_NAMES = 'max by (guid, node_desc) (ibmon_port_info{node_type="switch"})'

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 
@@ -17,12 +18,11 @@ from pydantic import ValidationError
 from ibmon import __version__
 from ibmon.config import (
     ConfigError,
-    MockSourceConfig,
-    PrometheusConfig,
     Settings,
     SourceConfig,
     SysfsSourceConfig,
     load_settings,
+    parse_listen,
 )
 from ibmon.log import Level
 from ibmon.sources.registry import SOURCES
@@ -60,6 +60,11 @@ class CliUsageError(Exception):
 
 def _die(message: str) -> NoReturn:
     raise CliUsageError(message)
+
+
+def _one_line(message: str) -> str:
+    """A multi-line message (a scenario's validation errors) as the one line errors get."""
+    return "; ".join(line.strip() for line in message.splitlines() if line.strip())
 
 
 def _load(config: Path | None, **overrides: Any) -> Settings:
@@ -109,11 +114,48 @@ def _require_devices(cfg: SourceConfig) -> None:
             _die(f"no InfiniBand devices under {cfg.root}/class/infiniband")
 
 
-def _run_daemon(settings: Settings, config_path: Path | None, banner: str | None = None) -> None:
-    from ibmon.daemon import Daemon
+def _settings_for_run(config: Path | None, listen: str | None = None) -> Settings:
+    """The settings ``run`` starts with, and every reload re-reads: the file, the environment,
+    the flags given at start (so a SIGHUP never drops ``--listen``), the default sysfs source,
+    and every check ``ibmon.preflight`` makes. ``check-config`` calls this too. ConfigError on
+    any problem."""
+    from ibmon.preflight import check_startable
+
+    overrides: dict[str, Any] = {}
+    flags: dict[tuple[str | int, ...], str] = {}
+    if listen is not None:
+        try:
+            parse_listen(listen)
+        except ValueError as exc:
+            raise ConfigError(f"--listen: {exc}") from None
+        base = load_settings(config)
+        overrides["prometheus"] = {**base.prometheus.model_dump(), "listen": listen}
+        flags[("prometheus", "listen")] = "--listen"
+    settings = load_settings(config, **overrides)
+    check_startable(settings, path=config, flags=flags)
+    if not settings.sources:
+        from ibmon.sources.sysfs import has_devices
+
+        if not has_devices(Path("/sys")):
+            raise ConfigError(
+                "no InfiniBand devices under /sys/class/infiniband; "
+                "configure a fabric source in --config, or try `ibmon demo`"
+            )
+        settings = settings.model_copy(update={"sources": [SysfsSourceConfig()]})
+    return settings
+
+
+def _run_daemon(
+    settings: Settings,
+    config: Path | None,
+    reload: Callable[[], Settings] | None,
+    banner: str | None = None,
+) -> None:
+    """Run the daemon until SIGTERM/SIGINT; a start it cannot make is one line and exit 2."""
+    from ibmon.daemon import Daemon, StartError
 
     async def _main() -> None:
-        daemon = Daemon(settings, config_path=config_path)
+        daemon = Daemon(settings, config_path=config, reload_settings=reload)
         async with asyncio.TaskGroup() as tg:
             tg.create_task(daemon.run(), name="daemon")
             if banner:
@@ -124,12 +166,19 @@ def _run_daemon(settings: Settings, config_path: Path | None, banner: str | None
 
     try:
         asyncio.run(_main())
-    except* OSError as group:  # e.g. listen address in use: an operator problem, not a crash
-        exc = group.exceptions[0]
-        while isinstance(exc, BaseExceptionGroup):
-            exc = exc.exceptions[0]
-        strerror = getattr(exc, "strerror", None)
-        _die(f"cannot start: {strerror or exc}")
+    except* StartError as group:  # e.g. the listen address is taken: an operator problem
+        _die(str(_first(group)))
+    except* OSError as group:
+        exc = _first(group)
+        where = f" {exc.filename}" if isinstance(exc, OSError) and exc.filename else ""
+        _die(f"cannot start:{where} {getattr(exc, 'strerror', None) or exc}")
+
+
+def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
 
 
 @app.command()
@@ -141,25 +190,13 @@ def run(
     log_level: LogLevelOption = None,
 ) -> None:
     """Run the daemon (default: the sysfs source on this host)."""
-    overrides: dict[str, Any] = {}
-    if listen is not None:
-        base = _load(config)
-        overrides["prometheus"] = base.prometheus.model_copy(update={"listen": listen})
-        overrides["prometheus"] = PrometheusConfig.model_validate(
-            overrides["prometheus"].model_dump()
-        )
-    settings = _load(config, **overrides)
+    try:
+        settings = _settings_for_run(config, listen)
+    except ConfigError as exc:
+        _die(str(exc))
     _configure_logging(settings, log_level)
-    if not settings.sources:
-        from ibmon.sources.sysfs import has_devices
-
-        if not has_devices(Path("/sys")):
-            _die(
-                "no InfiniBand devices under /sys/class/infiniband; "
-                "configure a fabric source in --config, or try `ibmon demo`"
-            )
-        settings = settings.model_copy(update={"sources": [SysfsSourceConfig()]})
-    _run_daemon(settings, config)
+    reload = (lambda: _settings_for_run(config, listen)) if config is not None else None
+    _run_daemon(settings, config, reload)
 
 
 Format = Literal["table", "json", "prom"]
@@ -208,9 +245,13 @@ def scan(
 def check_config(
     file: Annotated[Path, typer.Argument(help="TOML config file to validate.")],
 ) -> None:
-    """Validate a config file; exit 0 if good, 2 with the problem if not."""
-    settings = _load(file)
-    n = len(settings.sources) or 1
+    """Validate a config file as `ibmon run --config FILE` would on this host (files,
+    addresses, scenarios included); exit 0 if good, 2 with the problem if not."""
+    try:
+        settings = _settings_for_run(file)
+    except ConfigError as exc:
+        _die(str(exc))
+    n = len(settings.sources)
     typer.echo(f"{file}: OK ({n} source(s), listen {settings.prometheus.listen})")
 
 
@@ -282,20 +323,22 @@ def demo(
     log_level: LogLevelOption = None,
 ) -> None:
     """Run the full daemon on the built-in simulated fabric with a scenario playing."""
-    from mocks.scenario import ScenarioError, load_scenario
+    from ibmon.preflight import check_startable
 
     try:
-        load_scenario(scenario)  # a shipped name or a YAML file of your own
-    except ScenarioError as exc:
+        parse_listen(listen)
+    except ValueError as exc:
+        _die(f"--listen: {exc}")
+    src = {"type": "mock", "name": "demo", "scenario": scenario, "hosts": hosts,
+           "speed": speed, "interval": interval}
+    settings = _load(None, prometheus={"listen": listen}, sources=[src])
+    try:
+        check_startable(
+            settings,
+            flags={("prometheus", "listen"): "--listen", ("sources", 0, "scenario"): "--scenario"},
+        )
+    except ConfigError as exc:
         _die(str(exc))
-    src = MockSourceConfig(
-        name="demo", scenario=scenario, hosts=hosts, speed=speed, interval=interval
-    )
-    settings = _load(
-        None,
-        prometheus={"listen": listen},
-        sources=[src.model_dump()],
-    )
     _configure_logging(settings, log_level)
     host = listen.rsplit(":", 1)[0]
     banner = (
@@ -305,7 +348,7 @@ def demo(
         f"  live view: ibmon top --url http://{host}:{{port}}   (in another terminal)\n"
         "  stop with Ctrl-C"
     )
-    _run_daemon(settings, None, banner)
+    _run_daemon(settings, None, None, banner)
 
 
 @sim_app.command("sysfs")
@@ -318,13 +361,21 @@ def sim_sysfs(
     hosts: Annotated[int | None, typer.Option(min=1, help="Host ports in the fat tree.")] = None,
 ) -> None:
     """Render the simulated fabric's HCAs as a live sysfs tree (read it with --sysfs-root)."""
+    from mocks.scenario import ScenarioError, build_fabric, load_scenario
     from mocks.sysfs import run_sysfs
 
+    try:
+        build_fabric(load_scenario(scenario), hosts=hosts)  # the mistakes, before any output
+    except ScenarioError as exc:
+        _die(_one_line(str(exc)))
     print(
         f"ibmon sim: rendering sysfs under {out}/class/infiniband (Ctrl-C to stop)", file=sys.stderr
     )
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run_sysfs(out, scenario, speed=speed, hosts=hosts))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(run_sysfs(out, scenario, speed=speed, hosts=hosts))
+    except OSError as exc:
+        _die(f"cannot render under {exc.filename or out}: {exc.strerror or exc}")
 
 
 @sim_app.command("ibsim")
@@ -372,7 +423,7 @@ def sim_ibsim(
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(run())
     except (ScenarioError, IbSimError) as exc:
-        _die(str(exc))
+        _die(_one_line(str(exc)))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,8 +8,11 @@ which the CLI prints before exiting 2.
 from __future__ import annotations
 
 import ipaddress
+import math
+import os
 import re
 import tomllib
+from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -33,6 +36,7 @@ from pydantic_settings import (
     InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
 )
 
 from ibmon.detect.engine import parse_detect_tables
@@ -58,6 +62,8 @@ __all__ = [
     "SourceConfig",
     "SourceConfigBase",
     "SysfsSourceConfig",
+    "check_environment",
+    "field_origin",
     "load_settings",
     "parse_duration",
     "parse_listen",
@@ -70,10 +76,15 @@ class ConfigError(Exception):
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+#: The shortest duration anything accepts. TOML has ``nan`` and ``inf`` and floats like
+#: ``1e-9``: a NaN or infinite poll interval stops polling silently (while ``/readyz`` says
+#: ready) and a nanosecond one spins a core, so neither is "a duration" here.
+MIN_DURATION = 0.001
 
 
 def parse_duration(value: Any) -> float:
-    """Accept ``10s``, ``500ms``, ``5m``, ``1h``, ``2d`` or a bare number of seconds."""
+    """Accept ``10s``, ``500ms``, ``5m``, ``1h``, ``2d`` or a bare number of seconds (at least
+    ``MIN_DURATION``, finite)."""
     if isinstance(value, bool):
         raise ValueError("a duration, not a boolean")
     if isinstance(value, int | float):
@@ -82,8 +93,12 @@ def parse_duration(value: Any) -> float:
         seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
     else:
         raise ValueError(f"invalid duration {value!r} (use e.g. 500ms, 10s, 5m, 1h)")
+    if not math.isfinite(seconds):
+        raise ValueError(f"duration must be a finite number of seconds, got {value!r}")
     if seconds <= 0:
         raise ValueError(f"duration must be positive, got {value!r}")
+    if seconds < MIN_DURATION:
+        raise ValueError(f"duration {value!r} is below the 1ms minimum")
     return seconds
 
 
@@ -133,12 +148,23 @@ class PrometheusConfig(_Section):
     tls_cert: Path | None = None
     tls_key: Path | None = None
     basic_auth_file: Path | None = None
+    #: Open connections the listener keeps (lowered to fit RLIMIT_NOFILE; exporters.http).
+    max_connections: int = Field(default=256, ge=1, le=1_000_000)
 
     @field_validator("listen")
     @classmethod
     def _check_listen(cls, v: str) -> str:
         parse_listen(v)
         return v
+
+    @model_validator(mode="after")
+    def _cert_and_key(self) -> PrometheusConfig:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            given, missing = (
+                ("tls_cert", "tls_key") if self.tls_key is None else ("tls_key", "tls_cert")
+            )
+            raise ValueError(f"{given} needs {missing} (HTTPS takes a certificate and its key)")
+        return self
 
 
 class SourceConfigBase(_Section):
@@ -353,33 +379,141 @@ class Settings(BaseSettings):
         return (init_settings, env_settings, toml)
 
 
-def _format_validation_error(exc: ValidationError) -> str:
+#: A config file larger than this is refused unread: real ones are a few kB, and the TOML
+#: parser's time and memory grow faster than the file (see ``_too_deep``).
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+#: Deepest key nesting a config may use; real configs use three (``[detect.high_ber]``).
+MAX_KEY_DEPTH = 32
+ENV_PREFIX = "IBMON_"
+_ENV_NESTING = "__"
+
+
+def _too_deep(text: str) -> int | None:
+    """The first line whose dotted key (``a.b.c = 1`` or ``[a.b.c]``) nests too deep, if any.
+
+    Python's TOML parser creates one dict per dotted part in time quadratic in their number
+    (10,000 parts: 5 s and 400 MB), and bracket nesting beyond about 300 levels raises
+    RecursionError: both are refused with one line instead of a hang or a traceback. The count
+    is generous (a dot inside a quoted key or value counts too), so no real config comes near.
+    """
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.lstrip()
+        key = stripped.partition("]")[0] if stripped.startswith("[") else stripped.partition("=")[0]
+        if key.count(".") >= MAX_KEY_DEPTH:
+            return number
+    return None
+
+
+def check_environment(environ: Mapping[str, str] | None = None) -> None:
+    """Refuse ``IBMON_*`` variables that name no setting, as unknown keys in a file are.
+
+    ``IBMON_<KEY>`` and ``IBMON_<SECTION>__<KEY>`` (any case, as pydantic-settings reads them)
+    are settings; whatever follows a known section is checked by that section's model. A typo
+    (``IBMON_PROMETHEUS_LISTEN`` with one underscore, ``IBMON_BOGUS``) would otherwise be
+    ignored without a word while the operator believes it applies.
+    """
+    env = os.environ if environ is None else environ
+    known = set(Settings.model_fields)
+    for name in sorted(env):
+        if not name.upper().startswith(ENV_PREFIX):
+            continue
+        top = name[len(ENV_PREFIX):].split(_ENV_NESTING, 1)[0].lower()
+        if top not in known:
+            raise ConfigError(
+                f"environment variable {name}: no such setting (use IBMON_<key> or "
+                f"IBMON_<section>__<key>, e.g. IBMON_PROMETHEUS__LISTEN; known: "
+                f"{', '.join(sorted(known))})"
+            )
+
+
+def _env_origin(loc: tuple[int | str, ...], environ: Mapping[str, str]) -> str | None:
+    """The ``IBMON_*`` variable a failing field came from, if one did (env beats the file)."""
+    want = [str(p).lower() for p in loc]
+    for name in sorted(environ):
+        if not name.upper().startswith(ENV_PREFIX):
+            continue
+        parts = name[len(ENV_PREFIX):].lower().split(_ENV_NESTING)
+        if parts == want[: len(parts)]:
+            return name
+    return None
+
+
+def field_origin(loc: tuple[int | str, ...], path: Path | None) -> str:
+    """The ``"<where>: "`` prefix of an error about field ``loc``: the ``IBMON_*`` variable
+    that set it (the environment beats the file), else the config file, else nothing."""
+    origin = _env_origin(loc, os.environ)
+    if origin is not None:
+        return f"environment variable {origin}: "
+    return f"{path}: " if path else ""
+
+
+def _format_validation_error(
+    exc: ValidationError, path: Path | None, environ: Mapping[str, str]
+) -> str:
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"]) or "config"
     msg = err["msg"].removeprefix("Value error, ")
     more = f" (and {len(exc.errors()) - 1} more problem(s))" if len(exc.errors()) > 1 else ""
-    return f"{loc}: {msg}{more}"
+    origin = _env_origin(err["loc"], environ)
+    if origin is not None:
+        where = f"environment variable {origin}: "
+    else:
+        where = f"{path}: " if path else ""
+    return f"{where}{loc}: {msg}{more}"
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    """The file's tables; ConfigError naming the file for every way it can be unusable."""
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a config file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file: {exc.strerror or exc}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: config file larger than {MAX_CONFIG_BYTES // 1024} KiB")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: config file is not UTF-8 text") from None
+    if (line := _too_deep(text)) is not None:
+        raise ConfigError(f"{path}:{line}: keys nested deeper than {MAX_KEY_DEPTH} levels")
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: TOML syntax error: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: arrays or tables nested too deeply") from None
 
 
 def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
-    """Build Settings from an optional TOML file, the environment and explicit overrides."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: no such config file") from None
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: TOML syntax error: {exc}") from None
-        except UnicodeDecodeError:
-            raise ConfigError(f"{path}: config file is not UTF-8 text") from None
+    """Build Settings from an optional TOML file, the environment and explicit overrides.
+
+    Every problem is a ``ConfigError`` of one line that names where the bad value came from
+    (the file, or the ``IBMON_*`` variable) and the field. This checks values only; whether the
+    daemon can start with them (files, addresses, scenarios) is ``ibmon.preflight``'s job.
+    """
+    data = _read_toml(path) if path is not None else {}
+    environ = dict(os.environ)
+    check_environment(environ)
     token = _toml_data.set(data)
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
-        where = f"{path}: " if path else ""
-        raise ConfigError(f"{where}{_format_validation_error(exc)}") from None
+        raise ConfigError(_format_validation_error(exc, path, environ)) from None
+    except SettingsError as exc:
+        # pydantic-settings parses complex values (sources, prometheus, ...) from JSON.
+        name = re.search(r'field "([^"]+)"', str(exc))
+        var = f"{ENV_PREFIX}{name.group(1).upper()}" if name else "an IBMON_* variable"
+        cause = exc.__cause__ or exc.__context__
+        raise ConfigError(
+            f"environment variable {var}: not valid JSON ({cause or exc}); sections and lists "
+            f"take JSON, or set single keys with IBMON_<SECTION>__<KEY>"
+        ) from None
+    except RecursionError:
+        raise ConfigError(f"{path or 'config'}: values nested too deeply") from None
     finally:
         _toml_data.reset(token)

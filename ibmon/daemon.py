@@ -3,21 +3,31 @@
 Inside the group: one named task per source poll loop, one per event consumer (log, event file,
 MQTT), the exporters' own background tasks (MQTT's connection), the state saver and the systemd
 watchdog. The main task waits for SIGTERM/SIGINT (stop) or SIGHUP (reload). A reload re-reads
-the config file (a bad one is logged and the running config stays), replaces the source objects
-and any output whose configuration changed, and keeps every ``Pipeline``: accumulated totals and
-firing conditions survive, so nothing is re-announced.
+the config the way the daemon was started (file, environment, the command line's flags) and runs
+every start check on it; a listener whose address or TLS changed is opened before the old one is
+closed (on the same address the listening socket is handed over, so no connection is refused).
+Any failure, a config that does not validate or one that cannot start, is logged and counted
+(``ibmon_config_reloads_total{result}``) and the running config stays, untouched: a reload never
+stops the daemon. An applied reload replaces the source objects and any output whose
+configuration changed, and keeps every ``Pipeline``: accumulated totals and firing conditions
+survive, so nothing is re-announced.
 
 Each poll goes through the source's ``Pipeline`` (``ibmon.pipeline``): events go to the bounded
 event bus, whose consumers can never slow polling down, and the merged ``FabricState`` is
 published to every exporter (``exporters.base``). Pipeline state is saved atomically to
-``state.path`` periodically, soon after any event, and at stop, and restored at start, so a
-restart (even ``kill -9``) counts every increment once and re-announces nothing.
+``state.path`` periodically, soon after any event, at stop, and right after any poll that saw a
+counter reset or saturation (before that source polls again), and restored at start, so a
+restart (even ``kill -9``) counts every increment once, never lowers a total and re-announces
+nothing. A start that cannot happen (the listen address is taken) raises ``StartError``: one
+line for the operator, no traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -25,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from exporters.api import ApiProvider, api_routes
 from exporters.base import EventConsumer, Exporter
@@ -33,7 +43,7 @@ from exporters.prometheus import PrometheusExporter
 from ibmon.config import ConfigError, Settings, SourceConfig, load_settings
 from ibmon.detect.engine import ActiveCondition
 from ibmon.events import Event, EventBus, EventFileWriter, EventLog, Subscription
-from ibmon.persist import StateFile
+from ibmon.persist import LoadResult, StateFile
 from ibmon.pipeline import Pipeline, build_state
 from ibmon.sdnotify import notify, watchdog_interval
 from ibmon.selfmetrics import SelfMetrics
@@ -41,7 +51,7 @@ from ibmon.sources import Source
 from ibmon.sources.registry import build_source
 from ibmon.state import EMPTY_STATE, FabricState
 
-__all__ = ["Daemon"]
+__all__ = ["Daemon", "StartError"]
 
 log = structlog.get_logger("ibmon.daemon")
 
@@ -52,6 +62,12 @@ DRAIN_SECONDS = 1.0
 DRAIN_STEP = 0.05
 #: How long a source gets to close.
 CLOSE_TIMEOUT = 1.0
+#: What a reload can come to, each a value of ``ibmon_config_reloads_total{result}``.
+RELOAD_RESULTS = ("applied", "rejected", "failed")
+
+
+class StartError(Exception):
+    """The daemon (or a reload) cannot start an output: one line naming what and why."""
 
 
 @dataclass(slots=True)
@@ -85,10 +101,20 @@ class Daemon:
         settings: Settings,
         *,
         config_path: Path | None = None,
+        reload_settings: Callable[[], Settings] | None = None,
         source_factory: Callable[[SourceConfig], Source] = build_source,
     ) -> None:
+        """``reload_settings`` builds the settings a SIGHUP switches to, the way the caller
+        built ``settings`` (the CLI re-reads the file and re-applies its flags) and raises
+        ``ConfigError`` for a config that does not validate or cannot start. Without it, a
+        reload re-reads ``config_path``; with neither, a reload is skipped."""
         self.settings = settings
         self.config_path = config_path
+        if reload_settings is None and config_path is not None:
+            reload_settings = _file_loader(config_path)
+        self._reload_settings = reload_settings
+        #: Why the latest reload was refused (None: applied, or none asked for).
+        self._refused: str | None = None
         self.metrics = SelfMetrics()
         self.state: FabricState = EMPTY_STATE
         self.ready = asyncio.Event()
@@ -105,14 +131,32 @@ class Daemon:
         self._restored: dict[str, dict[str, object]] = {}
         self._statefile = StateFile(settings.state.path)
         self._dirty = asyncio.Event()
+        self._save_lock = asyncio.Lock()
         self._save_failing = False
         self.state_errors = Counter(
             "ibmon_state_file_errors",
-            "State file problems: missing (first start), corrupt or unreadable at start, or a "
-            "failed save.",
+            "State file problems: missing (first start), corrupt, unreadable or not_a_file at "
+            "start, or a failed save (save_failed).",
             ["reason"],
             registry=self.metrics.registry,
         )
+        self.reloads = Counter(
+            "ibmon_config_reloads",
+            "Config reloads (SIGHUP) by result: applied; rejected (the config does not "
+            "validate or fails a start check); failed (valid, but an output could not start). "
+            "After rejected or failed the running config stays.",
+            ["result"],
+            registry=self.metrics.registry,
+        )
+        for result in RELOAD_RESULTS:
+            self.reloads.labels(result)
+        self.reload_ok = Gauge(
+            "ibmon_config_last_reload_successful",
+            "1 if the latest reload was applied (or none was asked for), 0 if it was refused "
+            "and the previous config is still running.",
+            registry=self.metrics.registry,
+        )
+        self.reload_ok.set(1)
         self.events_dropped = Counter(
             "ibmon_events_dropped",
             "Events a slow consumer's full queue refused (the consumer missed them).",
@@ -175,22 +219,22 @@ class Daemon:
                 raise only from None
             raise
         finally:
-            self._save_state()
+            if self.ready.is_set():  # a daemon that never started has nothing new to save
+                self._save_state()
             for sig in installed:
                 loop.remove_signal_handler(sig)
             log.info("stopped")
 
     async def _serve(self, tg: asyncio.TaskGroup) -> None:
-        """Start everything, then run generations of poll loops until a stop."""
+        """Start everything, then poll until a stop, applying reloads in between."""
         for consumer in self._event_consumers():
             self._consumers.append(self._feed(tg, consumer))
         self._chores.append(tg.create_task(self._saver(), name="state-saver"))
+        await self._sync_exporters(tg)  # a StartError here ends the start: exit 2, one line
+        self._polls = self._start_polls(tg)
+        await self._publish()
         while True:
-            self._reload.clear()
-            await self._sync_exporters(tg)
-            self._polls = self._start_polls(tg)
-            await self._publish()
-            notify("READY=1\nSTATUS=polling " + ", ".join(sorted(self._pipelines)))
+            notify("READY=1\nSTATUS=" + self._status())
             if not self.ready.is_set() and (period := watchdog_interval()) is not None:
                 # systemd expects the first WATCHDOG=1 after READY=1.
                 self._chores.append(tg.create_task(self._watchdog(period), name="watchdog"))
@@ -198,10 +242,13 @@ class Daemon:
             while not (self._stop.is_set() or self._reload.is_set()):
                 await self._wake.wait()
                 self._wake.clear()
-            await self._stop_polls()
             if self._stop.is_set():
                 return
-            self._apply_reload()
+            self._reload.clear()
+            if await self._apply_reload(tg):
+                await self._stop_polls()
+                self._polls = self._start_polls(tg)
+                await self._publish()
 
     async def _shutdown(self) -> None:
         """Stop polling, let consumers take the last events, stop outputs, end the chores."""
@@ -216,22 +263,63 @@ class Daemon:
     def _all_feeds(self) -> list[_Consuming]:
         return self._consumers + [o.feed for o in self._outputs.values() if o.feed is not None]
 
-    def _apply_reload(self) -> None:
-        if self.config_path is None:
+    async def _apply_reload(self, tg: asyncio.TaskGroup) -> bool:
+        """Switch to the re-read config; False (and nothing changed) when it cannot be used.
+
+        Polling goes on while the new config is read and checked (in a worker thread: a
+        listen host may need a DNS lookup) and while new listeners open; sources restart
+        only once every output of the new config is running.
+        """
+        if self._reload_settings is None:
             log.info("reload_skipped", reason="no config file")
-            return
+            return False
         try:
-            new = load_settings(self.config_path)
+            new = await asyncio.to_thread(self._reload_settings)
         except ConfigError as exc:
-            log.error("reload_rejected", error=str(exc))
-            return
+            self._reload_refused("rejected", str(exc))
+            return False
+        except Exception as exc:  # a bug in reading the config must not end the daemon
+            self._reload_refused("rejected", f"{type(exc).__name__}: {exc}")
+            return False
+        old = self.settings
         self.settings = new
+        try:
+            await self._sync_exporters(tg)
+        except Exception as exc:  # StartError, or anything else: never the daemon's end
+            self.settings = old
+            text = str(exc) if isinstance(exc, StartError) else f"{type(exc).__name__}: {exc}"
+            self._reload_refused("failed", text)
+            return False
         tables = new.detect.tables()
         if tables != self._engine_tables:
             self._engine_tables = tables
             for pipeline in self._pipelines.values():
                 pipeline.retune(tables)
-        log.info("config_reloaded", path=str(self.config_path))
+        if new.state.path != old.state.path:
+            self._statefile = StateFile(new.state.path)
+            self._dirty.set()
+        self._refused = None
+        self.reloads.labels("applied").inc()
+        self.reload_ok.set(1)
+        log.info("config_reloaded", path=str(self.config_path) if self.config_path else None)
+        return True
+
+    def _status(self) -> str:
+        """The one line ``systemctl status`` shows: what is polled, and a refused reload."""
+        status = "polling " + ", ".join(sorted(self._pipelines))
+        if self._refused is not None:
+            status += f"; reload refused, previous config running: {self._refused}"
+        return status[:400]
+
+    def _reload_refused(self, result: str, error: str) -> None:
+        self._refused = error
+        self.reloads.labels(result).inc()
+        self.reload_ok.set(0)
+        log.error(
+            "reload_" + result,
+            error=error,
+            consequence="the running config stays; fix the config and reload again",
+        )
 
     async def _watchdog(self, period: float) -> None:
         while True:
@@ -277,6 +365,7 @@ class Daemon:
             tls_cert=cfg.tls_cert,
             tls_key=cfg.tls_key,
             basic_auth_file=cfg.basic_auth_file,
+            max_connections=cfg.max_connections,
         )
         provider = ApiProvider(
             state=lambda: self.state,
@@ -293,18 +382,53 @@ class Daemon:
         return _Consuming(sub, task)
 
     async def _sync_exporters(self, tg: asyncio.TaskGroup) -> None:
+        """Make the running outputs those ``self.settings`` asks for; StartError, with the
+        running outputs untouched, when a new one cannot be built or cannot listen.
+
+        New listeners open before the old ones close (see ``PrometheusExporter.start``'s
+        ``inherit``), so neither a reload nor a failed one leaves a gap in scrapes. Outputs
+        that only connect out (MQTT) are swapped stop-then-start, so the old connection's
+        "offline" can never land after the new one's "online".
+        """
         wanted = self._wanted_exporters()
-        for name, out in list(self._outputs.items()):
-            if name not in wanted or wanted[name][0] != out.config:
+        running = self._outputs
+        changed = [n for n in wanted if n not in running or wanted[n][0] != running[n].config]
+        built: dict[str, Exporter] = {}
+        for name in changed:
+            try:
+                built[name] = wanted[name][1]()
+            except (OSError, ValueError) as exc:  # a TLS or auth file that changed under us
+                raise StartError(f"cannot start {name}: {_reason(exc)}") from None
+        listening: list[str] = []
+        try:
+            for name, exporter in built.items():
+                if isinstance(exporter, PrometheusExporter):
+                    await self._listen(exporter, self._outputs.get(name))
+                    listening.append(name)
+        except BaseException:
+            for name in listening:
+                await built[name].stop()
+            raise
+        for name in list(self._outputs):
+            if name not in wanted or name in built:
                 await self._stop_exporter(name)
-        for name, (config, make) in wanted.items():
-            if name in self._outputs:
-                continue
-            exporter = make()
-            await exporter.start(tg)
+        for name, exporter in built.items():
+            if name not in listening:
+                await exporter.start(tg)
             feed = self._feed(tg, exporter) if isinstance(exporter, EventConsumer) else None
-            self._outputs[name] = _Output(config, exporter, feed)
+            self._outputs[name] = _Output(wanted[name][0], exporter, feed)
             await exporter.publish(self.state)
+
+    async def _listen(self, exporter: PrometheusExporter, old: _Output | None) -> None:
+        """Start ``exporter``'s listener (taking over ``old``'s socket on the same address);
+        StartError naming the address when it cannot listen."""
+        inherit = old.exporter if old is not None and isinstance(old.exporter,
+                                                                  PrometheusExporter) else None
+        listen = self.settings.prometheus.listen
+        try:
+            await exporter.start(inherit=inherit)
+        except OSError as exc:
+            raise StartError(f"cannot listen on {listen}: {_reason(exc)}") from None
 
     async def _stop_exporter(self, name: str) -> None:
         out = self._outputs.pop(name)
@@ -367,6 +491,14 @@ class Daemon:
         while True:
             self._emit(await pipeline.poll(source))
             await self._publish(pipeline)
+            if pipeline.save_due:
+                # A reset or saturation changed what a restart must know: save before this
+                # source polls again, so a kill -9 loses at most the poll in progress. A save
+                # slower than an interval stops holding polls at that deadline (its worker
+                # thread still completes the write).
+                pipeline.save_due = False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._saving(), timeout=interval)
             next_poll += interval
             now = time.monotonic()
             if next_poll < now:  # fell behind: skip missed ticks rather than burst
@@ -391,7 +523,12 @@ class Daemon:
             try:
                 pipeline.load(saved)
             except ValueError as exc:
-                self._state_problem("corrupt", f"source {cfg.label}: {exc}")
+                self._state_problem(
+                    "corrupt",
+                    f"{self._statefile.path}: source {cfg.label}: {exc}"[:500],
+                    f"source {cfg.label} starts without the saved parts named (the usable ones "
+                    "were restored); the next save replaces them",
+                )
         return pipeline
 
     def _emit(self, events: list[Event]) -> None:
@@ -401,21 +538,14 @@ class Daemon:
 
     # -- persistence -------------------------------------------------------------------------
 
-    def _state_problem(self, reason: str, detail: str) -> None:
+    def _state_problem(self, reason: str, detail: str, consequence: str) -> None:
+        """Count a state file problem and log it once, saying what happens because of it."""
         self.state_errors.labels(reason).inc()
         if reason == "save_failed":
             if self._save_failing:
                 return  # counted, but logged once until a save works again
             self._save_failing = True
-        if reason == "missing":
-            log.info("state_file_missing", detail=detail)
-        else:
-            log.error(
-                "state_file_problem",
-                reason=reason,
-                detail=detail,
-                consequence="starting without saved state; the file will be replaced",
-            )
+        log.error("state_file_problem", reason=reason, detail=detail, consequence=consequence)
 
     @property
     def _persistence(self) -> bool:
@@ -425,17 +555,31 @@ class Daemon:
     def _load_state(self) -> None:
         if not self._persistence:
             return
+        removed = self._statefile.remove_stale_temporaries()
+        if removed:
+            log.warning(
+                "state_temporaries_removed",
+                files=[str(p) for p in removed],
+                detail="left by a save that was interrupted (kill -9, crash, power loss)",
+            )
         result = self._statefile.load()
-        if result.problem is not None:
-            self._state_problem(result.problem, result.detail)
-            return
-        self._restored = result.sources
-        log.info(
-            "state_restored",
-            path=str(self._statefile.path),
-            sources=sorted(result.sources),
-            saved_at=result.saved_at,
-        )
+        if result.problem is None:
+            self._restored = result.sources
+            log.info(
+                "state_restored",
+                path=str(self._statefile.path),
+                sources=sorted(result.sources),
+                saved_at=result.saved_at,
+            )
+        elif result.problem == "missing":
+            self.state_errors.labels("missing").inc()
+            log.info(
+                "state_file_missing",
+                detail=result.detail,
+                consequence="first start: totals begin at the hardware counters' values",
+            )
+        else:
+            self._state_problem(result.problem, result.detail, _load_consequence(result))
 
     def _persistent(self, label: str) -> bool:
         """Simulated fabrics restart their clock with the process: their state means nothing."""
@@ -453,16 +597,40 @@ class Daemon:
                 out.setdefault(label, part)
         return out
 
+    def _save_failed(self, exc: OSError | ValueError) -> None:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        self._state_problem(
+            "save_failed",
+            f"{self._statefile.path}: {reason}",
+            "state kept in memory and saved again at the next save; the file on disk is the "
+            "last good save, and a restart before a save works resumes from it",
+        )
+
     def _save_state(self) -> bool:
+        """Save now, in this thread (at stop, when the loop is done)."""
         if not self._persistence:
             return True
         try:
             self._statefile.save(self._snapshot_state(), fabric=self.settings.fabric)
         except (OSError, ValueError) as exc:
-            self._state_problem("save_failed", f"{self._statefile.path}: {exc}")
+            self._save_failed(exc)
             return False
         self._save_failing = False
         return True
+
+    async def _saving(self) -> None:
+        """One save of the state as it is once the previous save is done (saves never run
+        concurrently, and a caller never gets a save of older data than when it asked)."""
+        if not self._persistence:
+            return
+        async with self._save_lock:
+            data = self._snapshot_state()
+            try:
+                await asyncio.to_thread(self._statefile.save, data, fabric=self.settings.fabric)
+            except (OSError, ValueError) as exc:
+                self._save_failed(exc)
+            else:
+                self._save_failing = False
 
     async def _saver(self) -> None:
         """Save periodically, and soon after events (so a kill -9 re-announces nothing)."""
@@ -471,15 +639,46 @@ class Daemon:
                 await asyncio.wait_for(self._dirty.wait(), self.settings.state.save_interval)
                 await asyncio.sleep(EVENT_SAVE_DELAY)
             self._dirty.clear()
-            if not self._persistence:
-                continue
-            data = self._snapshot_state()
-            try:
-                await asyncio.to_thread(self._statefile.save, data, fabric=self.settings.fabric)
-            except (OSError, ValueError) as exc:
-                self._state_problem("save_failed", f"{self._statefile.path}: {exc}")
-            else:
-                self._save_failing = False
+            await self._saving()
+
+
+def _file_loader(path: Path) -> Callable[[], Settings]:
+    """Re-read ``path`` and run every start check (the default way to reload)."""
+
+    def load() -> Settings:
+        from ibmon.preflight import check_startable
+
+        settings = load_settings(path)
+        check_startable(settings, path=path)
+        return settings
+
+    return load
+
+
+def _reason(exc: BaseException) -> str:
+    """An OSError's reason without asyncio's "error while attempting to bind on address
+    ('127.0.0.1', 9683): " preamble (the caller names the address), plus the file, if any."""
+    if isinstance(exc, OSError):
+        if exc.errno is not None and exc.errno in errno.errorcode and not exc.filename:
+            text = os.strerror(exc.errno)
+            return text[:1].lower() + text[1:]
+        if exc.strerror:
+            return f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+def _load_consequence(result: LoadResult) -> str:
+    """What happens because of a state file that could not be used, in words that are true."""
+    if result.problem == "corrupt":
+        moved = (
+            f"moved aside to {result.aside}"
+            if result.aside is not None
+            else "could not be moved aside (it will be overwritten)"
+        )
+        return f"{moved}; starting without saved state; the next save writes a new file"
+    if result.problem == "not_a_file":
+        return "starting without saved state; saves are refused until it is removed"
+    return "starting without saved state; saves will try to replace the file"
 
 
 async def _cancel(tasks: list[asyncio.Task[None]]) -> None:

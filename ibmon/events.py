@@ -1,4 +1,4 @@
-"""Events: the pydantic model of DESIGN.md and a bounded fan-out bus with its built-in consumers.
+"""Events: the model every channel publishes, and a bounded fan-out bus with its consumers.
 
 Detectors emit events; the bus hands each one to every consumer through that consumer's own
 bounded queue. ``publish`` never waits: when a consumer falls behind, its queue fills and further
@@ -154,10 +154,21 @@ class Event(BaseModel):
 class Subscription:
     """One consumer's bounded queue; iterate it to receive events in order."""
 
-    def __init__(self, name: str, maxsize: int) -> None:
+    def __init__(self, name: str, maxsize: int,
+                 on_drop: Callable[[str], None] | None = None) -> None:
         self.name = name
         self.queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=maxsize)
         self.dropped = 0
+        self._on_drop = on_drop
+
+    def lost(self, count: int = 1) -> None:
+        """Count events the consumer took but will never deliver (MQTT's own queue overflowed
+        while the broker was away, or still held events at stop), like those a full queue
+        refused: ``ibmon_events_dropped_total{consumer}`` is then every event it lost."""
+        self.dropped += count
+        if self._on_drop is not None:
+            for _ in range(count):
+                self._on_drop(self.name)
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self._iter()
@@ -200,7 +211,7 @@ class EventBus:
     def subscribe(self, name: str, *, maxsize: int = 10_000) -> Subscription:
         if maxsize < 1:
             raise ValueError("a subscription needs room for at least one event")
-        sub = Subscription(name, maxsize)
+        sub = Subscription(name, maxsize, on_drop=self._on_drop)
         self._subs.append(sub)
         return sub
 

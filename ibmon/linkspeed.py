@@ -8,7 +8,7 @@ rate (8b/10b up to QDR, 64b/66b from FDR10 on; FDR 13.64 Gb/s per lane is rounde
 A RoCE/iWARP port (link layer Ethernet) is the exception, see ``port_rate_bps``.
 
 A link is degraded when it runs below the highest width or speed that *both* ends support *and*
-have enabled (DOMAIN.md section 3). rdma-core's iblinkinfo uses the supported masks only, which
+have enabled (docs/infiniband.md §3). rdma-core's iblinkinfo uses the supported masks only, which
 flags links an administrator limited on purpose (and every ibsim link); ibmon intersects the
 enabled masks too. Both fabric sources compute ``max_width``/``max_speed`` here.
 """

@@ -161,6 +161,9 @@ class Topology:
     source: str
     ports: dict[PortKey, PortIdentity] = field(default_factory=dict)
     links: dict[PortKey, LinkInfo] = field(default_factory=dict)
+    #: Node GUIDs kept from earlier discoveries although they did not answer this one: a node
+    #: that misses a discovery is unreachable, not gone (fabric sources; see ``sources.fabric``).
+    unreachable: frozenset[str] = frozenset()
 
 
 @dataclass(slots=True)
@@ -171,6 +174,11 @@ class PortView:
     are per second and absent for a counter that is saturated or has no previous sample.
     ``resets`` lists only counters that were reset at least once. ``hw_gauges`` are the
     sample's driver settings and levels, as read.
+
+    ``stale`` marks a port that did not answer the latest poll (or whose source failed it): the
+    view is the last one read, totals and state as they were, with no rates, utilization,
+    transmit-wait ratio or BER, because those would claim a measurement that did not happen.
+    A port that stops answering stays visible this way instead of vanishing from ``/metrics``.
     """
 
     identity: PortIdentity
@@ -192,6 +200,7 @@ class PortView:
     symbol_error_ber: float | None = None
     conditions: frozenset[str] = frozenset()
     hw_gauges: dict[str, int] = field(default_factory=dict)
+    stale: bool = False
 
     @property
     def key(self) -> PortKey:

@@ -8,11 +8,20 @@ events) and that source's self metrics (health and stage timings); ``build_state
 several pipelines into the one ``FabricState`` exporters read.
 
 A poll: discovery when due (on a source object's first poll, then every
-``topology_interval``), sample, track, detect, then health bookkeeping. Only reading the source
-is awaited. Tracking and detection are one synchronous step on plain data (``ingest``), so they
-could move to a worker thread without touching anything else. Whether a poll failed is decided
-here, in one place (``_judge`` for answers that came back but do not count as a success), so
-source-health rules are added here and nowhere else.
+``topology_interval``, and on the poll after a failed one), sample, track, detect, then health
+bookkeeping. Only reading the source is awaited. Tracking and detection are one synchronous step
+on plain data (``ingest``), so they could move to a worker thread without touching anything else.
+
+Source health is decided here, in one place, for every source (``_judge``): a monitor must say
+when it is blind. A poll fails when the source raised or hung, and also when its sample came back
+but says nothing: no port answered (with errors, or only ports nothing can be asked of), or more
+than half (``SILENT_FRACTION``) of the ports it knows did not answer this one. What did answer
+is still tracked; the verdict only decides ``ibmon_source_up``, the ``source_failed`` edge and
+``last_success``. A port that stops answering (a ``SourceError``
+with its key, or any port of a failed poll) keeps its last view, marked ``stale``, instead of
+vanishing: its totals never go down and the detectors leave its conditions as they were. A port
+the source no longer asks about at all (its topology dropped it) leaves. After a failed poll the
+next one rediscovers first: a fabric that comes back may come back with new LIDs.
 
 Stage timings go to ``ibmon_pipeline_stage_seconds{source,stage}``: ``sample`` (reading the
 source, discovery included when it was due), ``track``, ``detect``, and ``publish``, which the
@@ -22,6 +31,7 @@ caller measures where it publishes the merged state (``observe_publish``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
@@ -39,11 +49,22 @@ from ibmon.sources import Source
 from ibmon.state import FabricState, SourceStatus
 from ibmon.tracker import Tracker
 
-__all__ = ["MIN_POLL_TIMEOUT", "POLL_TIMEOUT_INTERVALS", "STAGES", "Pipeline", "build_state"]
+__all__ = [
+    "MIN_POLL_TIMEOUT",
+    "POLL_TIMEOUT_INTERVALS",
+    "SILENT_FRACTION",
+    "STAGES",
+    "Pipeline",
+    "build_state",
+    "stale_view",
+]
 
 log = structlog.get_logger("ibmon.pipeline")
 
 STAGES: Final = ("sample", "track", "detect", "publish")
+#: A poll in which more than this fraction of the ports the source knows (answered before, still
+#: asked about) did not answer is a failed poll: mostly blind even though something came back.
+SILENT_FRACTION: Final = 0.5
 
 _NO_VIEWS: Mapping[PortKey, PortView] = MappingProxyType({})
 
@@ -83,6 +104,10 @@ class Pipeline:
         self._fabric = fabric
         self._clock = clock
         self._wall = wall
+        #: Set by ``ingest`` when the tracker saw a counter reset or a saturation: state a
+        #: restart needs (the old baseline is wrong from now on), so the daemon saves it
+        #: before the next poll instead of at ``save_interval``. The daemon clears it.
+        self.save_due = False
         self._views = _NO_VIEWS
         self._discovered: Source | None = None
         self._next_discover = 0.0
@@ -119,7 +144,8 @@ class Pipeline:
 
         Never raises for a source problem: a source that raises or hangs makes a failed poll
         (``ibmon_source_up`` 0, a ``source_failed`` edge, ``status.last_error``), and the views
-        of the last good poll stay.
+        of the last good poll stay, marked stale. A sample that came back is always tracked,
+        even when ``_judge`` says it does not count as a success.
         """
         started = self._clock()
         limit = self.timeout
@@ -139,11 +165,9 @@ class Pipeline:
             failure = ("poll_failed", exc)
         self._stage["sample"].observe(self._clock() - started)
         if snap is not None and failure is None:
-            failure = self._judge(snap)
-        if failure is None:
-            assert snap is not None
-            events = self.ingest(snap)
+            events = self.ingest(snap, self._judge(snap))
         else:
+            assert failure is not None
             events = self.fail(*failure)
         self.metrics.poll_duration.labels(self.label).observe(self._clock() - started)
         return events
@@ -151,51 +175,121 @@ class Pipeline:
     async def _discover_if_due(self, source: Source, now: float) -> None:
         if source is self._discovered and now < self._next_discover:
             return
-        await source.discover()
+        topo = await source.discover()
         self._discovered = source
         interval = getattr(self.cfg, "topology_interval", None)
         self._next_discover = now + interval if interval else float("inf")
+        self.metrics.unreachable_nodes.labels(self.label).set(len(topo.unreachable))
 
     def _judge(self, snap: Snapshot) -> tuple[str, str] | None:
         """Whether a sample that came back still counts as a failed poll: (reason, error).
 
-        Every sample that came back counts as a success today; the fault-matrix rules (a poll
-        in which no port answered fails; ports that stop answering stay, marked stale) belong
-        here and in ``ingest``.
+        A port *answered* when its sample carries counters. Failed (the source is blind):
+
+        - ``no_answer``: no port answered although the source asked (errors) or listed ports
+          it could not ask (a fabric without LIDs: no subnet manager has configured it);
+        - ``ports_silent``: more than ``SILENT_FRACTION`` of the known ports (those that have
+          answered before, stale ones included) now have an error and no sample. A port the
+          source stops asking about leaves the views and so stops counting: a topology that
+          really shrank recovers, a fabric that fades port by port does not hide.
+
+        A source with no ports and no errors (an empty shard, a filter that matches nothing) is
+        not blind: there is nothing to see.
         """
+        ports, errors = snap.ports, snap.errors
+        # any() stops at the first port with counters: the usual poll costs next to nothing.
+        if not any(s.counters or s.hw_counters for s in ports.values()):
+            if errors:
+                first = errors[0]
+                return "no_answer", (f"no port answered ({len(errors)} errors, first: "
+                                     f"{first.reason}: {first.detail})")
+            if ports:
+                return "no_answer", (f"no port answered: {len(ports)} ports have no LID to ask "
+                                     "(is a subnet manager running?)")
+            return None
+        asked = {e.key for e in errors if e.key is not None}
+        if asked:
+            views = self._views
+            known = sum(1 for v in views.values() if v.totals or v.hw_totals)
+            silent = sum(
+                1 for k in asked
+                if k not in ports and (v := views.get(k)) is not None and (v.totals or v.hw_totals)
+            )
+            if silent > SILENT_FRACTION * known:
+                return "ports_silent", f"{silent} of {known} known ports did not answer"
         return None
 
-    def ingest(self, snap: Snapshot) -> list[Event]:
-        """Track and detect one successful sample; synchronous, plain data in and out."""
+    def ingest(self, snap: Snapshot, failure: tuple[str, str] | None = None) -> list[Event]:
+        """Track and detect one sample that came back; synchronous, plain data in and out.
+
+        ``failure`` (from ``_judge``) makes it a failed poll all the same: the ports that
+        answered are tracked, every port that did not is kept stale, and the source is reported
+        down. Without it, a port missing from the sample stays (stale) only when the sample
+        says it did not answer (a ``SourceError`` with its key); otherwise it has left.
+        """
         clock = self._clock
+        tracker = self.tracker
+        seen = tracker.resets_seen + tracker.saturations_seen
         t0 = clock()
-        views = self.tracker.update(snap)
+        fresh = tracker.update(snap)
+        views = self._with_stale(snap, fresh, keep_all=failure is not None)
         t1 = clock()
+        if tracker.resets_seen + tracker.saturations_seen != seen:
+            self.save_due = True
         events = self.engine.process(views, monotonic=snap.monotonic, wall=snap.wall)
-        events += self.engine.source_poll(True, wall=snap.wall)
         self._stage["track"].observe(t1 - t0)
         self._stage["detect"].observe(clock() - t1)
         m = self.metrics
         for err in snap.errors:
             m.poll_errors.labels(self.label, err.reason).inc()
-        m.source_up.labels(self.label).set(1)
-        m.last_success.labels(self.label).set(snap.wall)
-        m.source_ports.labels(self.label).set(len(views))
+        m.source_ports.labels(self.label).set(len(fresh))
+        m.stale_ports.labels(self.label).set(len(views) - len(fresh))
         self._views = MappingProxyType(views)
         self.sampled_at = snap.monotonic
+        if failure is not None:
+            return events + self._down(*failure, wall=snap.wall)
+        events += self.engine.source_poll(True, wall=snap.wall)
+        m.source_up.labels(self.label).set(1)
+        m.last_success.labels(self.label).set(snap.wall)
         self.error = None
         self.status = SourceStatus(
             name=self.label, kind=self.cfg.type, up=True, last_success=snap.wall, ports=len(views)
         )
         return events
 
+    def _with_stale(
+        self, snap: Snapshot, fresh: dict[PortKey, PortView], *, keep_all: bool
+    ) -> dict[PortKey, PortView]:
+        """``fresh`` plus the earlier views of ports that did not answer, marked stale."""
+        if keep_all:
+            missing = self._views.keys() - fresh.keys()
+        else:  # only ports the sample says did not answer (no error: the port has left)
+            missing = {e.key for e in snap.errors if e.key is not None and e.key not in fresh}
+            missing &= self._views.keys()
+        if not missing:
+            return fresh
+        views = dict(fresh)
+        old = self._views
+        for key in missing:
+            views[key] = stale_view(old[key])
+        return views
+
     def fail(self, reason: str, error: BaseException | str) -> list[Event]:
         """Record a failed poll (or a source that could not even be built): health, metrics, log.
 
-        The views of the last good poll stay, so ports do not vanish from ``/metrics``.
+        The views of the last good poll stay, marked stale, so ports do not vanish from
+        ``/metrics`` and their totals stay where they were.
         """
-        text = str(error) or type(error).__name__
-        events = self.engine.source_poll(False, wall=self._wall(), reason=reason, error=text)
+        if self._views:
+            self._views = MappingProxyType({k: stale_view(v) for k, v in self._views.items()})
+        self.metrics.stale_ports.labels(self.label).set(len(self._views))
+        self.metrics.source_ports.labels(self.label).set(0)
+        return self._down(reason, str(error) or type(error).__name__, wall=self._wall())
+
+    def _down(self, reason: str, text: str, *, wall: float) -> list[Event]:
+        """The health side of a failed poll: metrics, status, log, the ``source_failed`` edge,
+        and a rediscovery on the next poll (a fabric that comes back may have new LIDs)."""
+        events = self.engine.source_poll(False, wall=wall, reason=reason, error=text)
         self.metrics.poll_errors.labels(self.label, reason).inc()
         self.metrics.source_up.labels(self.label).set(0)
         prev = self.status
@@ -204,10 +298,11 @@ class Pipeline:
             kind=self.cfg.type,
             up=False,
             last_success=prev.last_success,
-            ports=prev.ports,
+            ports=len(self._views),
             last_error=f"{reason}: {text}",
         )
         self.error = text
+        self._next_discover = 0.0
         if self._log_failures:
             log.error("source_failed", source=self.label, reason=reason, error=text)
         return events
@@ -252,6 +347,24 @@ class Pipeline:
                 problems.append(str(exc))
         if problems:
             raise ValueError("; ".join(problems))
+
+
+def stale_view(view: PortView) -> PortView:
+    """``view`` as it stays while its port does not answer: totals, state, identity, link and
+    conditions as last read; rates, utilization, transmit-wait ratio and BER gone (they would
+    claim a measurement that did not happen)."""
+    if view.stale:
+        return view
+    return dataclasses.replace(
+        view,
+        stale=True,
+        rates={},
+        hw_rates={},
+        utilization_tx=None,
+        utilization_rx=None,
+        xmit_wait_ratio=None,
+        symbol_error_ber=None,
+    )
 
 
 def build_state(pipelines: Iterable[Pipeline], *, generated: float | None = None) -> FabricState:

@@ -23,6 +23,7 @@ from ibmon.pipeline import Pipeline, build_state
 from ibmon.selfmetrics import SelfMetrics
 from ibmon.sources.registry import build_source
 from ibmon.state import FabricState, in_port_order
+from ibmon.terminal import printable
 
 __all__ = ["Scan", "ScanError", "run_scan"]
 
@@ -134,8 +135,14 @@ _HEADER = (
 
 
 def render_table(views: list[PortView]) -> str:
-    """Aligned columns, one port a line, in the given order (words start under their header)."""
-    rows: list[tuple[str, ...]] = [_HEADER, *(_row(v) for v in views)]
+    """Aligned columns, one port a line, in the given order (words start under their header).
+
+    Every cell goes through ``printable``: a node description is untrusted text and must not
+    reach the terminal as escape sequences (nor break the columns with a newline).
+    """
+    rows: list[tuple[str, ...]] = [
+        _HEADER, *(tuple(printable(c) for c in _row(v)) for v in views)
+    ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(_HEADER))]
     lines = ("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
     return "\n".join(lines) + "\n"

@@ -61,6 +61,18 @@ class SelfMetrics:
             "ibmon_source_ports", "Ports the source reported in its latest poll.",
             ["source"], registry=r,
         )
+        self.stale_ports = Gauge(
+            "ibmon_source_stale_ports",
+            "Ports kept at their last values because they did not answer the source's latest"
+            " poll (ibmon_port_stale).",
+            ["source"], registry=r,
+        )
+        self.unreachable_nodes = Gauge(
+            "ibmon_source_unreachable_nodes",
+            "Fabric nodes kept in the topology although they did not answer the latest"
+            " discovery (a fabric source drops one after unreachable_discoveries misses).",
+            ["source"], registry=r,
+        )
         self.events = Counter(
             "ibmon_events", "Events emitted by the detectors.", ["type", "severity"], registry=r
         )
@@ -86,8 +98,10 @@ class SelfMetrics:
                 ),
                 dropped=Counter(
                     "ibmon_mqtt_dropped",
-                    "Events never delivered to MQTT: queue overflow while the broker was away,"
-                    " or still queued at shutdown.",
+                    "Events lost inside the MQTT publisher while waiting for the broker: queue"
+                    " overflow while it was away, or still queued at shutdown. Part of"
+                    ' ibmon_events_dropped_total{consumer="mqtt"}, which counts every event'
+                    " MQTT lost.",
                     registry=r,
                 ),
             )

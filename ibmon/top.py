@@ -2,7 +2,9 @@
 
 Two ways to get data, one view: read a running daemon's JSON API (``--url``), or sample a source
 directly (``--source``) through the same ``Pipeline`` the daemon uses, for a host where no
-daemon runs. Node descriptions are untrusted text: they are shown with rich markup escaped.
+daemon runs. Node descriptions and everything else read from a fabric or a daemon are untrusted
+text: every cell is shown with rich markup escaped and control characters made visible
+(``ibmon.terminal.printable``), so a node description cannot restyle or rewrite the screen.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ibmon.events import Event, severity_rank
 from ibmon.pipeline import Pipeline, build_state
 from ibmon.selfmetrics import SelfMetrics
 from ibmon.sources import Source
+from ibmon.terminal import printable
 
 __all__ = ["ApiReader", "DirectSampler", "SourceUnavailableError", "render", "run_top"]
 
@@ -48,21 +51,32 @@ def _ber(x: Any) -> str:
     return "-" if x is None else ("0" if not x else f"{float(x):.1e}")
 
 
+def _cell(value: Any) -> str:
+    """Untrusted text for a ``Text`` cell (no markup is parsed there): controls made visible."""
+    return printable("" if value is None else value)
+
+
+def _markup(value: Any) -> str:
+    """Untrusted text for a cell or title that rich parses as markup."""
+    return escape(_cell(value))
+
+
 def render(ports: list[dict[str, Any]], events: list[dict[str, Any]], title: str,
            *, limit: int = 20) -> Group:
     """The screen: worst ports first (as the API orders them), then the newest events."""
-    table = Table(title=escape(title), expand=True, header_style="bold")
+    table = Table(title=_markup(title), expand=True, header_style="bold")
     for col in ("port", "state", "tx", "rx", "xmit wait", "BER", "conditions"):
         table.add_column(col, justify="right" if col in ("tx", "rx", "xmit wait", "BER")
                          else "left")
     for p in ports[:limit]:
-        name = escape(f"{p.get('node_desc') or p.get('device') or p['guid']} [{p['port']}]")
-        worst = max((a.get("severity", "info") for a in p.get("active", [])),
+        name = _markup(f"{p.get('node_desc') or p.get('device') or p['guid']} [{p['port']}]")
+        worst = max((str(a.get("severity", "info")) for a in p.get("active", [])),
                     key=severity_rank, default=None)
-        conds = ", ".join(p.get("conditions", [])) or ""
+        conds = _cell(", ".join(str(c) for c in p.get("conditions", [])))
         util = p.get("utilization") or {}
+        state = state_label(p.get("state"), p.get("phys_state"))
         table.add_row(
-            name, state_label(p.get("state"), p.get("phys_state")),
+            name, _markup(f"{state} (stale)" if p.get("stale") else state),
             _pct(util.get("transmit")), _pct(util.get("receive")),
             _pct(p.get("transmit_wait_ratio")), _ber(p.get("symbol_error_ber")),
             Text(conds, style=_STYLE.get(worst or "", "")),
@@ -71,9 +85,10 @@ def render(ports: list[dict[str, Any]], events: list[dict[str, Any]], title: str
     for col in ("time", "status", "severity", "type", "message"):
         log.add_column(col)
     for e in reversed(events[-10:]):
-        log.add_row(str(e.get("time", ""))[11:19], e.get("status", ""),
-                    Text(e.get("severity", ""), style=_STYLE.get(e.get("severity", ""), "")),
-                    e.get("type", ""), Text(str(e.get("message", ""))))
+        severity = _cell(e.get("severity", ""))
+        log.add_row(_markup(str(e.get("time", ""))[11:19]), _markup(e.get("status", "")),
+                    Text(severity, style=_STYLE.get(severity, "")),
+                    _markup(e.get("type", "")), Text(_cell(e.get("message", ""))))
     return Group(table, log)
 
 

@@ -1,6 +1,6 @@
 """Counter semantics: raw PMA values in, software-accumulated totals and honest rates out.
 
-Why this module exists (DOMAIN.md section 1): narrow PortCounters fields saturate instead of
+Why this module exists (docs/infiniband.md §1): narrow PortCounters fields saturate instead of
 wrapping, 64-bit fields never realistically wrap, and other people (``perfquery -R``, opensm
 PerfMgr, reboots) reset counters behind our back. So every decrease is a reset whose new value is
 the increase since the reset, a counter pinned at its narrow maximum is losing increments and gets
@@ -179,6 +179,7 @@ class Tracker:
                 # Unchanged (most error counters, most of the time).
                 if flagged:
                     if name in sat:
+                        stale.discard(name)  # read this poll: no longer stale, still pinned
                         continue  # still pinned at its maximum
                     if name in stale:
                         stale.discard(name)  # last value predates the previous sample: no rate
@@ -195,6 +196,7 @@ class Tracker:
                 totals[name] += scaled
                 if value == nmax_of[name] and name not in wide:
                     self._pin(sat, name)
+                    stale.discard(name)  # read this poll: a later reset gets its rate
                     continue
                 if flagged:
                     sat.discard(name)  # read 64-bit now, so no longer pinned

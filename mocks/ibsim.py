@@ -2,7 +2,7 @@
 
 A test or the CLI starts one ``IbSim`` per fabric. Every child gets its own process group, so a
 stop (or the atexit hook after a crash of the test) can kill the whole group: opensm ignores
-SIGTERM once its simulator is gone (DOMAIN.md section 6), so SIGTERM is followed by SIGKILL after
+SIGTERM once its simulator is gone (docs/infiniband.md §6), so SIGTERM is followed by SIGKILL after
 a grace period. Each simulator listens on a unique ``IBSIM_SOCKNAME`` so several can run side by
 side, and all files (net file, opensm log and cache, the ``sys-<pid>`` trees umad2sim writes into
 its client's working directory) live in one temporary directory removed on stop.

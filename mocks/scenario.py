@@ -9,7 +9,7 @@ and the field.
 Answer-key conventions (what "correct" means; the detection tests follow them):
 
 - The monitor polls every ``poll_interval`` simulated seconds (default 1 s) from t=0 and uses the
-  DOMAIN.md section 4 defaults with 64 ns XmitWait ticks. Windows are generous enough for either
+  docs/infiniband.md §4 defaults with 64 ns XmitWait ticks. Windows are generous enough for either
   reasonable reading of a rule (e.g. a BER window over the full 10 minutes or over the history
   available so far), but tight enough that a late or missing event fails.
 - Events are per port. A fault on a link (down, flap, degraded) raises events on both ends;

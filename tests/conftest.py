@@ -1,11 +1,21 @@
-"""Suite-wide isolation: no test reads or writes the real /var/lib/ibmon state file."""
+"""Suite-wide rules.
+
+- Isolation: no test reads or writes the real /var/lib/ibmon state file.
+- Under ``CI`` a skipped test fails the session. Helpers already turn a missing binary, library
+  or real fixture into a failure there (``tests.syspkg``, ``tests.fixtures``), but a plain
+  ``pytest.skip`` or ``skipif`` added later would still pass silently; this guard makes sure a
+  CI run never reports green with a part of the suite not run.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+_SKIPPED: list[tuple[str, str]] = []  # (test id, reason) of every skip in this session
 
 
 @pytest.fixture(autouse=True)
@@ -13,3 +23,33 @@ def _private_state_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
     """A daemon restores totals from its state file; tests must not share one (or touch /var)."""
     monkeypatch.setenv("IBMON_STATE__PATH", str(tmp_path / "ibmon-state.json"))
     return
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Remember every skip (setup or call phase); an expected failure is not a skip."""
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _SKIPPED.append((report.nodeid, _reason(report)))
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    """A whole module skipped at import (``pytest.skip(allow_module_level=True)``) counts too."""
+    if report.skipped:
+        _SKIPPED.append((report.nodeid, _reason(report)))
+
+
+def _reason(report: pytest.TestReport | pytest.CollectReport) -> str:
+    longrepr = report.longrepr
+    text = str(longrepr[2]) if isinstance(longrepr, tuple) else str(longrepr)
+    return text.removeprefix("Skipped: ")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if os.environ.get("CI") and _SKIPPED and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if os.environ.get("CI") and _SKIPPED:
+        terminalreporter.section("skipped tests fail the run under CI", sep="=", red=True)
+        for nodeid, reason in _SKIPPED:
+            terminalreporter.line(f"SKIPPED {nodeid}: {reason}", red=True)

@@ -1,6 +1,6 @@
 """Congestion from PortXmitWait (InfiniBand) or ECN/CNP hw_counters (RoCE), with hysteresis.
 
-DOMAIN.md section 4: ``xmit_wait_ratio`` at or above 0.10 for 3 polls is a warning, at or above
+docs/infiniband.md §4: ``xmit_wait_ratio`` at or above 0.10 for 3 polls is a warning, at or above
 0.50 for 3 polls critical; it clears only after 3 polls below 0.05. A congested port that is busy
 sending is a *hotspot*; one that sends little while waiting suffers *backpressure* from
 downstream, and fixing it means looking further along the path. The event says which.

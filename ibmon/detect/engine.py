@@ -155,7 +155,12 @@ class Engine:
     def process(
         self, views: Mapping[PortKey, PortView], *, monotonic: float, wall: float
     ) -> list[Event]:
-        """Evaluate one poll; fill ``conditions`` on the views; return the edges, in order."""
+        """Evaluate one poll; fill ``conditions`` on the views; return the edges, in order.
+
+        Stale views (ports that did not answer this poll) count as present, so they never
+        "vanish", but no detector judges them: their conditions neither fire nor resolve on
+        data that was not read.
+        """
         self._offset = wall - monotonic
         if self._pending is not None:
             pending, self._pending = self._pending, None
@@ -184,6 +189,8 @@ class Engine:
         """A oneshot detector: one ``firing`` event per finding, nothing remembered."""
         check = det.check
         for key, view in views.items():
+            if view.stale:  # not read this poll: nothing new to say about it
+                continue
             verdict = check(key, view, now, None)
             if isinstance(verdict, Finding):
                 events.append(
@@ -204,6 +211,8 @@ class Engine:
         active = self._active[det.type]
         get = active.get
         for key, view in views.items():
+            if view.stale:  # not read this poll: its conditions stay as they were
+                continue
             cur = get(key)
             verdict = check(key, view, now, cur.finding if cur else None)
             if verdict is None:

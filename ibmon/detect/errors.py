@@ -1,4 +1,4 @@
-"""Error counters: bit error rate, link integrity, receive errors, discards (DOMAIN.md section 4).
+"""Error counters: bit error rate, link integrity, receive errors, discards (docs/infiniband.md §4).
 
 BER is ``Δsymbol_errors / (window x link_bps)`` over a sliding window (default 10 minutes). The
 denominator is always the full window, so the first minutes after start-up under-estimate rather

@@ -1,6 +1,6 @@
 """Link faults: a port that went down, a link that keeps going down, a link running slow.
 
-DOMAIN.md section 3 and 4: a port that was Active and is not is down; three or more LinkDowned
+docs/infiniband.md §3-4: a port that was Active and is not is down; three or more LinkDowned
 increments within 10 minutes is flapping; a link whose active width or speed is below the best
 both ends support and enable is degraded. sysfs knows only the active rate, so node-local ports
 compare against a configured expected rate or the majority rate of the host's other ports.
@@ -154,24 +154,28 @@ class LinkDegraded(PortDetector):
         super().__init__(settings)
         assert isinstance(settings, LinkDegradedSettings)
         self._s = settings
-        self._majority: float | None = None
+        self._majority: dict[str, float] = {}
 
     def begin(self, now: float, views: Mapping[PortKey, PortView]) -> None:
-        self._majority = None
+        # Per link layer: a 25G RoCE port is no degraded copy of the host's 100G IB ports.
+        self._majority = {}
         if self._s.expected_rate_gbps is not None:
             return
-        rates = Counter(
-            v.rate_bytes_per_second
-            for v in views.values()
-            if v.state == _ACTIVE
-            and v.rate_bytes_per_second
-            and (v.link is None or not v.link.max_width)
-        )
-        n = sum(rates.values())
-        if n >= self._s.majority_min_ports:
-            rate, count = rates.most_common(1)[0]
-            if count * 2 > n:
-                self._majority = rate
+        by_layer: dict[str, Counter[float]] = {}
+        for v in views.values():
+            if (
+                v.state == _ACTIVE
+                and v.rate_bytes_per_second
+                and (v.link is None or not v.link.max_width)
+            ):
+                counts = by_layer.setdefault(v.identity.link_layer, Counter())
+                counts[v.rate_bytes_per_second] += 1
+        for layer, rates in by_layer.items():
+            n = sum(rates.values())
+            if n >= self._s.majority_min_ports:
+                rate, count = rates.most_common(1)[0]
+                if count * 2 > n:
+                    self._majority[layer] = rate
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
         if view.state != _ACTIVE:
@@ -192,9 +196,9 @@ class LinkDegraded(PortDetector):
         if self._s.expected_rate_gbps is not None:
             expected = self._s.expected_rate_gbps
             basis = "configured expected rate"
-        elif self._majority is not None:
-            expected = self._majority * 8 / 1e9
-            basis = "rate of most of the host's ports"
+        elif (majority := self._majority.get(view.identity.link_layer)) is not None:
+            expected = majority * 8 / 1e9
+            basis = f"rate of most of the host's {view.identity.link_layer} ports"
         else:
             return KEEP
         if gbps >= expected * 0.999:

@@ -2,7 +2,7 @@
 
 The first poll is the baseline. A port only counts as vanished after ``absent_polls``
 consecutive polls without it, so one failed read never looks like a removed cable. Sources keep
-cabled links while they are down (DOMAIN.md section 5), so a down link is not a change here.
+cabled links while they are down (docs/infiniband.md §5), so a down link is not a change here.
 """
 
 from __future__ import annotations

@@ -529,6 +529,8 @@ class DiagsSource(FabricSource):
         ibstat: str = "ibstat",
         command_timeout: float | None = None,
         state_interval: float = 30.0,
+        topology_interval: float = 300.0,
+        unreachable_discoveries: int = 3,
     ) -> None:
         super().__init__(
             name=name,
@@ -537,6 +539,8 @@ class DiagsSource(FabricSource):
             shard=shard,
             node_name_map=node_name_map,
             state_interval=state_interval,
+            topology_interval=topology_interval,
+            unreachable_discoveries=unreachable_discoveries,
         )
         self._runner: CommandRunner = runner or SubprocessRunner(concurrency=concurrency)
         # as infiniband-diags: no -P (or port 0) = libibumad picks the port (a switch: 0)
@@ -573,6 +577,8 @@ class DiagsSource(FabricSource):
             interval=cfg.interval,
             command_timeout=cfg.command_timeout,
             state_interval=cfg.state_interval if cfg.state_interval is not None else 30.0,
+            topology_interval=cfg.topology_interval,
+            unreachable_discoveries=cfg.unreachable_discoveries,
         )
 
     # ----------------------------------------------------------------- per-command timeout
@@ -593,9 +599,11 @@ class DiagsSource(FabricSource):
         except _RejectedError as rejected:
             return self._keep_topology(rejected, errors)
         view = self._view_from(ports, fab)
-        self._groups = [_Group(lid, keys) for lid, keys in view.by_lid().items()]
         self._good_nodes, self._shrinks = len(fab.nodes), 0
-        return self._adopt(view, errors, started)
+        topo = self._adopt(view, errors, started, reached=len(fab.nodes))
+        assert self._view is not None  # the merged view: unreachable nodes are still asked
+        self._groups = [_Group(lid, keys) for lid, keys in self._view.by_lid().items()]
+        return topo
 
     async def _discover_once(
         self, errors: list[SourceError]

@@ -9,17 +9,30 @@ discoveries.
 Keeping this in one place is what makes both sources report byte-identical topologies and
 snapshots for the same fabric: same state rules, same width/speed decoding, same max-common
 rule, same rate (``linkspeed.effective_rate_bps``: the data rate after line encoding).
+
+A discovery is merged into what the source already knows (``TopologyMemory``), never simply
+swapped in, because lost MADs must not rewrite the topology: a node (or port) that does not
+answer a discovery is *unreachable*, not gone. It keeps its last known ports, LIDs and links (so
+its ports are still asked, and report their silence as errors, which the pipeline turns into
+stale ports) until it has missed ``unreachable_discoveries`` discoveries in a row (default 3),
+counted at most once per ``0.9 x topology_interval`` so that the extra discoveries ibmon runs
+after a failed poll cannot use up a node's allowance in seconds: by default a node is dropped
+after 10 to 15 minutes of silence. A known node description is never replaced by an empty one
+(a lost NodeDescription MAD), nor a known link by none while the port is still up (a lost
+NodeInfo through it). A discovery that reached nothing beyond the local node while the known
+fabric has more is blind (``BlindDiscoveryError``): it is not adopted at all.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ibmon.config import Duration, SourceConfigBase
 from ibmon.linkspeed import active_speed, active_width, effective_rate_bps, max_common
@@ -37,12 +50,14 @@ from ibmon.sources.parse import PortCounterValues, PortInfo, load_node_name_map
 from ibmon.sources.shard import filter_topology, parse_shard
 
 __all__ = [
+    "BlindDiscoveryError",
     "FabricPort",
     "FabricSource",
     "FabricSourceConfig",
     "FabricView",
     "NodeFilter",
     "StateSchedule",
+    "TopologyMemory",
     "link_of",
     "make_sample",
 ]
@@ -50,6 +65,10 @@ __all__ = [
 #: A poll this soon after a discovery started uses the port state that discovery read instead
 #: of asking every port again (the daemon samples right after each discovery).
 DISCOVERY_STATE_FRESH = 1.0
+#: A miss counts towards dropping an unreachable port only this fraction of
+#: ``topology_interval`` after its previous counted miss (scheduled discoveries drift a little).
+MISS_GAP_FRACTION = 0.9
+_LINK_UP = 5  # PortPhysicalState LinkUp
 
 
 class FabricSourceConfig(SourceConfigBase):
@@ -71,6 +90,16 @@ class FabricSourceConfig(SourceConfigBase):
     #: seconds between port-state refreshes between discoveries; None = the source's default
     #: (mad: every poll, in the same MAD batch; diags: 30 s, one ibnetdiscover for the fabric)
     state_interval: Duration | None = None
+    #: a node that misses this many discoveries in a row (counted at most once per 0.9 x
+    #: topology_interval) is dropped from the topology; until then it is unreachable, not gone
+    unreachable_discoveries: int = Field(default=3, ge=1, le=1000)
+
+    @field_validator("shard")
+    @classmethod
+    def _check_shard(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_shard(v)  # K < N: "3/3" would poll nothing, and only fail at start
+        return v
 
 
 @dataclass(slots=True)
@@ -289,6 +318,108 @@ class StateSchedule:
         return refresh
 
 
+class BlindDiscoveryError(RuntimeError):
+    """A discovery that reached nothing beyond the local node while more is known: the fabric
+    (or the local link) is gone, so the known topology stays and the poll fails."""
+
+
+class TopologyMemory:
+    """Merges each discovery into the topology a fabric source already knows (module docstring).
+
+    The contract, for both fabric sources: ``merge(known, found, reached=N)`` takes the view in
+    use (None before the first discovery) and a freshly discovered, finished view (links and
+    shard applied) that reached ``N`` nodes before filtering, and returns the view to use:
+    ``found`` with known descriptions put back where it has empty ones, known links put back on
+    ports that are up but lost theirs, and the known ports it lacks kept until they have missed
+    ``misses_to_drop`` discoveries in a row. It raises ``BlindDiscoveryError`` (and changes nothing)
+    when ``reached`` is 1 or less while the previous discovery reached more. ``unreachable``
+    then names the nodes kept although none of their ports answered the latest discovery.
+    """
+
+    def __init__(self, *, misses_to_drop: int = 3, min_gap: float = 0.0) -> None:
+        self.misses_to_drop = max(1, misses_to_drop)
+        self.min_gap = min_gap
+        self.unreachable: frozenset[str] = frozenset()
+        self._misses: dict[PortKey, tuple[int, float]] = {}  # key -> (misses, when last counted)
+        self._descs: dict[str, str] = {}  # node GUID -> its last non-empty description
+        self._reached = 0
+
+    def merge(
+        self,
+        known: FabricView | None,
+        found: FabricView,
+        *,
+        reached: int,
+        now: float | None = None,
+    ) -> FabricView:
+        if reached <= 1 < self._reached:
+            raise BlindDiscoveryError(
+                f"discovery reached {reached} node(s), the previous one {self._reached}: "
+                "the fabric (or the local link) stopped answering; keeping the known topology"
+            )
+        now = time.monotonic() if now is None else now
+        self._reached = reached
+        self._remember_descs(found)
+        kept: set[str] = set()
+        if known is not None:
+            for key, old in known.ports.items():
+                new = found.ports.get(key)
+                if new is not None:
+                    self._misses.pop(key, None)
+                    self._keep_link(new, old)
+                    continue
+                misses, counted = self._misses.get(key, (0, float("-inf")))
+                if now - counted >= self.min_gap:
+                    misses, counted = misses + 1, now
+                if misses >= self.misses_to_drop:
+                    self._misses.pop(key, None)
+                    continue
+                self._misses[key] = (misses, counted)
+                found.ports[key] = old
+                kept.add(key[0])
+        for key in [k for k in self._misses if k not in found.ports]:
+            del self._misses[key]
+        self._restore_descs(found)
+        answered = {k[0] for k in found.ports if k not in self._misses}
+        self.unreachable = frozenset(kept - answered)
+        return found
+
+    def _remember_descs(self, found: FabricView) -> None:
+        for fp in found.ports.values():
+            if fp.identity.node_desc:
+                self._descs[fp.identity.guid] = fp.identity.node_desc
+            link = fp.link
+            if link is not None and link.remote_node_desc:
+                self._descs.setdefault(link.remote_guid, link.remote_node_desc)
+
+    def _restore_descs(self, found: FabricView) -> None:
+        """Put known descriptions back where a lost NodeDescription MAD left them empty."""
+        descs = self._descs
+        for fp in found.ports.values():
+            ident = fp.identity
+            if not ident.node_desc and ident.guid in descs:
+                fp.identity = dataclasses.replace(ident, node_desc=descs[ident.guid])
+            link = fp.link
+            if link is not None and not link.remote_node_desc and link.remote_guid in descs:
+                fp.link = dataclasses.replace(link, remote_node_desc=descs[link.remote_guid])
+
+    @staticmethod
+    def _keep_link(new: FabricPort, old: FabricPort) -> None:
+        """A port still up whose peer did not answer this discovery keeps its known link."""
+        if new.remote is not None or old.remote is None or old.link is None:
+            return
+        if new.phys_state != _LINK_UP:
+            return  # down: the missing peer is news (a down link is reported, not invented)
+        new.remote = old.remote
+        new.link = link_of(
+            new,
+            (old.link.remote_guid, old.link.remote_port),
+            old.link.remote_node_desc,
+            old.link.max_width,
+            old.link.max_speed,
+        )
+
+
 class FabricSource:
     """The parts of ``MadSource`` and ``DiagsSource`` that do not depend on how they ask.
 
@@ -305,6 +436,8 @@ class FabricSource:
         shard: str | None = None,
         node_name_map: str | os.PathLike[str] | None = None,
         state_interval: float = 0.0,
+        topology_interval: float = 300.0,
+        unreachable_discoveries: int = 3,
     ) -> None:
         self.name = name
         self._filter = NodeFilter(include, exclude)
@@ -313,6 +446,10 @@ class FabricSource:
         self._state = StateSchedule(state_interval)
         self._view: FabricView | None = None
         self._discover_errors: list[SourceError] = []
+        self._memory = TopologyMemory(
+            misses_to_drop=unreachable_discoveries,
+            min_gap=MISS_GAP_FRACTION * topology_interval,
+        )
 
     async def discover(self) -> Topology:
         raise NotImplementedError
@@ -327,12 +464,28 @@ class FabricSource:
         view.keep_shard(self._shard)
         return view
 
-    def _adopt(self, view: FabricView, errors: list[SourceError], started: float) -> Topology:
-        """Make ``view`` current; its discovery's errors go out with the next snapshot."""
-        self._view = view
+    def _adopt(
+        self,
+        view: FabricView,
+        errors: list[SourceError],
+        started: float,
+        *,
+        reached: int | None = None,
+    ) -> Topology:
+        """Merge ``view`` into the known topology (``TopologyMemory``) and make the result
+        current; its discovery's errors go out with the next snapshot. ``reached``: how many
+        nodes the discovery reached before filtering (default: the nodes in ``view``).
+
+        Raises ``BlindDiscoveryError`` (the known view stays) when it reached only the local node.
+        """
+        if reached is None:
+            reached = len({k[0] for k in view.ports})
+        self._view = self._memory.merge(self._view, view, reached=reached)
         self._discover_errors = errors
         self._state.discovered(started, time.monotonic())
-        return view.topology()
+        topo = self._view.topology()
+        topo.unreachable = self._memory.unreachable
+        return topo
 
     async def _prepare_sample(self) -> tuple[FabricView, list[SourceError], bool]:
         """The view to poll (discovering first if there is none), the errors of the latest

@@ -17,11 +17,21 @@ PMA ones (measured in benchmarks/README.md). Peers and links still change only a
 The poll that directly follows a discovery (the daemon samples right after each one) skips it:
 the sweep read every PortInfo less than a second before.
 
-MADs run on worker threads (one ``MadEngine`` = one umad port each, ``mad_ports`` of them),
-bridged to asyncio with ``run_in_executor``; each engine keeps ``window`` MADs in flight. A MAD
-that is not answered within ``timeout`` is retried ``retries`` times and then reported as a
+The umad port lives in a worker process (``madworker``: one ``MadEngine`` = one umad port each,
+``mad_ports`` of them), which keeps ``window`` MADs in flight; building the requests and decoding
+the answers happens here, on one thread bridged to asyncio with ``run_in_executor``. A MAD that
+is not answered within ``timeout`` is retried ``retries`` times and then reported as a
 SourceError with reason "timeout" for that port only: a dead switch costs its own ports one
 timeout, never the sweep.
+
+The source heals its own MAD port, without a reload: when a poll is cancelled (the daemon's poll
+timeout: a frozen fabric) its worker is killed at once, so the thread waiting on it is free and
+the next poll runs on time with a fresh worker; when sends fail (the device went away, or under
+ibsim the simulator died) or the worker dies, the worker is closed and a new one opens the port
+again on the next poll, after a backoff (``REOPEN_BACKOFF``: 0 s, then 1, 2, 4 ... up to 30 s
+while it keeps failing; reset by the first batch that gets an answer). A worker that is still
+opening (ibsim's client waits for its simulator) is waited for ``OPEN_WAIT`` seconds per poll,
+then the poll fails and the worker keeps trying in the background, for up to ``OPEN_GIVE_UP``.
 
 Note on simulation: umad2sim (ibsim's LD_PRELOAD shim) routes responses by management class to
 one file descriptor per process, so under ibsim only ``mad_ports = 1`` works; the window gives
@@ -34,7 +44,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import gc
-import itertools
 import os
 import threading
 import time
@@ -42,6 +51,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+import structlog
 from pydantic import Field
 
 from ibmon.model import PortKey, Snapshot, SourceError, Topology
@@ -59,11 +69,11 @@ from ibmon.sources.libibmad import (
     ATTR_PORT_INFO,
     CLASS_PMA,
     CLASS_SMI,
-    MadEngine,
     MadError,
     MadRequest,
     MadResult,
 )
+from ibmon.sources.madworker import MadWorker
 from ibmon.sources.parse import (
     CPI_CAP2_ADDL_EXT,
     CPI_CAP_EXT_WIDTH,
@@ -98,7 +108,15 @@ Config = MadSourceConfig
 def build(cfg: MadSourceConfig) -> MadSource:
     return MadSource.from_config(cfg)
 
+log = structlog.get_logger("ibmon.sources.mad")
+
 _MAX_HOPS = 63
+#: Per poll, how long a worker that is still opening its port is waited for.
+OPEN_WAIT = 5.0
+#: A worker that has not opened its port after this long is killed and started again.
+OPEN_GIVE_UP = 60.0
+#: Delays before reopening a MAD port that failed again: first reopen at once, then these.
+REOPEN_BACKOFF = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
 
 
 _gc_lock = threading.Lock()
@@ -170,6 +188,8 @@ class MadSource(FabricSource):
         shard: str | None = None,
         node_name_map: str | os.PathLike[str] | None = None,
         state_interval: float = 0.0,
+        topology_interval: float = 300.0,
+        unreachable_discoveries: int = 3,
     ) -> None:
         super().__init__(
             name=name,
@@ -178,6 +198,8 @@ class MadSource(FabricSource):
             shard=shard,
             node_name_map=node_name_map,
             state_interval=state_interval,
+            topology_interval=topology_interval,
+            unreachable_discoveries=unreachable_discoveries,
         )
         self._ca = ca
         self._port = port or 0
@@ -185,11 +207,17 @@ class MadSource(FabricSource):
         self._retries = retries
         self._window = window
         self._n_ports = max(1, mad_ports)
+        # One thread: batches (and the view they update) are handled strictly one at a time.
         self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=self._n_ports, thread_name_prefix="ibmon-mad"
+            max_workers=1, thread_name_prefix="ibmon-mad"
         )
-        self._engines: list[MadEngine] = []
-        self._engine_ids = itertools.count()
+        self._workers: list[MadWorker] = []
+        #: Workers killed or closed that have not exited yet: while one lives, none is started.
+        self._dying: list[MadWorker] = []
+        #: Why the workers must be replaced before the next batch (sends failed, one died...).
+        self._broken: str | None = None
+        self._reopen_at = 0.0
+        self._failures = 0  # consecutive reopen attempts that did not end in an answered batch
         self._cpi: dict[int, ClassPortInfo] = {}
         self.last_sweep_mads = 0
 
@@ -206,46 +234,136 @@ class MadSource(FabricSource):
             exclude=cfg.exclude,
             shard=cfg.shard,
             state_interval=cfg.state_interval if cfg.state_interval is not None else 0.0,
+            topology_interval=cfg.topology_interval,
+            unreachable_discoveries=cfg.unreachable_discoveries,
         )
 
     # ------------------------------------------------------------------ MAD plumbing
 
-    def _open_engines(self) -> None:
-        if not self._engines:
-            self._engines = [
-                MadEngine(
-                    ca=self._ca,
-                    port=self._port,
-                    timeout=self._timeout,
-                    retries=self._retries,
-                    window=self._window,
-                )
-                for _ in range(self._n_ports)
-            ]
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the MAD workers (alive or not yet reaped), for tests and logs."""
+        return [w.pid for w in self._workers + self._dying]
+
+    async def _ensure_workers(self) -> None:
+        """Workers that have opened their port, or MadError saying why there are none yet.
+
+        Runs on the event loop's thread (a worker must be forked there: see ``madworker``).
+        """
+        if self._broken is not None:
+            why, self._broken = self._broken, None
+            await self._retire(why)
+        await self._reap_dying()
+        if self._dying:
+            pids = ", ".join(str(w.pid) for w in self._dying)
+            raise MadError(
+                f"the previous MAD worker (pid {pids}) does not exit; not opening the MAD port "
+                "a second time while it may still hold it"
+            )
+        now = time.monotonic()
+        if not self._workers:
+            if now < self._reopen_at:
+                raise MadError(f"MAD port closed; reopening in {self._reopen_at - now:.1f}s")
+            try:
+                for _ in range(self._n_ports):
+                    self._workers.append(
+                        MadWorker(ca=self._ca, port=self._port, timeout=self._timeout,
+                                  retries=self._retries, window=self._window))
+            except OSError as exc:
+                await self._retire(f"cannot start the MAD worker: {exc}")
+                raise MadError(f"cannot start the MAD worker: {exc}") from None
+        starting = [w for w in self._workers if not w.ready]
+        if not starting:
+            return
+
+        def wait() -> bool:
+            ready = [w.wait_ready(OPEN_WAIT) for w in starting]  # every one, no short cut
+            return all(ready)
+
+        try:
+            ready = await self._in_thread(wait, kill_on_cancel=False)
+        except MadError as exc:  # it could not open the port: the reason is the message
+            await self._retire(str(exc))
+            raise
+        if not ready:
+            oldest = time.monotonic() - min(w.started for w in starting)
+            if oldest > OPEN_GIVE_UP:
+                await self._retire(f"the MAD port did not open within {OPEN_GIVE_UP:.0f}s")
+            raise MadError(f"MAD port not open yet after {oldest:.0f}s (still trying)")
+
+    async def _retire(self, why: str) -> None:
+        """Close every worker (they end; under ibsim they detach) and schedule the reopen."""
+        workers, self._workers = self._workers, []
+        if any(w.ready for w in workers):  # a port that could not open is the poll's error
+            log.warning("mad_port_closed", source=self.name, reason=why,
+                        pids=[w.pid for w in workers])
+        self._dying += workers
+        delay = 0.0 if self._failures == 0 else REOPEN_BACKOFF[
+            min(self._failures - 1, len(REOPEN_BACKOFF) - 1)]
+        self._failures += 1
+        self._reopen_at = time.monotonic() + delay
+        await self._reap_dying()
+
+    async def _reap_dying(self, grace: float = 0.5) -> None:
+        """Wait (off the loop) for closed or killed workers to exit; keep those that do not."""
+        if not self._dying:
+            return
+        dying = self._dying
+        gone = await asyncio.gather(*(asyncio.to_thread(w.close, grace, 2.0 * grace)
+                                      for w in dying))
+        self._dying = [w for w, ok in zip(dying, gone, strict=True) if not ok]
+
+    def _kill_workers(self, why: str) -> None:
+        """Kill the workers now (any thread): whatever waits on them gives up at once."""
+        for w in self._workers:
+            w.kill()
+        if self._workers:
+            self._broken = why
 
     def _run_sync(self, reqs: Sequence[MadRequest]) -> list[MadResult]:
-        """Blocking: split ``reqs`` over the engines (each used by one thread at a time)."""
-        self._open_engines()
-        if len(self._engines) == 1 or len(reqs) < 64:
-            return self._engines[0].run(reqs)
-        n = len(self._engines)
-        chunks = [list(reqs[i::n]) for i in range(n)]
-        with concurrent.futures.ThreadPoolExecutor(max_workers=n) as pool:
-            parts = list(
-                pool.map(lambda ec: ec[0].run(ec[1]), zip(self._engines, chunks, strict=True))
-            )
-        out: list[MadResult] = [MadResult(None, "timeout")] * len(reqs)
-        for i, part in enumerate(parts):
-            out[i::n] = part
+        """Blocking: split ``reqs`` over the workers, which work in parallel."""
+        workers = self._workers  # this generation: a verdict on it must not hit its successor
+        if not workers or not all(w.ready for w in workers):
+            raise MadError("MAD port not open")
+        try:
+            if len(workers) == 1 or len(reqs) < 64:
+                out = workers[0].run(reqs)
+            else:
+                n = len(workers)
+                for i, w in enumerate(workers):
+                    w.send(reqs[i::n])
+                out = [MadResult(None, "timeout")] * len(reqs)
+                for i, w in enumerate(workers):
+                    out[i::n] = w.receive()
+        except MadError as exc:
+            if self._workers is workers:
+                self._broken = str(exc)
+            raise
+        if any(r.data is not None for r in out):
+            self._failures = 0
+        failed = sum(1 for r in out if r.error == "send_failed")
+        if failed and self._workers is workers:
+            self._broken = f"{failed} of {len(out)} MADs could not be sent"
         return out
 
-    async def _in_thread(self, fn: Callable[..., object], *args: object) -> object:
+    async def _in_thread(
+        self, fn: Callable[..., object], *args: object, kill_on_cancel: bool = True
+    ) -> object:
+        """``fn(*args)`` on the MAD thread. Cancelled (the poll's deadline passed): the workers
+        are killed, so the thread stops waiting on them now, not whenever the fabric answers,
+        and the next poll starts with fresh ones."""
+
         def call() -> object:
             with _gc_paused():
                 return fn(*args)
 
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, call)
+        try:
+            return await loop.run_in_executor(self._executor, call)
+        except asyncio.CancelledError:
+            if kill_on_cancel:
+                self._kill_workers("the poll was cancelled (deadline passed) mid-batch")
+            raise
 
     # ------------------------------------------------------------------ discovery
 
@@ -339,6 +457,14 @@ class MadSource(FabricSource):
                 arrivals.append((peer, path, peer.local_port))
         return arrivals
 
+    def _known_lid(self, guid: str) -> int | None:
+        """The LID the current view has for a node (None when it has none)."""
+        if self._view is not None:
+            for key, fp in self._view.ports.items():
+                if key[0] == guid and fp.lid:
+                    return fp.lid
+        return None
+
     def _view_from(self, sweep: SweepResult) -> FabricView:
         """The filtered, linked and sharded view of a sweep (on the MAD thread, GC paused)."""
         view = FabricView(source=self.name)
@@ -349,7 +475,8 @@ class MadSource(FabricSource):
             switch_lid: int | None = None
             if is_switch:  # every port of a switch answers on the base LID of port 0
                 port0 = node.ports.get(0)
-                switch_lid = port0.lid if port0 is not None else None
+                # Port 0's PortInfo lost: the LID it had (a lost MAD must not stop the polls).
+                switch_lid = port0.lid if port0 is not None else self._known_lid(guid)
                 numbers: list[int] = list(range(1, node.info.num_ports + 1))
             else:
                 numbers = sorted(p for p in node.ports if p > 0)
@@ -371,6 +498,7 @@ class MadSource(FabricSource):
         return self._finish(view, peer_desc)
 
     async def discover(self) -> Topology:
+        await self._ensure_workers()
         started = time.monotonic()
 
         def sweep_and_view() -> tuple[SweepResult, FabricView]:
@@ -383,7 +511,7 @@ class MadSource(FabricSource):
         view: FabricView = got[1]
         self._cpi = {}
         self.last_sweep_mads = sweep.mads
-        return self._adopt(view, sweep.errors, started)
+        return self._adopt(view, sweep.errors, started, reached=len(sweep.nodes))
 
     # ------------------------------------------------------------------ counters
 
@@ -495,6 +623,7 @@ class MadSource(FabricSource):
         return snap
 
     async def sample(self) -> Snapshot:
+        await self._ensure_workers()
         view, discover_errors, refresh = await self._prepare_sample()
         snap = await self._in_thread(self._sample_sync, view, refresh)
         assert isinstance(snap, Snapshot)
@@ -502,12 +631,9 @@ class MadSource(FabricSource):
         return snap
 
     async def close(self) -> None:
-        engines, self._engines = self._engines, []
-
-        def _close() -> None:
-            for e in engines:
-                e.close()
-
-        if engines:
-            await self._in_thread(_close)
+        """End every worker (closing its port; one still busy is killed after a short grace)
+        and the MAD thread. Never waits on the fabric."""
+        self._dying += self._workers
+        self._workers = []
+        await self._reap_dying(grace=0.3)  # inside the daemon's 1 s budget for a close
         self._executor.shutdown(wait=False)

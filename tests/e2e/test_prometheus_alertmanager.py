@@ -2,7 +2,7 @@
 
 The demo scenario plays at 10x simulated speed (one poll per simulated second), so its faults
 happen within the first 90 real seconds: BER on host042's cable from 2 s to about 74 s, and the
-leaf02 port 3 / host021 link flapping from 28 s to about 80 s (DOMAIN.md windows, 600 simulated
+leaf02 port 3 / host021 link flapping from 28 s to about 80 s (10-minute windows, 600 simulated
 seconds). The shipped alert rules are loaded unchanged except for their ``for:`` durations, which
 are in Prometheus' real time and are shortened to 2 s; the shipped Alertmanager routing and
 inhibitions are loaded with the receivers pointed at this test's webhook and the group timers

@@ -123,9 +123,20 @@ async def test_totals_survive_reload_and_bad_reload_is_rejected(tmp_path: Path) 
     task = asyncio.create_task(daemon.run())
     await daemon.ready.wait()
     await wait_for(lambda: sum(s.polls for s in made) >= 3)
+    good = cfg_file.read_text()
     cfg_file.write_text("[prometheus\n")  # broken: must be rejected, old config keeps running
     daemon.reload()
+    reloads = daemon.metrics.registry.get_sample_value
+    await wait_for(lambda: reloads("ibmon_config_reloads_total", {"result": "rejected"}) == 1)
+    polls = made[0].polls
+    await wait_for(lambda: made[0].polls >= polls + 3)  # the running sources were not touched
+    assert len(made) == 1
+    assert reloads("ibmon_config_last_reload_successful") == 0
+    cfg_file.write_text(good)
+    daemon.reload()
     await wait_for(lambda: len(made) == 2)
+    assert reloads("ibmon_config_reloads_total", {"result": "applied"}) == 1
+    assert reloads("ibmon_config_last_reload_successful") == 1
     before = daemon.state.ports[(GUID, "1")].totals["transmit_data"]
     await wait_for(lambda: made[-1].polls >= made[0].polls + 3)
     after = daemon.state.ports[(GUID, "1")].totals["transmit_data"]

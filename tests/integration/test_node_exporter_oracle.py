@@ -4,6 +4,12 @@ On its first sample ibmon's totals are the hardware values (x4 for data), so the
 node_exporter's infiniband collector exports for every port. Where a port has legacy
 ``counters_ext/`` files, ibmon prefers those 64-bit values and node_exporter exports them as
 ``node_infiniband_legacy_*``; the comparison uses that series then.
+
+Values are compared as integers. node_exporter holds every value as a float64 and prints the
+shortest text that parses back to it, so ``int(float(text))`` is exactly what it holds; ibmon's
+totals are Python ints. Comparing floats would hide any error smaller than half a float64 step
+(+-1024 near 2**64); the generated tree therefore uses values near 2**64 that float64 holds
+exactly, so such an error shows.
 """
 
 from __future__ import annotations
@@ -24,15 +30,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ibmon.sources.sysfs import SysfsSource
 from ibmon.tracker import Tracker
+from tests.fixtures import real_fixture
 from tests.sysfs_tree import FULL_COUNTERS, write_device, write_port
 from tests.syspkg import require_binary
 
 pytestmark = pytest.mark.system
 
-REAL = Path(__file__).resolve().parents[2] / ".." / "shared" / "real-fixtures"
+#: Real sysfs captures under ../shared/real-fixtures (tests.fixtures finds them).
 REAL_TREES = {
-    "procfs": REAL / "procfs" / "testdata" / "fixtures.ttar.d" / "fixtures" / "sys",
-    "node_exporter": REAL / "node_exporter" / "collector" / "fixtures" / "sys.ttar.d" / "sys",
+    "procfs": "procfs/testdata/fixtures.ttar.d/fixtures/sys",
+    "node_exporter": "node_exporter/collector/fixtures/sys.ttar.d/sys",
 }
 
 #: node_exporter series (without ``node_infiniband_``) -> ibmon counter.
@@ -57,7 +64,7 @@ NE_LEGACY = {
     "legacy_multicast_packets_received_total": "multicast_receive_packets",
 }
 
-Values = dict[tuple[str, str], dict[str, float]]  # (device, port) -> ibmon counter -> value
+Values = dict[tuple[str, str], dict[str, int]]  # (device, port) -> ibmon counter -> value
 
 
 def _free_port() -> int:
@@ -114,6 +121,18 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=5)
 
 
+def _exact(value: float) -> int:
+    """The integer node_exporter's float64 holds (a counter is always a whole number).
+
+    The parser returns an int for plain digits and a float for ``1.8446744073709548e+19``;
+    both convert exactly.
+    """
+    if isinstance(value, int):
+        return value
+    assert value.is_integer(), value
+    return int(value)
+
+
 def node_exporter_values(text: str) -> Values:
     """Per port, the counters node_exporter exports; a legacy (counters_ext) series wins."""
     plain: Values = {}
@@ -123,9 +142,9 @@ def node_exporter_values(text: str) -> Values:
             short = s.name.removeprefix("node_infiniband_")
             key = (s.labels.get("device", ""), s.labels.get("port", ""))
             if short in NE_COUNTERS:
-                plain.setdefault(key, {})[NE_COUNTERS[short]] = s.value
+                plain.setdefault(key, {})[NE_COUNTERS[short]] = _exact(s.value)
             elif short in NE_LEGACY:
-                legacy.setdefault(key, {})[NE_LEGACY[short]] = s.value
+                legacy.setdefault(key, {})[NE_LEGACY[short]] = _exact(s.value)
     for key, values in legacy.items():
         plain.setdefault(key, {}).update(values)
     return plain
@@ -137,7 +156,7 @@ async def ibmon_values(sysfs: Path) -> Values:
     wanted = set(NE_COUNTERS.values())
     out: Values = {}
     for view in views.values():
-        totals = {k: float(v) for k, v in view.totals.items() if k in wanted}
+        totals = {k: v for k, v in view.totals.items() if k in wanted}
         if totals:
             out[(view.identity.device, view.key[1])] = totals
     return out
@@ -152,29 +171,33 @@ async def assert_same_totals(sysfs: Path, log: Path) -> int:
     compared = 0
     for key, values in expected.items():
         for counter, value in values.items():
-            assert got[key].get(counter) == value, (key, counter, got[key].get(counter), value)
+            ours = got[key].get(counter)
+            assert type(ours) is int, (key, counter, ours)
+            assert ours == value, f"{key} {counter}: ibmon {ours} != node_exporter {value}"
             compared += 1
     return compared
 
 
 @pytest.mark.parametrize("tree", sorted(REAL_TREES))
 async def test_real_tree_totals_match_node_exporter(tree: str, tmp_path: Path) -> None:
-    root = REAL_TREES[tree]
-    if not root.is_dir():
-        pytest.skip(f"real fixtures absent: {root}")
+    root = real_fixture(REAL_TREES[tree])
     assert await assert_same_totals(root, tmp_path / "node_exporter.log") >= 8
 
 
 def write_generated_tree(root: Path) -> None:
     """Several devices and ports with 64-bit values, a plain-table port and a legacy mlx4."""
     write_device(root, "mlx5_0", node_guid="0002:c903:00a1:0001")
+    # Near 2**64 a float64 step is 2048. 2**64 - 4096 (x4 of the data value below) and
+    # 2**64 - 4096 itself have an even float64 mantissa, so a value off by +-1024 rounds back to
+    # them: only an integer comparison sees it. Every value here is exact in float64, so
+    # node_exporter carries it unrounded.
     write_port(root, "mlx5_0", 1, counters={
         **FULL_COUNTERS,
-        "port_xmit_data": 2**61 - 12345,  # x4 still fits in node_exporter's uint64
-        "port_rcv_data": 123_456_789_012_345,  # exact as a float64 after x4
-        "port_xmit_packets": 2**63 + 5,
+        "port_xmit_data": 2**62 - 1024,  # x4 = 2**64 - 4096, still fits node_exporter's uint64
+        "port_rcv_data": 123_456_789_012_345,  # x4 below 2**53
+        "port_xmit_packets": 2**63 + 2048,
         "port_rcv_packets": 9_007_199_254_740_000,
-        "unicast_xmit_packets": 2**64 - 1,
+        "unicast_xmit_packets": 2**64 - 4096,
         "unicast_rcv_packets": 4_294_967_296,
         "multicast_xmit_packets": 17,
         "multicast_rcv_packets": 0,

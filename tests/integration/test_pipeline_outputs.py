@@ -36,9 +36,9 @@ async def test_scan_prom_is_byte_for_byte_what_metrics_serves(tmp_path: Path) ->
     write_port(tmp_path, "mlx5_0", 2, state="1: DOWN\n", phys_state="3: Disabled\n")
     cfg = SysfsSourceConfig(root=tmp_path)
     scan = await run_scan(cfg, load_settings(None), interval=0.0)
-    body = scan.prom()
-    assert b"ibmon_port_symbol_error_ber{" in body  # the detectors ran
     async with PrometheusExporter(listen="127.0.0.1:0", self_metrics=scan.metrics) as exporter:
+        body = scan.prom()  # after the listener added its own self metrics to the registry
+        assert b"ibmon_port_symbol_error_ber{" in body  # the detectors ran
         await exporter.publish(scan.state)
         url = f"http://127.0.0.1:{exporter.port}/metrics"
         plain, enc = await asyncio.to_thread(fetch, url, "identity")

@@ -1,6 +1,6 @@
 """Every shipped scenario, played on the simulated clock, yields exactly its answer key.
 
-Tracker and detection engine run with their defaults (DOMAIN.md section 4) over MockSource
+Tracker and detection engine run with their defaults (docs/infiniband.md §4) over MockSource
 snapshots taken every ``poll_interval`` simulated seconds, as the key assumes. Each expected event
 must appear exactly once inside its window (type, port, status, severity and details when the key
 states them) and nothing else may appear; the healthy scenario therefore yields zero events.

@@ -7,9 +7,11 @@ from pathlib import Path
 import pytest
 
 from ibmon.config import (
+    MAX_CONFIG_BYTES,
     ConfigError,
     MadSourceConfig,
     SysfsSourceConfig,
+    check_environment,
     load_settings,
     parse_duration,
     parse_listen,
@@ -95,3 +97,81 @@ def test_bad_config_names_the_field(tmp_path: Path, body: str, expect: str) -> N
 def test_missing_file() -> None:
     with pytest.raises(ConfigError, match="no such config file"):
         load_settings(Path("/nonexistent/ibmon.toml"))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf"), 1e-9, "0.5ms"])
+def test_durations_are_finite_and_at_least_a_millisecond(bad: object) -> None:
+    """NaN or infinite intervals stopped polling silently; 1e-9 would spin a core."""
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration(bad)
+    assert parse_duration("1ms") == 0.001
+
+
+@pytest.mark.parametrize("name", ["IBMON_BOGUS", "IBMON_PROMETHEUS_LISTEN", "ibmon_bogus",
+                                  "IBMON_"])
+def test_unknown_ibmon_variables_are_refused(name: str) -> None:
+    with pytest.raises(ConfigError, match=f"environment variable {name}: no such setting"):
+        check_environment({name: "1"})
+
+
+def test_setting_variables_are_accepted() -> None:
+    check_environment({"IBMON_STATE__PATH": "/x", "IBMON_FABRIC": "a", "ibmon_log__level": "info",
+                       "IBMON_PROMETHEUS": "{}", "HOME": "/root", "IBMONX": "1"})
+
+
+def test_errors_name_the_variable_that_set_the_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = tmp_path / "ibmon.toml"
+    cfg.write_text('[prometheus]\nlisten = "127.0.0.1:1"\n')
+    monkeypatch.setenv("IBMON_PROMETHEUS__LISTEN", "nowhere")
+    with pytest.raises(ConfigError) as info:
+        load_settings(cfg)
+    assert str(info.value).startswith(
+        "environment variable IBMON_PROMETHEUS__LISTEN: prometheus.listen: listen address")
+    monkeypatch.setenv("IBMON_SOURCES", "[{")
+    with pytest.raises(ConfigError, match=r"^environment variable IBMON_SOURCES: not valid JSON"):
+        load_settings(cfg)
+
+
+def test_cert_needs_key_and_key_needs_cert(tmp_path: Path) -> None:
+    for key in ("tls_cert", "tls_key"):
+        cfg = tmp_path / f"{key}.toml"
+        cfg.write_text(f'[prometheus]\n{key} = "/etc/ibmon/x.pem"\n')
+        with pytest.raises(ConfigError, match=f"prometheus: {key} needs "):
+            load_settings(cfg)
+
+
+@pytest.mark.parametrize(
+    ("body", "expect"),
+    [
+        ("x = " + "[" * 3000 + "]" * 3000 + "\n", "arrays or tables nested too deeply"),
+        ("a = 1\n" + "b." * 40 + "c = 1\n", ":2: keys nested deeper than 32 levels"),
+        ("[" + "t." * 40 + "u]\n", ":1: keys nested deeper than 32 levels"),
+    ],
+)
+def test_deep_toml_is_one_line_not_a_recursion_error(
+    tmp_path: Path, body: str, expect: str
+) -> None:
+    cfg = tmp_path / "deep.toml"
+    cfg.write_text(body)
+    with pytest.raises(ConfigError, match=expect):
+        load_settings(cfg)
+
+
+def test_oversized_or_special_config_files_are_refused(tmp_path: Path) -> None:
+    big = tmp_path / "big.toml"
+    big.write_bytes(b"# " + b"x" * MAX_CONFIG_BYTES + b"\n")
+    with pytest.raises(ConfigError, match="larger than"):
+        load_settings(big)
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_settings(tmp_path)
+
+
+def test_shard_must_name_one_of_n(tmp_path: Path) -> None:
+    cfg = tmp_path / "shard.toml"
+    cfg.write_text('[[sources]]\ntype = "diags"\nshard = "3/3"\n')
+    with pytest.raises(ConfigError, match=r"sources\.0\.shard: shard '3/3'"):
+        load_settings(cfg)
+    cfg.write_text('[[sources]]\ntype = "diags"\nshard = "2/3"\n')
+    assert load_settings(cfg).sources[0].shard == "2/3"  # type: ignore[attr-defined]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,6 +15,7 @@ from detect_views import view
 
 from ibmon.detect.engine import Engine
 from ibmon.events import Event
+from tests.detect_settings import TABLE_IDS, TABLES, above, below, settings_for
 
 
 def run(engine: Engine, ratios: list[float | None], util: float = 0.9,
@@ -101,3 +104,146 @@ def test_thresholds_are_configurable() -> None:
         Engine({"congestion": {"warning": 0.9, "critical": 0.5}})
     with pytest.raises(ValueError, match=r"congestion\.bogus"):
         Engine({"congestion": {"bogus": 1}})
+
+
+# --------------------------------------------------------------------------- boundaries
+#
+# Every level is tested at, just below and just above its value (the neighbouring floats), for
+# the InfiniBand ratio and the RoCE ECN/CNP rate, with the default thresholds and with a
+# configured table. docs/infiniband.md §4: "at or above" warning/critical, clear "below".
+
+
+@dataclass(frozen=True)
+class Levels:
+    warning: float
+    critical: float
+    clear: float
+    sustain: int
+    clear_polls: int
+
+
+def levels(tables: dict[str, Any], signal: str) -> Levels:
+    s = settings_for("congestion", tables)
+    if signal == "roce":
+        return Levels(s.roce_warning, s.roce_critical, s.roce_clear, s.sustain, s.clear_polls)
+    return Levels(s.warning, s.critical, s.clear, s.sustain, s.clear_polls)
+
+
+class Port:
+    """One port polled once per simulated second; collects (poll, status, severity) edges."""
+
+    def __init__(self, tables: dict[str, Any], signal: str) -> None:
+        self.engine = Engine(tables)
+        self.signal = signal
+        self.counter = settings_for("congestion", tables).roce_counters[0]
+        self.t = 0
+        self.edges: list[tuple[int, str, str]] = []
+
+    def poll(self, value: float, times: int = 1) -> Port:
+        for _ in range(times):
+            if self.signal == "roce":
+                v = view(link_layer="Ethernet", hw_rates={self.counter: value},
+                         utilization_tx=0.5)
+            else:
+                v = view(xmit_wait_ratio=value, utilization_tx=0.5)
+            evs = self.engine.process({v.key: v}, monotonic=self.t, wall=1e9 + self.t)
+            self.edges += [(self.t, e.status, e.severity) for e in evs if e.type == "congestion"]
+            self.t += 1
+        return self
+
+    @property
+    def firing(self) -> bool:
+        state = [s for _, s, _ in self.edges]
+        return bool(state) and state[-1] == "firing"
+
+
+SIGNALS = ["ratio", "roce"]
+boundary = pytest.mark.parametrize("tables", TABLES, ids=TABLE_IDS)
+signals = pytest.mark.parametrize("signal", SIGNALS)
+
+
+@boundary
+@signals
+@pytest.mark.parametrize(("where", "fires"), [("below", False), ("at", True), ("above", True)])
+def test_warning_fires_at_or_above_the_level(
+    tables: dict[str, Any], signal: str, where: str, fires: bool
+) -> None:
+    lv = levels(tables, signal)
+    value = {"below": below, "at": float, "above": above}[where](lv.warning)
+    port = Port(tables, signal).poll(value, lv.sustain)
+    expected = [(lv.sustain - 1, "firing", "warning")] if fires else []
+    assert port.edges == expected
+
+
+@boundary
+@signals
+@pytest.mark.parametrize(("where", "severity"),
+                         [("below", "warning"), ("at", "critical"), ("above", "critical")])
+def test_critical_at_or_above_its_level(
+    tables: dict[str, Any], signal: str, where: str, severity: str
+) -> None:
+    lv = levels(tables, signal)
+    value = {"below": below, "at": float, "above": above}[where](lv.critical)
+    port = Port(tables, signal).poll(value, lv.sustain)
+    assert port.edges == [(lv.sustain - 1, "firing", severity)]
+
+
+@boundary
+@signals
+def test_warning_needs_sustain_consecutive_polls(tables: dict[str, Any], signal: str) -> None:
+    lv = levels(tables, signal)
+    port = Port(tables, signal)
+    # sustain - 1 polls at the level, interrupted by one poll just below it, twice over
+    port.poll(lv.warning, lv.sustain - 1).poll(below(lv.warning))
+    port.poll(lv.warning, lv.sustain - 1).poll(below(lv.warning))
+    assert port.edges == []
+    start = port.t
+    port.poll(lv.warning, lv.sustain)
+    assert port.edges == [(start + lv.sustain - 1, "firing", "warning")]
+
+
+@boundary
+@signals
+def test_critical_needs_sustain_consecutive_polls(tables: dict[str, Any], signal: str) -> None:
+    lv = levels(tables, signal)
+    port = Port(tables, signal).poll(lv.warning, lv.sustain)  # warning fires
+    port.poll(lv.critical, lv.sustain - 1).poll(below(lv.critical))
+    assert [sev for _, _, sev in port.edges] == ["warning"]
+    start = port.t
+    port.poll(lv.critical, lv.sustain)
+    assert port.edges[1:] == [(start + lv.sustain - 1, "firing", "critical")]
+
+
+@boundary
+@signals
+@pytest.mark.parametrize(("where", "clears"), [("below", True), ("at", False), ("above", False)])
+def test_clears_only_below_the_clear_level(
+    tables: dict[str, Any], signal: str, where: str, clears: bool
+) -> None:
+    lv = levels(tables, signal)
+    port = Port(tables, signal).poll(lv.warning, lv.sustain)
+    assert port.firing
+    value = {"below": below, "at": float, "above": above}[where](lv.clear)
+    start = port.t
+    port.poll(value, lv.clear_polls + 2)
+    if clears:
+        assert port.edges[1:] == [(start + lv.clear_polls - 1, "resolved", "warning")]
+    else:
+        assert port.edges[1:] == []  # inside the hysteresis band: still congested
+        assert port.firing
+
+
+@boundary
+@signals
+def test_clear_needs_clear_polls_consecutive_quiet_polls(
+    tables: dict[str, Any], signal: str
+) -> None:
+    lv = levels(tables, signal)
+    quiet = below(lv.clear)
+    port = Port(tables, signal).poll(lv.warning, lv.sustain)
+    # clear_polls - 1 quiet polls, one poll at the clear level (not quiet), again short by one
+    port.poll(quiet, lv.clear_polls - 1).poll(lv.clear).poll(quiet, lv.clear_polls - 1)
+    assert port.firing
+    assert len(port.edges) == 1
+    port.poll(quiet)  # the clear_polls-th consecutive quiet poll
+    assert port.edges[1:] == [(port.t - 1, "resolved", "warning")]

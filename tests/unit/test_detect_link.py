@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -13,6 +16,7 @@ from ibmon.detect.engine import Engine
 from ibmon.events import Event
 from ibmon.linkspeed import SPEED_ORDER, WIDTH_LANES, is_degraded
 from ibmon.model import LinkInfo, PortView
+from tests.detect_settings import TABLE_IDS, TABLES, below, settings_for
 
 
 def step(engine: Engine, views: list[PortView], t: float) -> list[Event]:
@@ -85,6 +89,17 @@ def test_node_local_degraded_against_majority_and_expected_rate() -> None:
     assert [(e.type, e.value, e.threshold) for e in evs] == [("link_degraded", 100.0, 200.0)]
 
 
+def test_node_local_majority_is_per_link_layer() -> None:
+    """A 25G RoCE port beside three 100G InfiniBand ports is not a degraded InfiniBand port."""
+    ib = [view(str(p), rate_bps=100e9) for p in range(1, 4)]
+    roce = view("5", rate_bps=25e9, link_layer="Ethernet")
+    assert step(Engine(), [*ib, roce], 0) == []
+    slow_ib = view("4", rate_bps=25e9)
+    (fired,) = step(Engine(), [*ib, slow_ib, roce], 0)
+    assert (fired.type, fired.port.port if fired.port else None) == ("link_degraded", "4")
+    assert "InfiniBand ports" in fired.message
+
+
 def test_counter_reset_is_one_info_event_per_reset() -> None:
     engine = Engine()
     assert step(engine, [view()], 0) == []
@@ -120,3 +135,46 @@ def test_topology_changes_after_the_baseline() -> None:
     assert (gone.port.guid, gone.port.port) == (GUID, "2")
     (new,) = step(engine, [view("1", link=moved), view("3")], 4)
     assert new.details["change"] == "appeared"
+
+
+# --------------------------------------------------------------------------- boundaries
+
+boundary = pytest.mark.parametrize("tables", TABLES, ids=TABLE_IDS)
+
+
+def flaps(
+    tables: dict[str, Any], downs_at: list[float], polls: list[float]
+) -> list[tuple[float, Event]]:
+    """LinkDowned goes up by one at each time in ``downs_at``; the port is polled then and at
+    ``polls``. Returns the flapping edges with the poll time they happened at."""
+    engine = Engine(tables)
+    history = 40  # link downs from before monitoring started: not flapping
+    out: list[tuple[float, Event]] = []
+    for t in sorted({0.0, *downs_at, *polls}):
+        total = history + sum(1 for d in downs_at if d <= t)
+        out += [(t, e) for e in step(engine, [view(totals={"link_downed": total})], t)
+                if e.type == "link_flapping"]
+    return out
+
+
+@boundary
+@pytest.mark.parametrize(("extra", "fires"), [(-1, False), (0, True), (1, True)])
+def test_flapping_at_count_link_downs_within_the_window(
+    tables: dict[str, Any], extra: int, fires: bool
+) -> None:
+    s = settings_for("link_flapping", tables)
+    n = s.count + extra
+    gap = s.window / (n + 1)  # all n downs well inside one window
+    downs = [gap * (i + 1) for i in range(n)]
+    edges = [(t, e.status, e.value, e.threshold) for t, e in flaps(tables, downs, [])]
+    # one edge, at the count-th down, however many more follow
+    assert edges == ([(downs[s.count - 1], "firing", s.count, s.count)] if fires else [])
+
+
+@boundary
+def test_a_link_down_counts_for_exactly_one_window(tables: dict[str, Any]) -> None:
+    s = settings_for("link_flapping", tables)
+    downs = [1.0 + i for i in range(s.count)]  # count downs, one per second from t=1
+    edge = downs[0] + s.window  # the first of them leaves the window here
+    edges = [(t, e.status) for t, e in flaps(tables, downs, [below(edge), edge])]
+    assert edges == [(downs[-1], "firing"), (edge, "resolved")]

@@ -466,6 +466,25 @@ def uncomment_options(text: str) -> str:
     )
 
 
+def mount_secrets(root: Path) -> Path:
+    """What the pods' Secret volumes hold, as files under ``root`` (throwaway TLS material)."""
+    from tests.mqtt_broker import make_tls
+    from tests.syspkg import require_binary
+
+    require_binary("openssl")
+    tls = make_tls(root / "tls")
+    for name, data in {
+        "web-tls/tls.crt": tls.server_cert.read_bytes(),
+        "web-tls/tls.key": tls.server_key.read_bytes(),
+        "web-auth/basic-auth": b"prometheus:" + b"0" * 64 + b"\n",
+        "mqtt/password": b"secret\n",
+        "mqtt/ca.crt": tls.ca.read_bytes(),
+    }.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return root
+
+
 def secret_paths(text: str) -> set[str]:
     return set(re.findall(r'"(/run/secrets/ibmon/[^"]+)"', text))
 
@@ -481,6 +500,8 @@ def test_configmap_config_passes_check_config(
         settings = tomllib.loads(text)
         assert settings["mqtt"]["password_file"].startswith("/run/secrets/ibmon/")
         assert settings["prometheus"]["basic_auth_file"].startswith("/run/secrets/ibmon/")
+        # check-config reads every file the config names, as run does: give it the Secrets.
+        text = text.replace("/run/secrets/ibmon/", f"{mount_secrets(tmp_path / 'secrets')}/")
     path = tmp_path / "ibmon.toml"
     path.write_text(text)
     proc = ibmon("check-config", str(path))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import os
 import random
 import re
 import struct
@@ -32,25 +31,28 @@ from ibmon.sources.parse import (
 )
 from ibmon.sources.shard import assign_nodes, filter_topology, parse_shard
 from mocks.topology import fat_tree
+from tests.fixtures import real_fixture, real_fixtures
+from tests.syspkg import require_library
 
-FIXTURES = Path(__file__).resolve().parents[2] / ".." / "shared" / "real-fixtures"
-IBX = FIXTURES / "infiniband_exporter" / "collectors" / "fixtures"
-TOPO = FIXTURES / "ibtopotool" / "tests"
+IBX = "infiniband_exporter/collectors/fixtures"
+TOPO = "ibtopotool/tests"
 
 
-def _need(path: Path) -> Path:
-    if not path.exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"real captures missing: {path}")
-        pytest.skip(f"real captures not present: {path}")
-    return path
+def ibx(relative: str) -> Path:
+    """A treydock/infiniband_exporter capture (skips locally when absent, fails in CI)."""
+    return real_fixture(f"{IBX}/{relative}")
+
+
+def topo_capture(name: str) -> Path:
+    """A jabl/ibtopotool capture (skips locally when absent, fails in CI)."""
+    return real_fixture(f"{TOPO}/{name}")
 
 
 # ------------------------------------------------------------------ perfquery, real captures
 
 
 def test_perfquery_switch_two_ports_capmask2() -> None:
-    text = (_need(IBX) / "perfquery" / "0x7cfe9003009ce5b0.out").read_text()
+    text = ibx("perfquery/0x7cfe9003009ce5b0.out").read_text()
     ports = parse_perfquery(text)
     assert sorted(ports) == [1, 2]
     p1, p2 = ports[1], ports[2]
@@ -66,7 +68,7 @@ def test_perfquery_switch_two_ports_capmask2() -> None:
 
 def test_perfquery_capmask2_zero_error_fields_not_trusted() -> None:
     # CapMask2 0: the bytes after CounterSelect2 are reserved; only a narrow query gives errors.
-    text = (_need(IBX) / "perfquery" / "0x7cfe9003003b4b96.out").read_text()
+    text = ibx("perfquery/0x7cfe9003003b4b96.out").read_text()
     ports = parse_perfquery(text)
     c = ports[1]
     assert c.counters["transmit_data"] == 37108676853855
@@ -76,17 +78,17 @@ def test_perfquery_capmask2_zero_error_fields_not_trusted() -> None:
 
 
 def test_perfquery_switch_errors_and_empty_file() -> None:
-    ports = parse_perfquery((_need(IBX) / "perfquery" / "0x506b4b03005c2740.out").read_text())
+    ports = parse_perfquery(ibx("perfquery/0x506b4b03005c2740.out").read_text())
     assert ports[1].counters["transmit_discards"] == 20046
     assert ports[1].counters["receive_switch_relay_errors"] == 7
     assert ports[1].counters["link_downed"] == 1
-    empty = parse_perfquery((IBX / "perfquery" / "0x506b4b0300cc02a6.out").read_text())
+    empty = parse_perfquery(ibx("perfquery/0x506b4b0300cc02a6.out").read_text())
     assert empty == {}
 
 
 def test_perfquery_details_blocks_are_refused() -> None:
     # ibmon never asks for PortRcvErrorDetails: such a block in its answer is not its answer
-    text = (_need(IBX) / "perfquery-rcv-error" / "0x7cfe9003009ce5b0-2.out").read_text()
+    text = ibx("perfquery-rcv-error/0x7cfe9003009ce5b0-2.out").read_text()
     with pytest.raises(ParseError, match="PortRcvErrorDetails counters' block is not one"):
         parse_perfquery(text)
 
@@ -172,7 +174,7 @@ def test_perfquery_refuses_the_whole_output(text: str, problem: str) -> None:
 
 
 def test_ibnetdiscover_ports_test_out() -> None:
-    ports = parse_ibnetdiscover_ports((_need(IBX) / "ibnetdiscover" / "test.out").read_text())
+    ports = parse_ibnetdiscover_ports(ibx("ibnetdiscover/test.out").read_text())
     assert len(ports) == 9
     first = ports[0]
     assert first.guid == "0x7cfe9003003b4bde" and first.port == 1 and first.node_type == "ca"
@@ -189,7 +191,7 @@ def test_ibnetdiscover_ports_test_out() -> None:
 
 
 def test_ibnetdiscover_ports_sharp_and_spaces() -> None:
-    text = (_need(IBX) / "ibnetdiscover" / "test2.out").read_text()
+    text = ibx("ibnetdiscover/test2.out").read_text()
     # The capture is an edited excerpt: its last link contradicts its first (one CA port,
     # two peers), so the whole of it is refused; its first lines are consistent.
     with pytest.raises(ParseError, match="disagree about their link"):
@@ -202,13 +204,13 @@ def test_ibnetdiscover_ports_sharp_and_spaces() -> None:
 
 
 def test_ibnetdiscover_ports_unquoted_desc() -> None:
-    ports = parse_ibnetdiscover_ports((_need(IBX) / "ibnetdiscover" / "test3.out").read_text())
+    ports = parse_ibnetdiscover_ports(ibx("ibnetdiscover/test3.out").read_text())
     assert ports[0].desc == "Infiniscale-IV Mellanox Technologies"
     assert (ports[0].lid, ports[0].port, ports[0].speed) == (479, 22, "QDR")
 
 
 def test_topology_files_from_ibtopotool() -> None:
-    one = parse_topology_file((_need(TOPO) / "1.topo").read_text())
+    one = parse_topology_file(topo_capture("1.topo").read_text())
     assert len(one) == 14
     sw = next(p for p in one if p.guid == "0x0008f10400410015" and p.port == 1)
     assert (sw.remote_guid, sw.remote_port, sw.width, sw.speed) == (
@@ -220,7 +222,7 @@ def test_topology_files_from_ibtopotool() -> None:
     assert sw.lid == 3 and sw.desc == "SW-6IB4 Voltaire"
     ca = next(p for p in one if p.guid == "0x0008f10403960558" and p.port == 2)
     assert ca.lid == 14 and ca.remote_lid == 6 and ca.node_type == "ca"
-    text3 = (TOPO / "3.topo").read_text()
+    text3 = topo_capture("3.topo").read_text()
     # its first line is a libibmad warning merged into the capture: refused whole...
     with pytest.raises(ParseError, match=r"line 1: not a topology-file line: 'src/query_smp\.c"):
         parse_ibnetdiscover(text3)
@@ -228,7 +230,7 @@ def test_topology_files_from_ibtopotool() -> None:
     three = parse_ibnetdiscover(text3.split("\n", 1)[1])
     fdr = next(p for p in three if p.guid == "0xe41d2d030003e470" and p.port == 3)
     assert fdr.speed == "FDR" and fdr.remote_desc == "MF0;switch-de779e:SX6012/U1"
-    four = parse_ibnetdiscover((TOPO / "4.topo").read_text())
+    four = parse_ibnetdiscover(topo_capture("4.topo").read_text())
     assert {(p.guid, p.port) for p in four} == {
         ("0x0021283a8389a0a0", 23),
         ("0x0003ba000100e388", 2),
@@ -236,7 +238,7 @@ def test_topology_files_from_ibtopotool() -> None:
 
 
 def test_every_capture_parses_or_is_refused_whole() -> None:
-    files = [*sorted((_need(IBX) / "ibnetdiscover").iterdir()), *sorted(TOPO.glob("*.topo"))]
+    files = [*real_fixtures(f"{IBX}/ibnetdiscover/*"), *real_fixtures(f"{TOPO}/*.topo")]
     refused = set()
     for f in files:
         try:
@@ -302,12 +304,7 @@ def test_node_name_map() -> None:
 
 
 def _libibmad() -> ctypes.CDLL:
-    try:
-        lib = ctypes.CDLL("libibmad.so.5")
-    except OSError:
-        if os.environ.get("CI"):
-            pytest.fail("libibmad.so.5 missing (apt package libibmad5)")
-        pytest.skip("libibmad.so.5 not installed (apt package libibmad5)")
+    lib = require_library("libibmad.so.5", "libibmad5")
     lib.mad_field_name.restype = ctypes.c_char_p
     lib.mad_decode_field.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
     return lib

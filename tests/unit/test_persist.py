@@ -70,3 +70,59 @@ def test_unwritable_directory_raises_oserror(tmp_path: Path) -> None:
     blocker.write_text("x")
     with pytest.raises(OSError, match=r"file|directory"):
         StateFile(blocker / "state.json").save({})
+
+
+def test_a_fifo_is_reported_not_read_and_never_replaced(tmp_path: Path) -> None:
+    """Opening a FIFO for reading blocks until a writer comes: it must not even be opened so."""
+    path = tmp_path / "state.json"
+    os.mkfifo(path)
+    sf = StateFile(path)
+    result = sf.load()  # returns at once (a blocking open would hang this test)
+    assert result.problem == "not_a_file"
+    assert "is a FIFO, not a regular file" in result.detail
+    with pytest.raises(OSError, match="not replacing it"):
+        sf.save({})
+    assert path.is_fifo()
+    assert not list(tmp_path.glob(".*tmp"))
+
+
+def test_deeply_nested_json_is_corrupt_and_moved_aside(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    path.write_bytes(b"[" * 100_000 + b"]" * 100_000)
+    result = StateFile(path).load()
+    assert result.problem == "corrupt"
+    assert "nested deeper" in result.detail
+    assert result.aside == tmp_path / "state.json.corrupt"
+    assert not path.exists()
+
+
+def test_a_file_larger_than_any_state_is_corrupt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ibmon.persist
+
+    monkeypatch.setattr(ibmon.persist, "MAX_STATE_BYTES", 1000)
+    path = tmp_path / "state.json"
+    path.write_bytes(b" " * 1001)
+    result = StateFile(path).load()
+    assert result.problem == "corrupt" and "1001 bytes" in result.detail
+    assert (tmp_path / "state.json.corrupt").exists()
+
+
+def test_only_temporaries_of_dead_saves_are_removed(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead = tmp_path / f".state.json.{int(done.stdout)}.tmp"
+    mine = tmp_path / f".state.json.{os.getpid()}.tmp"  # this process: not saving now
+    live = tmp_path / f".state.json.{os.getppid()}.tmp"  # a live process, perhaps saving
+    old = tmp_path / f".state.json.{os.getppid()}0.tmp"
+    other = tmp_path / ".other.json.1.tmp"  # another file's temporary
+    for p in (dead, mine, live, old, other):
+        p.write_bytes(b"{")
+    os.utime(old, (1.0, 1.0))  # older than any save takes, whoever has that pid now
+    removed = StateFile(tmp_path / "state.json").remove_stale_temporaries()
+    assert sorted(removed) == sorted([dead, mine, old])
+    assert live.exists() and other.exists()

@@ -100,6 +100,43 @@ def test_ibmon_run_sends_ready_watchdog_and_stopping(
     assert "Traceback" not in stderr, stderr
 
 
+def test_a_refused_reload_shows_in_the_status_line(
+    tmp_path: Path, notify_socket: tuple[socket.socket, str]
+) -> None:
+    """``systemctl status`` must say that the running config is not the file's any more."""
+    sock, path = notify_socket
+    root = tmp_path / "sys"
+    write_device(root, "mlx5_0")
+    write_port(root, "mlx5_0", 1)
+    config = tmp_path / "ibmon.toml"
+    good = (f'[prometheus]\nlisten = "127.0.0.1:0"\n[[sources]]\ntype = "sysfs"\nname = "local"\n'
+            f'interval = "100ms"\nroot = "{root}"\n[state]\npath = "{tmp_path / "state.json"}"\n')
+    config.write_text(good)
+    env = {k: v for k, v in os.environ.items() if k not in {"WATCHDOG_PID", "WATCHDOG_USEC"}}
+    env.update(NOTIFY_SOCKET=path)
+    proc = subprocess.Popen([str(IBMON), "run", "--config", str(config)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        receive(sock, "READY=1", timeout=20)
+        config.write_text(good.replace("interval = \"100ms\"", "interval = nan"))
+        proc.send_signal(signal.SIGHUP)
+        refused = receive(sock, "READY=1", timeout=20)[-1].splitlines()
+        (status,) = [line for line in refused if line.startswith("STATUS=")]
+        assert status.startswith("STATUS=polling local; reload refused, previous config "
+                                 f"running: {config}: sources.0.interval: duration must be")
+        config.write_text(good)
+        proc.send_signal(signal.SIGHUP)
+        applied = receive(sock, "READY=1", timeout=20)[-1].splitlines()
+        assert "STATUS=polling local" in applied
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
+
 def test_notify_reaches_abstract_socket_and_is_a_noop_outside_systemd(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

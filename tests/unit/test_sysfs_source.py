@@ -23,12 +23,14 @@ from ibmon.sources.sysfs import (
     parse_rate,
     synthetic_guid,
 )
+from tests.fixtures import real_fixture
 from tests.sysfs_tree import FULL_COUNTERS, class_dir, write_device, write_file, write_port
 
-REAL = Path(__file__).resolve().parents[2] / ".." / "shared" / "real-fixtures"
-PROCFS_SYS = REAL / "procfs" / "testdata" / "fixtures.ttar.d" / "fixtures" / "sys"
-NODE_EXPORTER_SYS = REAL / "node_exporter" / "collector" / "fixtures" / "sys.ttar.d" / "sys"
-REAL_TREES = {"procfs": PROCFS_SYS, "node_exporter": NODE_EXPORTER_SYS}
+#: Real sysfs captures under ../shared/real-fixtures (tests.fixtures finds them).
+REAL_TREES = {
+    "procfs": "procfs/testdata/fixtures.ttar.d/fixtures/sys",
+    "node_exporter": "node_exporter/collector/fixtures/sys.ttar.d/sys",
+}
 KNOWN_REASONS = {
     "no_pma", "einval", "eacces", "missing", "empty", "garbage", "bad_rate",
     "unsupported", "io", "unassigned", "duplicate",
@@ -37,10 +39,8 @@ GUID = "0x0002c90300a1b2c3"
 
 
 def real_tree(name: str) -> Path:
-    root = REAL_TREES[name]
-    if not root.is_dir():
-        pytest.skip(f"real fixtures absent: {root}")
-    return root
+    """A captured sysfs root: skips locally when the captures are absent, fails in CI."""
+    return real_fixture(REAL_TREES[name])
 
 
 async def sample(root: Path, **kw: object) -> Snapshot:
@@ -264,6 +264,23 @@ async def test_counters_and_hw_counters(tmp_path: Path) -> None:
     assert p.hw_gauges == {"lifespan": 10, "active_qps": 4, "watermark_qps": 9}
     assert (p.rate_bps, p.active_width, p.active_speed) == (100e9, "4X", "EDR")
     assert (p.state, p.phys_state) == (4, 5)
+
+
+async def test_64bit_values_are_read_exactly(tmp_path: Path) -> None:
+    """No float on the way: 2**64 - 1 and its neighbours are not float64 values, and the
+    node_exporter oracle (float64) could not tell them apart."""
+    write_device(tmp_path, "mlx5_0")
+    write_port(tmp_path, "mlx5_0", 1, counters={
+        **FULL_COUNTERS, "unicast_xmit_packets": 2**64 - 1, "unicast_rcv_packets": 2**64 - 2,
+        "port_xmit_data": 2**53 + 1, "port_rcv_data": 2**62 - 1,
+    }, hw_counters={"out_of_buffer": 2**64 - 3})
+    p = (await sample(tmp_path)).ports[(GUID, "1")]
+    assert p.counters["unicast_transmit_packets"] == 2**64 - 1
+    assert p.counters["unicast_receive_packets"] == 2**64 - 2
+    assert p.counters["transmit_data"] == 2**53 + 1
+    assert p.counters["receive_data"] == 2**62 - 1
+    assert p.hw_counters == {"out_of_buffer": 2**64 - 3}
+    assert all(type(v) is int for v in (*p.counters.values(), *p.hw_counters.values()))
 
 
 async def test_roce_port_is_read_the_same_way(tmp_path: Path) -> None:
@@ -596,6 +613,7 @@ async def test_sample_reads_off_the_event_loop(
 
 def test_has_devices_on_missing_root(tmp_path: Path) -> None:
     assert not has_devices(tmp_path / "nope")
-    real = PROCFS_SYS
-    if real.is_dir():
-        assert has_devices(real)
+
+
+def test_has_devices_on_a_real_tree() -> None:
+    assert has_devices(real_tree("procfs"))

@@ -23,17 +23,8 @@ from mocks.topology import (
     load_ibnetdiscover,
     to_ibsim_netfile,
 )
-from tests.syspkg import require_binary
-
-FIXTURES = Path(__file__).resolve().parents[2] / ".." / "shared" / "real-fixtures"
-
-
-def _fixtures(pattern: str) -> list[Path]:
-    if not FIXTURES.is_dir():
-        pytest.skip(f"real fixtures not found at {FIXTURES}")
-    found = sorted(Path(p) for p in glob.glob(str(FIXTURES / pattern)))
-    assert found, f"no fixture matches {pattern}"
-    return found
+from tests.fixtures import real_fixture, real_fixtures
+from tests.syspkg import require_binary, unavailable
 
 
 def _link_set(f: Fabric) -> set[tuple[tuple[str, int], tuple[str, int], str, str]]:
@@ -130,7 +121,7 @@ def test_netfile_states_the_same_width_on_both_ends() -> None:
 
 def test_loads_real_ibnetdiscover_captures() -> None:
     by_name = {p.name: load_ibnetdiscover(p.read_text()) for p in
-               _fixtures("ibtopotool/tests/*.topo")}
+               real_fixtures("ibtopotool/tests/*.topo")}
     f3 = by_name["3.topo"]  # starts with a tool warning line; contains loopback cables
     sw = f3.nodes["0xe41d2d030003e470"]
     assert sw.desc == "SwitchIB Mellanox Technologies"
@@ -153,10 +144,10 @@ def test_loads_real_ibnetdiscover_captures() -> None:
 
 
 def test_loads_ibsim_examples_with_ibsim_guids() -> None:
-    for path in _fixtures("ibsim/net-examples/net*"):
+    for path in real_fixtures("ibsim/net-examples/net*"):
         f = load_ibnetdiscover(path.read_text())
         assert f.links, path.name
-    f = load_ibnetdiscover((FIXTURES / "ibsim/net-examples/net.2sw2path4hca2port").read_text())
+    f = load_ibnetdiscover(real_fixture("ibsim/net-examples/net.2sw2path4hca2port").read_text())
     # ibsim 0.10 numbers CAs from 0x100000 (reserving nports+1 each), switches from 0x200000
     assert f.node_by_desc("Hca2").guid == "0x0000000000100003"
     assert f.node_by_desc("Switch2").guid == "0x0000000000200001"
@@ -184,9 +175,7 @@ def _umad2sim() -> str:
     hits = glob.glob("/usr/lib/*/umad2sim/libumad2sim.so") + glob.glob(
         "/usr/lib/umad2sim/libumad2sim.so")
     if not hits:
-        if os.environ.get("CI"):
-            pytest.fail("libumad2sim.so not installed (apt package libumad2sim0)")
-        pytest.skip("libumad2sim.so not installed (apt package libumad2sim0)")
+        unavailable("libumad2sim.so not installed (apt package libumad2sim0)")
     return hits[0]
 
 

@@ -1,0 +1,32 @@
+"""Untrusted text made safe for a terminal: ``printable`` for every table ibmon prints.
+
+Node descriptions are set by whoever administers a node (``/sys/class/infiniband/*/node_desc``
+on any host of the fabric) and reach ``ibmon top`` and ``ibmon scan --format table`` as they
+are. An ESC in one is a terminal escape sequence: it can recolour or clear the screen, retitle
+the window, move the cursor to overwrite other rows, or on some terminals answer back. So every
+control character is shown as its escape (``\\x1b``, ``\\x00``, ``\\u202e``) instead of being
+sent: the operator sees that the name is strange, and nothing else changes. Covered: C0 and C1
+controls and DEL (C1 ``\\x9b`` is CSI on 8-bit terminals), the bidirectional overrides and
+isolates (which make text display in a different order than it is stored), and the Unicode line
+and paragraph separators. Everything else, non-ASCII names included, is left as it is. JSON
+output needs none of this: its encoder escapes control characters already.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["printable"]
+
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def printable(text: object) -> str:
+    """``text`` as a string with every terminal control character replaced by its escape."""
+    s = str(text)
+    return s if s.isprintable() else _UNSAFE.sub(_escape, s)

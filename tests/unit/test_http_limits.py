@@ -1,0 +1,197 @@
+"""The listener's limits on real loopback sockets: the cap evicts the longest-waiting idle
+client (never one being answered), refuses only when all are busy, closes a client that does
+not finish its request in time, and logs each kind once per interval."""
+
+from __future__ import annotations
+
+import asyncio
+import configparser
+import contextlib
+import resource
+import ssl
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage, BadHttpMethod
+
+from exporters.http import (
+    FD_RESERVE,
+    MAX_CONNECTIONS,
+    RateLimitedLog,
+    ServerLog,
+    connection_cap,
+    http_metrics,
+)
+from exporters.prometheus import PrometheusExporter
+from ibmon.selfmetrics import SelfMetrics
+
+UNIT = Path(__file__).resolve().parents[2] / "deploy" / "systemd" / "ibmon.service"
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str, dict[str, Any]]] = []
+
+    def __getattr__(self, level: str) -> Any:
+        return lambda event, **kw: self.lines.append((level, event, kw))
+
+
+def test_rate_limited_log_says_how_many_it_skipped() -> None:
+    now = [0.0]
+    rec = Recorder()
+    limited = RateLimitedLog(rec, interval=60, clock=lambda: now[0])
+    assert limited("warning", "x", a=1)
+    for _ in range(5):
+        assert not limited("warning", "x", a=2)
+    assert limited("warning", "y")  # another key has its own budget
+    now[0] = 61
+    assert limited("warning", "x", a=3)
+    assert rec.lines == [("warning", "x", {"a": 1}), ("warning", "y", {}),
+                         ("warning", "x", {"a": 3, "suppressed": 5})]
+
+
+def test_server_log_turns_malformed_requests_into_one_counted_line() -> None:
+    metrics = SelfMetrics()
+    hm = http_metrics(metrics.registry)
+    assert http_metrics(metrics.registry) is hm  # once per registry (listeners come and go)
+    rec = Recorder()
+    log = ServerLog(hm, RateLimitedLog(rec))
+    bad = BadHttpMessage("Invalid header token:\n\n  b'Host'\n        ^")
+    log.exception("Error handling request from %s", "192.0.2.1", exc_info=bad)
+    log.exception("Error handling request from %s", "192.0.2.1", exc_info=bad)
+    log.debug("Error handling request from %s", "192.0.2.2", exc_info=BadHttpMethod("x"))
+    log.debug("Ignored premature client disconnection")
+    log.exception("Error handling request from %s", "192.0.2.3",
+                  exc_info=ConnectionResetError("gone"))
+    assert metrics.registry.get_sample_value("ibmon_http_bad_requests_total") == 3
+    assert rec.lines == [("warning", "http_bad_request",
+                          {"peer": "192.0.2.1", "error": "Invalid header token: b'Host' ^"})]
+    log.exception("Unhandled exception", exc_info=RuntimeError("a bug"))
+    level, event, fields = rec.lines[-1]
+    assert (level, event) == ("error", "http_handler_error")
+    assert fields["exc_info"].args == ("a bug",)  # a bug keeps its traceback
+
+
+def test_cap_fits_the_descriptor_limit_and_the_unit_leaves_room() -> None:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert connection_cap(10**9) == (10**9 if soft == resource.RLIM_INFINITY
+                                     else soft - FD_RESERVE)
+    assert connection_cap(5) == 5
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.optionxform = str  # type: ignore[assignment,method-assign]
+    unit.read_string(UNIT.read_text(encoding="utf-8"))
+    assert int(unit["Service"]["LimitNOFILE"]) >= MAX_CONNECTIONS + FD_RESERVE
+
+
+@pytest.fixture
+async def guarded() -> AsyncIterator[tuple[PrometheusExporter, SelfMetrics, asyncio.Event]]:
+    metrics = SelfMetrics()
+    release = asyncio.Event()
+
+    async def hold(request: web.Request) -> web.StreamResponse:
+        await release.wait()
+        return web.Response(text="released")
+
+    exporter = PrometheusExporter(listen="127.0.0.1:0", self_metrics=metrics,
+                                  max_connections=4, read_timeout=0.5)
+    exporter.add_routes([web.get("/hold", hold)])
+    async with exporter:
+        yield exporter, metrics, release
+    release.set()
+
+
+async def _closed(reader: asyncio.StreamReader) -> bool:
+    try:
+        return await asyncio.wait_for(reader.read(1), 5) == b""
+    except ConnectionResetError:
+        return True
+
+
+async def test_at_the_cap_the_longest_waiting_idle_client_makes_room(
+    guarded: tuple[PrometheusExporter, SelfMetrics, asyncio.Event],
+) -> None:
+    exporter, metrics, _ = guarded
+    idle = [await asyncio.open_connection("127.0.0.1", exporter.port) for _ in range(4)]
+    for _, writer in idle:
+        writer.write(b"GET /metrics HTTP/1.1\r\n")  # never finished
+        await writer.drain()
+    await asyncio.sleep(0.05)
+    async with aiohttp.ClientSession() as session, session.get(
+        f"http://127.0.0.1:{exporter.port}/metrics"
+    ) as resp:
+        assert resp.status == 200
+    assert await _closed(idle[0][0])  # the oldest made room
+    evicted = metrics.registry.get_sample_value("ibmon_http_connections_closed_total",
+                                                {"reason": "evicted"})
+    assert evicted == 1
+    # The others are closed at the read deadline (0.5 s here), counted, not answered.
+    for reader, _ in idle[1:]:
+        assert await _closed(reader)
+    timed_out = metrics.registry.get_sample_value("ibmon_http_connections_closed_total",
+                                                  {"reason": "read_timeout"})
+    assert timed_out == 3
+    for _, writer in idle:
+        writer.close()
+
+
+async def test_a_client_being_answered_is_never_evicted_and_a_full_house_refuses(
+    guarded: tuple[PrometheusExporter, SelfMetrics, asyncio.Event],
+) -> None:
+    exporter, metrics, release = guarded
+    url = f"http://127.0.0.1:{exporter.port}"
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def held() -> str:
+            async with session.get(f"{url}/hold") as resp:
+                return await resp.text()
+
+        busy = [asyncio.create_task(held()) for _ in range(4)]
+        await asyncio.sleep(0.3)
+        reader, writer = await asyncio.open_connection("127.0.0.1", exporter.port)
+        assert await _closed(reader)  # refused: every connection is answering a request
+        writer.close()
+        refused = metrics.registry.get_sample_value("ibmon_http_connections_closed_total",
+                                                    {"reason": "refused"})
+        assert refused == 1
+        await asyncio.sleep(0.6)  # past the read deadline: busy connections are not touched
+        release.set()
+        assert await asyncio.gather(*busy) == ["released"] * 4
+    with contextlib.suppress(Exception):
+        await writer.wait_closed()
+
+
+async def test_tls_clients_that_never_finish_the_handshake_count_against_the_cap(
+    tmp_path: Path,
+) -> None:
+    """The guard admits the TCP connection before the handshake, so silent TLS clients hold
+    counted, evictable places (not uncounted descriptors) and meet the same deadline."""
+    from tests.mqtt_broker import make_tls
+
+    tls = make_tls(tmp_path / "tls")
+    metrics = SelfMetrics()
+    exporter = PrometheusExporter(listen="127.0.0.1:0", self_metrics=metrics,
+                                  tls_cert=tls.server_cert, tls_key=tls.server_key,
+                                  max_connections=3, read_timeout=0.5)
+    async with exporter:
+        silent = [await asyncio.open_connection("127.0.0.1", exporter.port) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        ctx = ssl.create_default_context(cafile=str(tls.ca))
+        async with aiohttp.ClientSession() as session, session.get(
+            f"https://127.0.0.1:{exporter.port}/metrics", ssl=ctx
+        ) as resp:
+            assert resp.status == 200
+        assert await _closed(silent[0][0])  # evicted for the scraper
+        for reader, _ in silent[1:]:
+            assert await _closed(reader)  # the read deadline covers the handshake
+        for _, writer in silent:
+            writer.close()
+
+    def closed(reason: str) -> float | None:
+        return metrics.registry.get_sample_value("ibmon_http_connections_closed_total",
+                                                 {"reason": reason})
+
+    assert (closed("evicted"), closed("read_timeout")) == (1, 2)

@@ -1,0 +1,120 @@
+"""The MAD worker process: it says why it cannot open a port, can always be killed, and the
+``mad`` source backs off before opening a failing port again (no device needed).
+
+The simulator-backed behaviour (a frozen fabric, a frozen worker, a fabric that returns) is in
+``tests/faults/test_fabric_health.py``.
+"""
+
+from __future__ import annotations
+
+import marshal
+import stat
+import struct
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ibmon.sources.libibmad import ATTR_NODE_INFO, CLASS_SMI, MadError, MadRequest
+from ibmon.sources.mad import MadSource
+from ibmon.sources.madworker import MadWorker, MadWorkerGoneError
+
+NO_CA = "ibmon_no_such_ca"
+
+
+def fake_python(tmp_path: Path, body: str) -> str:
+    """An "interpreter" for MadWorker that ignores its arguments and runs ``body`` (sh)."""
+    path = tmp_path / "python"
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def worker(python: str | None = None, ca: str = NO_CA) -> MadWorker:
+    kw = {} if python is None else {"python": python}
+    return MadWorker(ca=ca, port=0, timeout=0.1, retries=0, window=8, **kw)
+
+
+def test_a_port_that_cannot_open_is_explained_in_one_line() -> None:
+    w = worker()
+    try:
+        with pytest.raises(MadError) as info:
+            w.wait_ready(30.0)
+    finally:
+        assert w.close()
+    assert info.value.cause == "absent"
+    assert "cannot open a MAD port" in str(info.value) and "\n" not in str(info.value)
+    assert not w.alive
+
+
+def test_a_worker_that_never_opens_is_not_waited_for_forever(tmp_path: Path) -> None:
+    w = worker(fake_python(tmp_path, "exec sleep 60"))
+    try:
+        assert w.wait_ready(0.3) is False
+        assert w.alive  # still trying, as a worker waiting for its simulator would be
+    finally:
+        assert w.close(grace=0.1)
+    assert not w.alive
+
+
+def test_kill_frees_a_reader_blocked_on_a_frozen_worker(tmp_path: Path) -> None:
+    """The thread waiting for an answer is released at once, not when the fabric answers."""
+    ready = tmp_path / "ready.frame"
+    body = marshal.dumps(("ready",))
+    ready.write_bytes(struct.pack(">I", len(body)) + body)
+    w = worker(fake_python(tmp_path, f"cat {ready}; exec sleep 60"))  # ready... then silence
+    errors: list[BaseException] = []
+
+    def batch() -> None:
+        try:
+            w.run([MadRequest(CLASS_SMI, ATTR_NODE_INFO, path=())])
+        except BaseException as exc:  # collected for the assertion
+            errors.append(exc)
+
+    try:
+        assert w.wait_ready(10.0)
+        t = threading.Thread(target=batch)
+        t.start()
+        time.sleep(0.3)
+        assert t.is_alive()  # blocked: the worker does not answer
+        w.kill()
+        t.join(timeout=5)
+        assert not t.is_alive()
+    finally:
+        assert w.close()
+    assert len(errors) == 1 and isinstance(errors[0], MadWorkerGoneError)
+    assert "killed by signal 9" in str(errors[0])
+
+
+def test_a_garbled_answer_is_an_error_not_a_crash(tmp_path: Path) -> None:
+    w = worker(fake_python(tmp_path, r'printf "\000\000\000\002\377\377"; exec sleep 60'))
+    try:
+        with pytest.raises(MadError, match="malformed frame"):
+            w.wait_ready(10.0)
+    finally:
+        assert w.close(grace=0.1)
+
+
+def test_a_worker_that_dies_says_how(tmp_path: Path) -> None:
+    w = worker(fake_python(tmp_path, "exit 3"))
+    try:
+        with pytest.raises(MadWorkerGoneError, match="exited with status 3"):
+            w.wait_ready(10.0)
+    finally:
+        assert w.close()
+
+
+async def test_the_source_backs_off_before_opening_a_failing_port_again() -> None:
+    src = MadSource(ca=NO_CA)
+    try:
+        with pytest.raises(MadError, match="cannot open a MAD port"):
+            await src.discover()
+        with pytest.raises(MadError, match="cannot open a MAD port"):  # first reopen: at once
+            await src.discover()
+        with pytest.raises(MadError, match=r"MAD port closed; reopening in \d"):
+            await src.sample()
+        pids = src.worker_pids
+    finally:
+        await src.close()
+    assert pids == []  # every worker that failed was closed and reaped
