@@ -110,7 +110,9 @@ def run_mad(
         try:
             for _ in range(steps.count("wait")):
                 line = proc.stdout.readline()
-                if line.strip() != "READY":
+                while line and line.strip() != "READY":  # a log line the source printed
+                    line = proc.stdout.readline()
+                if not line:
                     break
                 if on_wait is not None:
                     on_wait()
