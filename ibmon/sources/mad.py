@@ -555,7 +555,7 @@ class MadSource(FabricSource):
         state = [(k, lid) for lid, keys in by_lid.items() for k in keys] if refresh_state else []
         details = self.details
         # baselines and owed re-reads are known now: they ride in the poll's batch
-        early = details.planned(k for k, kind, _r in plan if kind != "narrow")
+        early = details.planned(dict.fromkeys(k for k, _kind, _r in plan))
         reqs = [req for _key, _kind, req in plan]
         reqs += [MadRequest(CLASS_SMI, ATTR_PORT_INFO, attr_mod=int(k[1]), lid=lid)
                  for k, lid in state]

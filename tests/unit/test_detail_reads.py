@@ -277,8 +277,9 @@ class PmaSource(MadSource):
     answers PortRcvErrorDetails with an error status. Decoding and bookkeeping are the real
     source's."""
 
-    def __init__(self) -> None:
+    def __init__(self, cap_mask: int = 0x1200) -> None:
         super().__init__(state_interval=1e9)
+        self.cap_mask = cap_mask
         self.rcv_errors: dict[int, int] = {2: 0, 3: 0}
         self.sent: list[MadRequest] = []
 
@@ -293,7 +294,7 @@ class PmaSource(MadSource):
         data = bytearray(192)
         data[1] = r.port_select or 0
         if r.attr_id == ATTR_CLASS_PORT_INFO:
-            struct.pack_into(">H", data, 2, 0x1200)  # extended counters, no 64-bit errors
+            struct.pack_into(">H", data, 2, self.cap_mask)  # 0x1200: no 64-bit errors
         elif r.attr_id == ATTR_PORT_COUNTERS:
             struct.pack_into(">H", data, 8, self.rcv_errors[r.lid])
         elif r.attr_id == ATTR_PORT_RCV_ERROR_DETAILS and r.lid == 2:
@@ -308,11 +309,16 @@ class PmaSource(MadSource):
         return out
 
 
-async def test_mad_remembers_a_refusal_and_a_healthy_poll_sends_nothing_more() -> None:
-    src = PmaSource()
+def two_hosts() -> FabricView:
     view = FabricView(source="mad")
     for guid, lid in (("0x0000000000100001", 2), ("0x0000000000100002", 3)):
         view.add(guid, 1, desc=guid, node_type="ca", lid=lid)
+    return view
+
+
+async def test_mad_remembers_a_refusal_and_a_healthy_poll_sends_nothing_more() -> None:
+    src = PmaSource()
+    view = two_hosts()
     try:
         src._adopt(view, [], time.monotonic())
         snap = await src.sample()
@@ -330,5 +336,21 @@ async def test_mad_remembers_a_refusal_and_a_healthy_poll_sends_nothing_more() -
         src.rcv_errors = {2: 6, 3: 5}
         await src.sample()
         assert src.detail_mads() == [(2, 0x15)]  # after a discovery: asked again on a move
+    finally:
+        await src.close()
+
+
+async def test_mad_reads_details_of_ports_without_extended_counters() -> None:
+    """A PMA with PortCounters only (no CapMask bit 9/10) is asked with one Get per port; its
+    details follow the same rule."""
+    src = PmaSource(cap_mask=0x1000)
+    try:
+        src._adopt(two_hosts(), [], time.monotonic())
+        await src.sample()
+        assert sorted(src.detail_mads()) == [(2, 0x15), (2, 0x16), (3, 0x15), (3, 0x16)]
+        assert ATTR_PORT_COUNTERS_EXT not in {r.attr_id for r in src.sent}
+        src.rcv_errors = {2: 0, 3: 1}
+        await src.sample()
+        assert src.detail_mads() == [(3, 0x15)]
     finally:
         await src.close()
