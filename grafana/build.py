@@ -50,8 +50,26 @@ OUT_DIR = Path(__file__).resolve().parent / "dashboards"
 DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 RI = "$__rate_interval"
 
-# The descriptive labels of a port, joined onto port series (keys: docs/architecture.md).
-NODE = "* on(guid, port) group_left(node_desc) ibmon_port_info"
+
+
+def one(expr: str) -> str:
+    """``expr`` once per port however many daemons export it. Two replicas of a shard (an HA
+    pair) export identical series apart from ``instance`` (and ``pod`` in Kubernetes); every
+    panel that sums, counts, ranks or lists ports reads them through this, so a pair is never
+    counted twice and never shows a port twice (tests/e2e/test_dashboards_ha.py proves each
+    panel gives the same numbers with one replica and with two)."""
+    return f"max without (instance, pod) ({expr})"
+
+
+def active(condition: str = "") -> str:
+    """How many ports have ``condition`` (any condition if empty) active, 0 when none."""
+    sel = "ibmon_port_condition" + (f'{{condition="{condition}"}}' if condition else "")
+    return f"count({one(sel)} == 1) or vector(0)"
+
+
+# The descriptive labels of a port, joined onto port series (keys: docs/architecture.md); the
+# right side of a join must be one series per (guid, port), hence the max.
+NODE = "* on(guid, port) group_left(node_desc) max by (guid, port, node_desc) (ibmon_port_info)"
 SWITCH_PORTS = 'max by (guid, port) (ibmon_port_info{node_type="switch"})'
 SWITCH_NAMES = 'max by (guid, node_desc) (ibmon_port_info{node_type="switch"})'
 # Thresholds the panels draw and explain are the detectors' defaults, read from their settings
@@ -239,19 +257,19 @@ def dashboard(uid: str, title: str, description: str, panels: Sequence[Panel | d
 
 
 def overview() -> Json:
-    tx = f"rate(ibmon_port_transmit_data_bytes_total[{RI}])"
+    tx = one(f"rate(ibmon_port_transmit_data_bytes_total[{RI}])")
     return dashboard("ibmon-overview", "ibmon / Fabric overview",
                      "Throughput, the busiest and most erroring ports, active conditions and "
                      "events across the fabric.", [
         stat("Fabric throughput", "Sum of all ports' transmitted data.",
              f"sum({tx})", "Bps"),
         stat("Ports", "Ports ibmon reports, from every source.",
-             "count(ibmon_port_info)", "none"),
+             "count(max by (guid, port) (ibmon_port_info))", "none"),
         stat("Active conditions", "Ports with a detector firing (down, BER, congestion...).",
-             "count(ibmon_port_condition == 1) or vector(0)", "none",
+             active(), "none",
              thresholds=((None, "green"), (1, "orange"))),
         stat("Ports down", "Ports that were active and are now down.",
-             'count(ibmon_port_condition{condition="down"} == 1) or vector(0)', "none",
+             active("down"), "none",
              thresholds=((None, "green"), (1, "red"))),
         timeseries("Fabric throughput", "Transmitted data, all ports and switch ports only.",
                    [(f"sum({tx})", "all ports"),
@@ -267,23 +285,25 @@ def overview() -> Json:
               f"{NODE})", "percentunit", columns=("node_desc", "port", "guid"),
               value_name="Utilization", links=[PORT_LINK]),
         table("Most errors", "Top 10 ports by error rate over 5 minutes, all error counters "
-              "(recording rule guid_port:ibmon_port_errors:rate5m).",
-              f"topk(10, guid_port:ibmon_port_errors:rate5m {NODE})", "cps",
+              "(recording rule guid_port_counter:ibmon_port_errors:rate5m, summed per port).",
+              "topk(10, sum by (guid, port) ("
+              f"{one('guid_port_counter:ibmon_port_errors:rate5m')}) {NODE})", "cps",
               columns=("node_desc", "port", "guid"), value_name="Errors/s", links=[PORT_LINK]),
         table("Active conditions", "Every port a detector currently flags, with its peer.",
-              f"ibmon_port_condition {NODE}", "none",
+              f"{one('ibmon_port_condition')} {NODE}", "none",
               columns=("node_desc", "port", "condition", "guid"), value_name="Active",
               links=[PORT_LINK]),
         timeseries("Events", "Events the detectors emitted, by type and severity.",
-                   [(f"sum by (type, severity) (increase(ibmon_events_total[{RI}]))",
+                   [(f"sum by (type, severity) ({one(f'increase(ibmon_events_total[{RI}])')})",
                      "{{type}} ({{severity}})")], "none", bars=True),
     ])
 
 
 def congestion() -> Json:
-    wait = "ibmon_port_transmit_wait_ratio"
-    util_tx = 'ibmon_port_utilization_ratio{direction="transmit"}'
-    sw = 'ibmon_port_info{node_type="switch", node_desc=~"$switch"}'
+    wait = one("ibmon_port_transmit_wait_ratio")
+    util_tx = one('ibmon_port_utilization_ratio{direction="transmit"}')
+    sw = ('max by (guid, port, node_desc) '
+          '(ibmon_port_info{node_type="switch", node_desc=~"$switch"})')
     return dashboard("ibmon-congestion", "ibmon / Congestion",
                      "Where the fabric waits: transmit-wait ratio per switch port, and whether a "
                      "congested port is a hotspot (busy) or suffers backpressure (idle, blocked "
@@ -291,7 +311,8 @@ def congestion() -> Json:
         heatmap("Transmit wait by switch port",
                 "Fraction of time each switch port had data but no credits to send it "
                 "(PortXmitWait). One row per port; dark is congested.",
-                f"max by (guid, port) ({wait}) * on(guid, port) group_left(node_desc) {sw}",
+                "max by (guid, port) (ibmon_port_transmit_wait_ratio) "
+                f"* on(guid, port) group_left(node_desc) {sw}",
                 "{{node_desc}} [{{port}}]", "percentunit"),
         timeseries("Hotspots: congested and busy",
                    f"Ports waiting at least {CONGESTED:.0%} of the time while sending at least "
@@ -314,7 +335,8 @@ def congestion() -> Json:
                    "percentunit"),
         timeseries("Transmit wait ticks", "Raw PortXmitWait increase per second, top 10 ports "
                    "(the ratio assumes the configured tick length).",
-                   [(f"topk(10, rate(ibmon_port_transmit_wait_ticks_total[{RI}]) {NODE})",
+                   [(f"topk(10, {one(f'rate(ibmon_port_transmit_wait_ticks_total[{RI}])')} "
+                     f"{NODE})",
                      "{{node_desc}} [{{port}}]")], "cps"),
         table("Congested ports now", "Ports the congestion detector flags, with wait ratio "
               "and transmit utilization.",
@@ -331,47 +353,50 @@ def link_health() -> Json:
                      "Bit error rate, symbol errors, flaps, integrity errors and links running "
                      "below their capability.", [
         stat("High BER", "Ports whose symbol-error BER the detector flags.",
-             'count(ibmon_port_condition{condition="high_ber"} == 1) or vector(0)', "none",
+             active("high_ber"), "none",
              thresholds=((None, "green"), (1, "orange"))),
         stat("Flapping", f"Links with {FLAP_RULE}.",
-             'count(ibmon_port_condition{condition="flapping"} == 1) or vector(0)', "none",
+             active("flapping"), "none",
              thresholds=((None, "green"), (1, "orange"))),
         stat("Degraded", "Links below the width or speed both ends support.",
-             'count(ibmon_port_condition{condition="degraded"} == 1) or vector(0)', "none",
+             active("degraded"), "none",
              thresholds=((None, "green"), (1, "orange"))),
         stat("Integrity errors", "Ports with recent local link integrity or buffer overrun "
              "errors.",
-             'count(ibmon_port_condition{condition="link_integrity"} == 1) or vector(0)',
+             active("link_integrity"),
              "none", thresholds=((None, "green"), (1, "red"))),
         timeseries("Symbol error BER (worst 10)", "Symbol errors over bits carried, over "
                    f"ibmon's sliding window. IBTA limit 1e-12; ibmon warns at {_BER.warning:g} "
                    f"and is critical at {_BER.critical:g}.",
-                   [(f"topk(10, ibmon_port_symbol_error_ber > 0) {NODE}",
+                   [(f"topk(10, {one('ibmon_port_symbol_error_ber')} > 0) {NODE}",
                      "{{node_desc}} [{{port}}]")], "sci", log=True),
         timeseries("Symbol errors per second (worst 10)", "Rate of SymbolErrorCounter.",
-                   [(f"topk(10, rate(ibmon_port_symbol_errors_total[{RI}]) {NODE})",
+                   [(f"topk(10, {one(f'rate(ibmon_port_symbol_errors_total[{RI}])')} {NODE})",
                      "{{node_desc}} [{{port}}]")], "cps"),
         timeseries("Link downs (flaps)", "LinkDownedCounter increases per port; "
                    f"{FLAP_RULE} is flapping.",
-                   [(f"topk(10, increase(ibmon_port_link_downed_total[{RI}]) {NODE})",
+                   [(f"topk(10, {one(f'increase(ibmon_port_link_downed_total[{RI}])')} {NODE})",
                      "{{node_desc}} [{{port}}]")], "none", bars=True),
         timeseries("Link error recoveries and integrity errors", "Retrains, local link "
                    "integrity and excessive buffer overrun errors per second, top 10.",
-                   [(f"topk(10, rate(ibmon_port_link_error_recovery_total[{RI}]) {NODE})",
+                   [(f"topk(10, {one(f'rate(ibmon_port_link_error_recovery_total[{RI}])')} "
+                     f"{NODE})",
                      "{{node_desc}} [{{port}}] recovery"),
-                    (f"topk(10, rate(ibmon_port_local_link_integrity_errors_total[{RI}]) "
+                    (f"topk(10, "
+                     f"{one(f'rate(ibmon_port_local_link_integrity_errors_total[{RI}])')} "
                      f"{NODE})", "{{node_desc}} [{{port}}] integrity"),
-                    (f"topk(10, rate(ibmon_port_excessive_buffer_overrun_errors_total[{RI}]) "
+                    (f"topk(10, "
+                     f"{one(f'rate(ibmon_port_excessive_buffer_overrun_errors_total[{RI}])')} "
                      f"{NODE})", "{{node_desc}} [{{port}}] overrun")], "cps"),
         table("Links below capability", "Degraded links: active width and speed versus the "
               "best both ends support and have enabled.",
-              "ibmon_link_info and on(guid, port) "
+              f"{one('ibmon_link_info')} and on(guid, port) "
               'ibmon_port_condition{condition="degraded"}', "none", w=24,
               columns=("guid", "port", "active_width", "active_speed", "max_width",
                        "max_speed", "remote_node_desc", "remote_port"), value_name="Degraded"),
         table("Links with errors", "Per-port error rates over 5 minutes by counter "
               "(recording rule guid_port_counter:ibmon_port_errors:rate5m).",
-              f"(guid_port_counter:ibmon_port_errors:rate5m > 0) {NODE}", "cps", w=24,
+              f"({one('guid_port_counter:ibmon_port_errors:rate5m')} > 0) {NODE}", "cps", w=24,
               columns=("node_desc", "port", "counter", "guid"), value_name="Per second",
               links=[PORT_LINK]),
     ])
@@ -383,20 +408,20 @@ def port_detail() -> Json:
     ends = (("this end", here), ("peer", peer))
 
     def both(expr: str, legend: str = "") -> list[tuple[str, str]]:
-        return [(expr.replace("SEL", sel), f"{name}{legend}") for name, sel in ends]
+        return [(one(expr.replace("SEL", sel)), f"{name}{legend}") for name, sel in ends]
 
     return dashboard("ibmon-port-detail", "ibmon / Port detail",
                      "One port and the port at the other end of its cable.", [
-        stat("State", "IBA PortState of this end.", f"ibmon_port_state{{{here}}}", "none",
+        stat("State", "IBA PortState of this end.", one(f"ibmon_port_state{{{here}}}"), "none",
              mappings=STATE_MAPPINGS, w=4),
         stat("Physical state", "IBA PortPhysicalState of this end.",
-             f"ibmon_port_physical_state{{{here}}}", "none", mappings=PHYS_MAPPINGS, w=4),
+             one(f"ibmon_port_physical_state{{{here}}}"), "none", mappings=PHYS_MAPPINGS, w=4),
         stat("Link rate", "Effective data rate of the link.",
-             f"ibmon_port_rate_bytes_per_second{{{here}}}", "Bps", w=4),
-        stat("Peer state", "IBA PortState of the far end.", f"ibmon_port_state{{{peer}}}",
+             one(f"ibmon_port_rate_bytes_per_second{{{here}}}"), "Bps", w=4),
+        stat("Peer state", "IBA PortState of the far end.", one(f"ibmon_port_state{{{peer}}}"),
              "none", mappings=STATE_MAPPINGS, w=4),
         table("Link", "Width and speed: active versus the best both ends support.",
-              f"ibmon_link_info{{{here}}}", "none", w=8,
+              one(f"ibmon_link_info{{{here}}}"), "none", w=8,
               columns=("remote_node_desc", "remote_port", "active_width", "active_speed",
                        "max_width", "max_speed"), value_name="Info"),
         timeseries("Throughput", "Data sent (+) per second at both ends.",
@@ -422,7 +447,7 @@ def port_detail() -> Json:
                    both(f"increase(ibmon_port_link_downed_total{{SEL}}[{RI}])"), "none",
                    bars=True),
         table("Conditions", "Detectors firing on either end.",
-              f"ibmon_port_condition{{{here}}} or ibmon_port_condition{{{peer}}}", "none",
+              one(f"ibmon_port_condition{{{here}}} or ibmon_port_condition{{{peer}}}"), "none",
               columns=("guid", "port", "condition"), value_name="Active"),
     ], variables=[
         _variable_query("node", "Node", "label_values(ibmon_port_info, node_desc)"),
@@ -441,7 +466,8 @@ def port_detail() -> Json:
 def health() -> Json:
     return dashboard("ibmon-health", "ibmon / ibmon health",
                      "Is ibmon itself healthy: scrapes, sources, poll durations, errors, "
-                     "staleness and MQTT.", [
+                     "staleness and MQTT. Per daemon: each replica of an HA pair is a daemon "
+                     "of its own here (a dead replica shows); events are counted once.", [
         stat("Sources up", "Sources whose latest poll succeeded, out of all.",
              "sum(ibmon_source_up)", "none", legend="up"),
         stat("Sources down", "Sources whose latest poll failed.",
@@ -462,19 +488,22 @@ def health() -> Json:
                      "{{source}} p99")], "s"),
         timeseries("Poll errors", "Values or polls a source could not read, by reason "
                    "(0 per source when there are none).",
-                   [(f"sum by (source, reason) (rate(ibmon_source_poll_errors_total[{RI}])) "
-                     "or on(source) sum by (source) (0 * ibmon_source_up)",
-                     "{{source}} {{reason}}")], "cps"),
+                   [(f"sum by (instance, source, reason) "
+                     f"(rate(ibmon_source_poll_errors_total[{RI}])) "
+                     "or on(instance, source) sum by (instance, source) (0 * ibmon_source_up)",
+                     "{{instance}} {{source}} {{reason}}")], "cps"),
         timeseries("Data age", "Seconds since each source's last successful poll.",
-                   [("time() - ibmon_source_last_success_timestamp_seconds", "{{source}}")],
+                   [("time() - ibmon_source_last_success_timestamp_seconds",
+                     "{{instance}} {{source}}")],
                    "s", minimum=None),
         timeseries("Ports per source", "Ports each source reported in its latest poll.",
-                   [("ibmon_source_ports", "{{source}}")], "none"),
+                   [("ibmon_source_ports", "{{instance}} {{source}}")], "none"),
         timeseries("MQTT messages", "Messages published and dropped per second.",
                    [(f"sum(rate(ibmon_mqtt_published_total[{RI}]))", "published"),
                     (f"sum(rate(ibmon_mqtt_dropped_total[{RI}]))", "dropped")], "cps"),
         timeseries("Events", "Detector events per second by type.",
-                   [(f"sum by (type) (rate(ibmon_events_total[{RI}]))", "{{type}}")], "cps"),
+                   [(f"sum by (type) ({one(f'rate(ibmon_events_total[{RI}])')})", "{{type}}")],
+                   "cps"),
         table("Versions", "Running ibmon versions.", "ibmon_build_info", "none", w=24,
               columns=("instance", "version", "python"), value_name="Running"),
     ], variables=[_variable_query("job", "Job", "label_values(ibmon_build_info, job)",
@@ -486,12 +515,12 @@ def fabric_map() -> Json:
     that draws a graph, and it takes plain frames, so two Prometheus table queries can feed it
     (``node_graph``) without a plugin. The table below it lists the cable ends with conditions,
     for fabrics beyond the node graph's 1,500 nodes and for sorting."""
-    conditions = "count by (guid, port) (ibmon_port_condition == 1)"
+    conditions = f"count by (guid, port) ({one('ibmon_port_condition')} == 1)"
     nodes = (
         'label_replace(label_replace(label_replace(\n'
         "  max by (guid, node_desc, node_type) (ibmon_port_info)\n"
         "  * on(guid) group_left() (\n"
-        "    count by (guid) (ibmon_port_condition == 1)\n"
+        f"    count by (guid) ({one('ibmon_port_condition')} == 1)\n"
         "    or on(guid) 0 * max by (guid) (ibmon_port_info)\n"
         "  ),\n"
         '"id", "$1", "guid", "(.*)"), "title", "$1", "node_desc", "(.*)"), '
@@ -518,8 +547,10 @@ def fabric_map() -> Json:
                    nodes, edges),
         table("Links and their conditions", "Every cable end with a detector firing, with "
               "its peer: the map's non-zero numbers as rows.",
-              "ibmon_port_condition * on(guid, port) group_left(remote_node_desc, remote_port) "
-              f"ibmon_link_info {NODE}", "none", w=24,
+              f"{one('ibmon_port_condition')} * on(guid, port) "
+              "group_left(remote_node_desc, remote_port) "
+              "max by (guid, port, remote_node_desc, remote_port) (ibmon_link_info) "
+              f"{NODE}", "none", w=24,
               columns=("node_desc", "port", "condition", "remote_node_desc", "remote_port",
                        "guid"), value_name="Active", links=[PORT_LINK]),
     ])
