@@ -121,7 +121,8 @@ def expand_rules(expr: str, rules: dict[str, list[tuple[str, dict[str, str]]]]) 
                 for k, v in labels.items():
                     part = f'label_replace({part}, "{k}", "{v}", "", "")'
                 parts.append(part)
-            expr = pattern.sub(lambda _m, p=parts: "(" + " or ".join(p) + ")", expr)
+            replacement = "(" + " or ".join(parts) + ")"
+            expr = replacement.join(pattern.split(expr))
             changed = True
         if not changed:
             return expr
