@@ -3,7 +3,11 @@
 
 Dashboards are code so that a review sees PromQL and layout, not 3,000 lines of JSON, and so that
 every panel gets the same datasource variable, units and ``$__rate_interval`` by construction.
-Plain dictionaries rather than a builder library: see grafana/README.md for the reasoning.
+Panels, queries, variables and dashboards are made with Grafana's own typed builders
+(``grafana-foundation-sdk``, pinned to the Grafana 11.6 schema in pyproject's ``test`` extra), so
+option names, enums and the JSON shape follow Grafana's schema rather than our memory of it; the
+small functions below only fix ibmon's conventions (datasource variable on every panel and query,
+a unit on every panel, tables that link to the port detail).
 
     python grafana/build.py           # rewrite the committed JSON
     python grafana/build.py --check   # exit 1 if the committed JSON is stale (CI does this)
@@ -18,6 +22,21 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from grafana_foundation_sdk.builders import common as cb
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import heatmap as hm
+from grafana_foundation_sdk.builders import nodegraph as ng
+from grafana_foundation_sdk.builders import prometheus as prom
+from grafana_foundation_sdk.builders import stat as st
+from grafana_foundation_sdk.builders import table as tb
+from grafana_foundation_sdk.builders import timeseries as ts
+from grafana_foundation_sdk.cog.builder import Builder
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as cm
+from grafana_foundation_sdk.models import dashboard as dm
+from grafana_foundation_sdk.models import heatmap as hmm
+from grafana_foundation_sdk.models import prometheus as pm
+
 from ibmon.detect.congestion import CongestionSettings
 from ibmon.detect.errors import HighBerSettings
 from ibmon.detect.link import LinkFlappingSettings
@@ -25,14 +44,32 @@ from ibmon.detect.link import LinkFlappingSettings
 __all__ = ["DASHBOARDS", "OUT_DIR", "check", "dashboards", "panel_exprs", "render", "write"]
 
 Json = dict[str, Any]
+Panel = ts.Panel | st.Panel | tb.Panel | hm.Panel | ng.Panel
 
 OUT_DIR = Path(__file__).resolve().parent / "dashboards"
-DS: Json = {"type": "prometheus", "uid": "${datasource}"}
-SCHEMA_VERSION = 38  # Grafana 10.x
+DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 RI = "$__rate_interval"
 
-# The descriptive labels of a port, joined onto port series (keys: docs/architecture.md).
-NODE = "* on(guid, port) group_left(node_desc) ibmon_port_info"
+
+
+def one(expr: str) -> str:
+    """``expr`` once per port however many daemons export it. Two replicas of a shard (an HA
+    pair) export identical series apart from ``instance`` (and ``pod`` in Kubernetes); every
+    panel that sums, counts, ranks or lists ports reads them through this, so a pair is never
+    counted twice and never shows a port twice (tests/e2e/test_dashboards_ha.py proves each
+    panel gives the same numbers with one replica and with two)."""
+    return f"max without (instance, pod) ({expr})"
+
+
+def active(condition: str = "") -> str:
+    """How many ports have ``condition`` (any condition if empty) active, 0 when none."""
+    sel = "ibmon_port_condition" + (f'{{condition="{condition}"}}' if condition else "")
+    return f"count({one(sel)} == 1) or vector(0)"
+
+
+# The descriptive labels of a port, joined onto port series (keys: docs/architecture.md); the
+# right side of a join must be one series per (guid, port), hence the max.
+NODE = "* on(guid, port) group_left(node_desc) max by (guid, port, node_desc) (ibmon_port_info)"
 SWITCH_PORTS = 'max by (guid, port) (ibmon_port_info{node_type="switch"})'
 SWITCH_NAMES = 'max by (guid, node_desc) (ibmon_port_info{node_type="switch"})'
 # Thresholds the panels draw and explain are the detectors' defaults, read from their settings
@@ -49,194 +86,190 @@ FLAP_RULE = f"{_FLAP.count} or more link-downs in {_FLAP.window / 60:g} minutes"
 
 
 def target(expr: str, legend: str = "", *, ref: str = "A", instant: bool = False,
-           fmt: str = "time_series") -> Json:
-    return {
-        "datasource": DS,
-        "expr": expr,
-        "legendFormat": legend or "__auto",
-        "refId": ref,
-        "instant": instant,
-        "range": not instant,
-        "format": fmt,
-        "editorMode": "code",
-    }
+           table_format: bool = False) -> prom.Dataquery:
+    query = (prom.Dataquery().datasource(DS).expr(expr).legend_format(legend or "__auto")
+             .ref_id(ref).editor_mode(pm.QueryEditorMode.CODE)
+             .format(pm.PromQueryFormat.TABLE if table_format else pm.PromQueryFormat.TIME_SERIES))
+    return query.instant() if instant else query.range()
 
 
-def _targets(queries: Sequence[tuple[str, str]], **kw: Any) -> list[Json]:
-    return [target(e, lg, ref=chr(ord("A") + i), **kw) for i, (e, lg) in enumerate(queries)]
+def _targets(panel: Panel, queries: Sequence[tuple[str, str]], **kw: Any) -> None:
+    for i, (expr, legend) in enumerate(queries):
+        panel.with_target(target(expr, legend, ref=chr(ord("A") + i), **kw))
 
 
-def _panel(kind: str, title: str, description: str, targets: list[Json], unit: str, *,
-           w: int, h: int, **extra: Any) -> Json:
-    defaults: Json = {"unit": unit}
-    defaults.update(extra.pop("defaults", {}))
-    panel: Json = {
-        "type": kind,
-        "title": title,
-        "description": description,
-        "datasource": DS,
-        "targets": targets,
-        "fieldConfig": {"defaults": defaults, "overrides": extra.pop("overrides", [])},
-        "gridPos": {"w": w, "h": h},
-    }
-    panel.update(extra)
-    return panel
+def _common(panel: Panel, title: str, description: str, unit: str, *, w: int, h: int) -> None:
+    panel.title(title).description(description).datasource(DS).unit(unit).span(w).height(h)
+
+
+def _thresholds(steps: Sequence[tuple[float | None, str]]) -> db.ThresholdsConfig:
+    return (db.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE)
+            .steps([dm.Threshold(value=v, color=c) for v, c in steps]))
 
 
 def timeseries(title: str, description: str, queries: Sequence[tuple[str, str]], unit: str, *,
                w: int = 12, h: int = 8, log: bool = False, bars: bool = False,
-               minimum: float | None = 0) -> Json:
-    custom: Json = {"drawStyle": "bars" if bars else "line", "fillOpacity": 10,
-                    "showPoints": "never", "spanNulls": False}
+               minimum: float | None = 0) -> Panel:
+    panel = ts.Panel()
+    _common(panel, title, description, unit, w=w, h=h)
+    _targets(panel, queries)
+    panel.draw_style(cm.GraphDrawStyle.BARS if bars else cm.GraphDrawStyle.LINE)
+    panel.fill_opacity(10).show_points(cm.VisibilityMode.NEVER).span_nulls(False)
     if log:
-        custom["scaleDistribution"] = {"type": "log", "log": 10}
-    defaults: Json = {"custom": custom}
-    if minimum is not None and not log:
-        defaults["min"] = minimum
-    return _panel("timeseries", title, description, _targets(queries), unit, w=w, h=h,
-                  defaults=defaults,
-                  options={"legend": {"displayMode": "table", "placement": "right",
-                                      "calcs": ["max", "lastNotNull"]},
-                           "tooltip": {"mode": "multi", "sort": "desc"}})
+        panel.scale_distribution(cb.ScaleDistributionConfig().type(cm.ScaleDistribution.LOG)
+                                 .log(10))
+    elif minimum is not None:
+        panel.min(minimum)
+    panel.legend(cb.VizLegendOptions().display_mode(cm.LegendDisplayMode.TABLE)
+                 .placement(cm.LegendPlacement.RIGHT).show_legend(True)
+                 .calcs(["max", "lastNotNull"]))
+    panel.tooltip(cb.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI)
+                  .sort(cm.SortOrder.DESCENDING))
+    return panel
 
 
 def stat(title: str, description: str, expr: str, unit: str, *, w: int = 6, h: int = 4,
          thresholds: Sequence[tuple[float | None, str]] = ((None, "green"),),
-         mappings: Sequence[Json] = (), legend: str = "") -> Json:
-    return _panel("stat", title, description, _targets([(expr, legend)], instant=True), unit,
-                  w=w, h=h,
-                  defaults={"thresholds": {"mode": "absolute", "steps": [
-                      {"value": v, "color": c} for v, c in thresholds]},
-                      "mappings": list(mappings)},
-                  options={"reduceOptions": {"calcs": ["lastNotNull"], "values": False},
-                           "colorMode": "background", "graphMode": "none",
-                           "textMode": "value_and_name" if legend else "auto"})
+         mappings: Sequence[dm.ValueMap] = (), legend: str = "") -> Panel:
+    panel = st.Panel()
+    _common(panel, title, description, unit, w=w, h=h)
+    _targets(panel, [(expr, legend)], instant=True)
+    panel.thresholds(_thresholds(thresholds)).mappings(list(mappings))
+    panel.reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+    panel.color_mode(cm.BigValueColorMode.BACKGROUND).graph_mode(cm.BigValueGraphMode.NONE)
+    panel.text_mode(cm.BigValueTextMode.VALUE_AND_NAME if legend else cm.BigValueTextMode.AUTO)
+    return panel
 
 
 def table(title: str, description: str, expr: str, unit: str, *, w: int = 12, h: int = 8,
           columns: Sequence[str] = (), value_name: str = "Value",
-          links: Sequence[Json] = ()) -> Json:
+          links: Sequence[db.DashboardLink] = ()) -> Panel:
     """An instant query as a table; ``columns`` are the labels to show, in order."""
     order = {name: i for i, name in enumerate([*columns, "Value"])}
     hidden = {"Time": True, "__name__": True, "instance": True, "job": True}
-    return _panel("table", title, description,
-                  _targets([(expr, "")], instant=True, fmt="table"), unit, w=w, h=h,
-                  defaults={"links": list(links)},
-                  options={"showHeader": True, "footer": {"show": False},
-                           "sortBy": [{"displayName": value_name, "desc": True}]},
-                  transformations=[
-                      {"id": "organize", "options": {
-                          "excludeByName": hidden, "indexByName": order,
-                          "renameByName": {"Value": value_name}}},
-                  ])
+    panel = tb.Panel()
+    _common(panel, title, description, unit, w=w, h=h)
+    _targets(panel, [(expr, "")], instant=True, table_format=True)
+    panel.data_links(list(links)).show_header(True)
+    panel.footer(cb.TableFooterOptions().show(False).reducer([]))
+    panel.sort_by([cb.TableSortByFieldState().display_name(value_name).desc(True)])
+    panel.with_transformation(dm.DataTransformerConfig(id_val="organize", options={
+        "excludeByName": hidden, "indexByName": order, "renameByName": {"Value": value_name}}))
+    return panel
 
 
 def heatmap(title: str, description: str, expr: str, legend: str, unit: str, *,
-            w: int = 24, h: int = 12) -> Json:
+            w: int = 24, h: int = 12) -> Panel:
     """One row per series (a port), colour by value: no bucketing by Grafana."""
-    return _panel("heatmap", title, description, _targets([(expr, legend)]), unit, w=w, h=h,
-                  options={"calculate": False, "yAxis": {"axisPlacement": "left"},
-                           "rowsFrame": {"layout": "auto"},
-                           "color": {"mode": "scheme", "scheme": "Oranges", "fill": "dark",
-                                     "scale": "linear", "exponent": 0.5, "steps": 64,
-                                     "min": 0, "max": 1},
-                           "cellGap": 1, "legend": {"show": True},
-                           "tooltip": {"show": True, "yHistogram": False},
-                           "yAxisLabels": "auto"})
+    panel = hm.Panel()
+    _common(panel, title, description, unit, w=w, h=h)
+    _targets(panel, [(expr, legend)])
+    panel.calculate(False).y_axis(hm.YAxisConfig().axis_placement(cm.AxisPlacement.LEFT))
+    panel.rows_frame(hm.RowsHeatmapOptions().layout(cm.HeatmapCellLayout.AUTO))
+    panel.color(hm.HeatmapColorOptions().mode(hmm.HeatmapColorMode.SCHEME).scheme("Oranges")
+                .fill("dark").scale(hmm.HeatmapColorScale.LINEAR).exponent(0.5).steps(64)
+                .reverse(False).min(0).max(1))
+    panel.cell_gap(1).show_legend().show_y_histogram()
+    panel.mode(cm.TooltipDisplayMode.SINGLE)
+    return panel
 
 
-def row(title: str) -> Json:
-    return {"type": "row", "title": title, "collapsed": False, "panels": [],
-            "gridPos": {"w": 24, "h": 1}}
+def node_graph(title: str, description: str, nodes: str, edges: str, *,
+               w: int = 24, h: int = 18) -> Panel:
+    """Grafana's node graph from two instant table queries, refIds ``nodes`` and ``edges``
+    (the panel takes frames by those refIds). The queries name their columns with the field
+    names the panel reads (``id``, ``title``, ``subtitle``; ``id``, ``source``, ``target``) via
+    ``label_replace``; the value column, ``Value #<refId>`` when a panel has two table queries,
+    becomes ``mainstat``."""
+    panel = ng.Panel()
+    _common(panel, title, description, "none", w=w, h=h)
+    panel.with_target(target(nodes, ref="nodes", instant=True, table_format=True))
+    panel.with_target(target(edges, ref="edges", instant=True, table_format=True))
+    panel.with_transformation(dm.DataTransformerConfig(id_val="organize", options={
+        "excludeByName": {"Time": True},
+        "renameByName": {"Value #nodes": "mainstat", "Value #edges": "mainstat"}}))
+    panel.nodes(ng.NodeOptions().main_stat_unit("none"))
+    panel.edges(ng.EdgeOptions().main_stat_unit("none"))
+    return panel
 
 
-PORT_LINK = {
-    "title": "Port detail",
-    "url": "/d/ibmon-port-detail/ibmon-port-detail?${datasource:queryparam}"
-           "&var-node=${__data.fields.node_desc}&var-port=${__data.fields.port}",
-}
-STATE_MAPPINGS: list[Json] = [{"type": "value", "options": {
-    "1": {"text": "Down", "color": "red"}, "2": {"text": "Init", "color": "orange"},
-    "3": {"text": "Armed", "color": "orange"}, "4": {"text": "Active", "color": "green"},
-    "5": {"text": "ActiveDefer", "color": "orange"}}}]
-PHYS_MAPPINGS: list[Json] = [{"type": "value", "options": {
-    "1": {"text": "Sleep", "color": "red"}, "2": {"text": "Polling", "color": "red"},
-    "3": {"text": "Disabled", "color": "red"}, "4": {"text": "Training", "color": "orange"},
-    "5": {"text": "LinkUp", "color": "green"}, "6": {"text": "ErrorRecovery", "color": "orange"},
-    "7": {"text": "PhyTest", "color": "orange"}}}]
+def row(title: str) -> db.Row:
+    return db.Row(title).collapsed(False)
+
+
+def _value_mappings(options: dict[str, tuple[str, str]]) -> list[dm.ValueMap]:
+    return [dm.ValueMap(options={
+        value: dm.ValueMappingResult(text=text, color=color)
+        for value, (text, color) in options.items()})]
+
+
+PORT_LINK = (db.DashboardLink("Port detail")
+             .url("/d/ibmon-port-detail/ibmon-port-detail?${datasource:queryparam}"
+                  "&var-node=${__data.fields.node_desc}&var-port=${__data.fields.port}"))
+STATE_MAPPINGS = _value_mappings({
+    "1": ("Down", "red"), "2": ("Init", "orange"), "3": ("Armed", "orange"),
+    "4": ("Active", "green"), "5": ("ActiveDefer", "orange")})
+PHYS_MAPPINGS = _value_mappings({
+    "1": ("Sleep", "red"), "2": ("Polling", "red"), "3": ("Disabled", "red"),
+    "4": ("Training", "orange"), "5": ("LinkUp", "green"), "6": ("ErrorRecovery", "orange"),
+    "7": ("PhyTest", "orange")})
 
 
 # --- dashboards -----------------------------------------------------------------------------
 
 
-def _variable_datasource() -> Json:
-    return {"name": "datasource", "label": "Data source", "type": "datasource",
-            "query": "prometheus", "current": {}, "hide": 0, "refresh": 1, "regex": "",
-            "options": [], "includeAll": False, "multi": False}
+def _variable_datasource() -> db.DatasourceVariable:
+    return (db.DatasourceVariable("datasource").label("Data source").type("prometheus")
+            .hide(dm.VariableHide.DONT_HIDE).regex("").multi(False).include_all(False))
 
 
 def _variable_query(name: str, label: str, query: str, *, multi: bool = False,
-                    include_all: bool = False, hide: int = 0) -> Json:
-    var: Json = {"name": name, "label": label, "type": "query", "datasource": DS,
-                 "query": {"query": query, "refId": f"{name}-var"}, "definition": query,
-                 "current": {}, "hide": hide, "refresh": 2, "regex": "", "sort": 1,
-                 "options": [], "multi": multi, "includeAll": include_all}
+                    include_all: bool = False, hide: int = 0) -> db.QueryVariable:
+    var = (db.QueryVariable(name).label(label).datasource(DS)
+           .query({"query": query, "refId": f"{name}-var"})
+           .hide(dm.VariableHide(hide)).refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+           .regex("").sort(dm.VariableSort.ALPHABETICAL_ASC).multi(multi)
+           .include_all(include_all))
     if include_all:
-        var["allValue"] = ".*"
+        var.all_value(".*")
     return var
 
 
-def _layout(panels: list[Json]) -> list[Json]:
-    """Flow panels left to right, top to bottom, on Grafana's 24-column grid."""
-    x = y = row_h = 0
+def dashboard(uid: str, title: str, description: str, panels: Sequence[Panel | db.Row],
+              variables: Sequence[Builder[dm.VariableModel]] = ()) -> Json:
+    """The dashboard as JSON. Panels flow left to right, top to bottom, on Grafana's 24-column
+    grid (the builder lays them out); ids are their positions, so they are stable."""
+    board = (db.Dashboard(title).uid(uid).description(description).tags(["ibmon", "infiniband"])
+             .editable().tooltip(dm.DashboardCursorSync.CROSSHAIR).refresh("30s")
+             .time("now-3h", "now").timezone("")
+             .link(db.DashboardLink("ibmon").type(dm.DashboardLinkType.DASHBOARDS)
+                   .tags(["ibmon"]).as_dropdown(True).include_vars(False).keep_time(True)))
+    board.with_variable(_variable_datasource())
+    for var in variables:
+        board.with_variable(var)
     for i, panel in enumerate(panels, start=1):
-        pos = panel["gridPos"]
-        if x + pos["w"] > 24 or panel["type"] == "row":
-            x, y, row_h = 0, y + row_h, 0
-        pos.update(x=x, y=y)
-        panel["id"] = i
-        x += pos["w"]
-        row_h = max(row_h, pos["h"])
-        if panel["type"] == "row":
-            x, y, row_h = 0, y + pos["h"], 0
-    return panels
-
-
-def dashboard(uid: str, title: str, description: str, panels: list[Json],
-              variables: Sequence[Json] = ()) -> Json:
-    return {
-        "uid": uid,
-        "title": title,
-        "description": description,
-        "tags": ["ibmon", "infiniband"],
-        "editable": True,
-        "graphTooltip": 1,
-        "refresh": "30s",
-        "schemaVersion": SCHEMA_VERSION,
-        "time": {"from": "now-3h", "to": "now"},
-        "timezone": "",
-        "templating": {"list": [_variable_datasource(), *variables]},
-        "annotations": {"list": []},
-        "links": [{"title": "ibmon", "type": "dashboards", "tags": ["ibmon"], "asDropdown": True,
-                   "includeVars": False, "keepTime": True}],
-        "panels": _layout(panels),
-    }
+        if isinstance(panel, db.Row):
+            board.with_row(panel.id(i))
+        else:
+            board.with_panel(panel.id(i))
+    data: Json = json.loads(JSONEncoder(sort_keys=True).encode(board.build()))
+    return data
 
 
 def overview() -> Json:
-    tx = f"rate(ibmon_port_transmit_data_bytes_total[{RI}])"
+    tx = one(f"rate(ibmon_port_transmit_data_bytes_total[{RI}])")
     return dashboard("ibmon-overview", "ibmon / Fabric overview",
                      "Throughput, the busiest and most erroring ports, active conditions and "
                      "events across the fabric.", [
         stat("Fabric throughput", "Sum of all ports' transmitted data.",
              f"sum({tx})", "Bps"),
         stat("Ports", "Ports ibmon reports, from every source.",
-             "count(ibmon_port_info)", "none"),
+             "count(max by (guid, port) (ibmon_port_info))", "none"),
         stat("Active conditions", "Ports with a detector firing (down, BER, congestion...).",
-             "count(ibmon_port_condition == 1) or vector(0)", "none",
+             active(), "none",
              thresholds=((None, "green"), (1, "orange"))),
         stat("Ports down", "Ports that were active and are now down.",
-             'count(ibmon_port_condition{condition="down"} == 1) or vector(0)', "none",
+             active("down"), "none",
              thresholds=((None, "green"), (1, "red"))),
         timeseries("Fabric throughput", "Transmitted data, all ports and switch ports only.",
                    [(f"sum({tx})", "all ports"),
@@ -252,23 +285,25 @@ def overview() -> Json:
               f"{NODE})", "percentunit", columns=("node_desc", "port", "guid"),
               value_name="Utilization", links=[PORT_LINK]),
         table("Most errors", "Top 10 ports by error rate over 5 minutes, all error counters "
-              "(recording rule guid_port:ibmon_port_errors:rate5m).",
-              f"topk(10, guid_port:ibmon_port_errors:rate5m {NODE})", "cps",
+              "(recording rule guid_port_counter:ibmon_port_errors:rate5m, summed per port).",
+              "topk(10, sum by (guid, port) ("
+              f"{one('guid_port_counter:ibmon_port_errors:rate5m')}) {NODE})", "cps",
               columns=("node_desc", "port", "guid"), value_name="Errors/s", links=[PORT_LINK]),
         table("Active conditions", "Every port a detector currently flags, with its peer.",
-              f"ibmon_port_condition {NODE}", "none",
+              f"{one('ibmon_port_condition')} {NODE}", "none",
               columns=("node_desc", "port", "condition", "guid"), value_name="Active",
               links=[PORT_LINK]),
         timeseries("Events", "Events the detectors emitted, by type and severity.",
-                   [(f"sum by (type, severity) (increase(ibmon_events_total[{RI}]))",
+                   [(f"sum by (type, severity) ({one(f'increase(ibmon_events_total[{RI}])')})",
                      "{{type}} ({{severity}})")], "none", bars=True),
     ])
 
 
 def congestion() -> Json:
-    wait = "ibmon_port_transmit_wait_ratio"
-    util_tx = 'ibmon_port_utilization_ratio{direction="transmit"}'
-    sw = 'ibmon_port_info{node_type="switch", node_desc=~"$switch"}'
+    wait = one("ibmon_port_transmit_wait_ratio")
+    util_tx = one('ibmon_port_utilization_ratio{direction="transmit"}')
+    sw = ('max by (guid, port, node_desc) '
+          '(ibmon_port_info{node_type="switch", node_desc=~"$switch"})')
     return dashboard("ibmon-congestion", "ibmon / Congestion",
                      "Where the fabric waits: transmit-wait ratio per switch port, and whether a "
                      "congested port is a hotspot (busy) or suffers backpressure (idle, blocked "
@@ -276,7 +311,8 @@ def congestion() -> Json:
         heatmap("Transmit wait by switch port",
                 "Fraction of time each switch port had data but no credits to send it "
                 "(PortXmitWait). One row per port; dark is congested.",
-                f"max by (guid, port) ({wait}) * on(guid, port) group_left(node_desc) {sw}",
+                "max by (guid, port) (ibmon_port_transmit_wait_ratio) "
+                f"* on(guid, port) group_left(node_desc) {sw}",
                 "{{node_desc}} [{{port}}]", "percentunit"),
         timeseries("Hotspots: congested and busy",
                    f"Ports waiting at least {CONGESTED:.0%} of the time while sending at least "
@@ -299,7 +335,8 @@ def congestion() -> Json:
                    "percentunit"),
         timeseries("Transmit wait ticks", "Raw PortXmitWait increase per second, top 10 ports "
                    "(the ratio assumes the configured tick length).",
-                   [(f"topk(10, rate(ibmon_port_transmit_wait_ticks_total[{RI}]) {NODE})",
+                   [(f"topk(10, {one(f'rate(ibmon_port_transmit_wait_ticks_total[{RI}])')} "
+                     f"{NODE})",
                      "{{node_desc}} [{{port}}]")], "cps"),
         table("Congested ports now", "Ports the congestion detector flags, with wait ratio "
               "and transmit utilization.",
@@ -316,47 +353,50 @@ def link_health() -> Json:
                      "Bit error rate, symbol errors, flaps, integrity errors and links running "
                      "below their capability.", [
         stat("High BER", "Ports whose symbol-error BER the detector flags.",
-             'count(ibmon_port_condition{condition="high_ber"} == 1) or vector(0)', "none",
+             active("high_ber"), "none",
              thresholds=((None, "green"), (1, "orange"))),
         stat("Flapping", f"Links with {FLAP_RULE}.",
-             'count(ibmon_port_condition{condition="flapping"} == 1) or vector(0)', "none",
+             active("flapping"), "none",
              thresholds=((None, "green"), (1, "orange"))),
         stat("Degraded", "Links below the width or speed both ends support.",
-             'count(ibmon_port_condition{condition="degraded"} == 1) or vector(0)', "none",
+             active("degraded"), "none",
              thresholds=((None, "green"), (1, "orange"))),
         stat("Integrity errors", "Ports with recent local link integrity or buffer overrun "
              "errors.",
-             'count(ibmon_port_condition{condition="link_integrity"} == 1) or vector(0)',
+             active("link_integrity"),
              "none", thresholds=((None, "green"), (1, "red"))),
         timeseries("Symbol error BER (worst 10)", "Symbol errors over bits carried, over "
                    f"ibmon's sliding window. IBTA limit 1e-12; ibmon warns at {_BER.warning:g} "
                    f"and is critical at {_BER.critical:g}.",
-                   [(f"topk(10, ibmon_port_symbol_error_ber > 0) {NODE}",
+                   [(f"topk(10, {one('ibmon_port_symbol_error_ber')} > 0) {NODE}",
                      "{{node_desc}} [{{port}}]")], "sci", log=True),
         timeseries("Symbol errors per second (worst 10)", "Rate of SymbolErrorCounter.",
-                   [(f"topk(10, rate(ibmon_port_symbol_errors_total[{RI}]) {NODE})",
+                   [(f"topk(10, {one(f'rate(ibmon_port_symbol_errors_total[{RI}])')} {NODE})",
                      "{{node_desc}} [{{port}}]")], "cps"),
         timeseries("Link downs (flaps)", "LinkDownedCounter increases per port; "
                    f"{FLAP_RULE} is flapping.",
-                   [(f"topk(10, increase(ibmon_port_link_downed_total[{RI}]) {NODE})",
+                   [(f"topk(10, {one(f'increase(ibmon_port_link_downed_total[{RI}])')} {NODE})",
                      "{{node_desc}} [{{port}}]")], "none", bars=True),
         timeseries("Link error recoveries and integrity errors", "Retrains, local link "
                    "integrity and excessive buffer overrun errors per second, top 10.",
-                   [(f"topk(10, rate(ibmon_port_link_error_recovery_total[{RI}]) {NODE})",
+                   [(f"topk(10, {one(f'rate(ibmon_port_link_error_recovery_total[{RI}])')} "
+                     f"{NODE})",
                      "{{node_desc}} [{{port}}] recovery"),
-                    (f"topk(10, rate(ibmon_port_local_link_integrity_errors_total[{RI}]) "
+                    (f"topk(10, "
+                     f"{one(f'rate(ibmon_port_local_link_integrity_errors_total[{RI}])')} "
                      f"{NODE})", "{{node_desc}} [{{port}}] integrity"),
-                    (f"topk(10, rate(ibmon_port_excessive_buffer_overrun_errors_total[{RI}]) "
+                    (f"topk(10, "
+                     f"{one(f'rate(ibmon_port_excessive_buffer_overrun_errors_total[{RI}])')} "
                      f"{NODE})", "{{node_desc}} [{{port}}] overrun")], "cps"),
         table("Links below capability", "Degraded links: active width and speed versus the "
               "best both ends support and have enabled.",
-              "ibmon_link_info and on(guid, port) "
+              f"{one('ibmon_link_info')} and on(guid, port) "
               'ibmon_port_condition{condition="degraded"}', "none", w=24,
               columns=("guid", "port", "active_width", "active_speed", "max_width",
                        "max_speed", "remote_node_desc", "remote_port"), value_name="Degraded"),
         table("Links with errors", "Per-port error rates over 5 minutes by counter "
               "(recording rule guid_port_counter:ibmon_port_errors:rate5m).",
-              f"(guid_port_counter:ibmon_port_errors:rate5m > 0) {NODE}", "cps", w=24,
+              f"({one('guid_port_counter:ibmon_port_errors:rate5m')} > 0) {NODE}", "cps", w=24,
               columns=("node_desc", "port", "counter", "guid"), value_name="Per second",
               links=[PORT_LINK]),
     ])
@@ -368,20 +408,20 @@ def port_detail() -> Json:
     ends = (("this end", here), ("peer", peer))
 
     def both(expr: str, legend: str = "") -> list[tuple[str, str]]:
-        return [(expr.replace("SEL", sel), f"{name}{legend}") for name, sel in ends]
+        return [(one(expr.replace("SEL", sel)), f"{name}{legend}") for name, sel in ends]
 
     return dashboard("ibmon-port-detail", "ibmon / Port detail",
                      "One port and the port at the other end of its cable.", [
-        stat("State", "IBA PortState of this end.", f"ibmon_port_state{{{here}}}", "none",
+        stat("State", "IBA PortState of this end.", one(f"ibmon_port_state{{{here}}}"), "none",
              mappings=STATE_MAPPINGS, w=4),
         stat("Physical state", "IBA PortPhysicalState of this end.",
-             f"ibmon_port_physical_state{{{here}}}", "none", mappings=PHYS_MAPPINGS, w=4),
+             one(f"ibmon_port_physical_state{{{here}}}"), "none", mappings=PHYS_MAPPINGS, w=4),
         stat("Link rate", "Effective data rate of the link.",
-             f"ibmon_port_rate_bytes_per_second{{{here}}}", "Bps", w=4),
-        stat("Peer state", "IBA PortState of the far end.", f"ibmon_port_state{{{peer}}}",
+             one(f"ibmon_port_rate_bytes_per_second{{{here}}}"), "Bps", w=4),
+        stat("Peer state", "IBA PortState of the far end.", one(f"ibmon_port_state{{{peer}}}"),
              "none", mappings=STATE_MAPPINGS, w=4),
         table("Link", "Width and speed: active versus the best both ends support.",
-              f"ibmon_link_info{{{here}}}", "none", w=8,
+              one(f"ibmon_link_info{{{here}}}"), "none", w=8,
               columns=("remote_node_desc", "remote_port", "active_width", "active_speed",
                        "max_width", "max_speed"), value_name="Info"),
         timeseries("Throughput", "Data sent (+) per second at both ends.",
@@ -407,7 +447,7 @@ def port_detail() -> Json:
                    both(f"increase(ibmon_port_link_downed_total{{SEL}}[{RI}])"), "none",
                    bars=True),
         table("Conditions", "Detectors firing on either end.",
-              f"ibmon_port_condition{{{here}}} or ibmon_port_condition{{{peer}}}", "none",
+              one(f"ibmon_port_condition{{{here}}} or ibmon_port_condition{{{peer}}}"), "none",
               columns=("guid", "port", "condition"), value_name="Active"),
     ], variables=[
         _variable_query("node", "Node", "label_values(ibmon_port_info, node_desc)"),
@@ -426,7 +466,8 @@ def port_detail() -> Json:
 def health() -> Json:
     return dashboard("ibmon-health", "ibmon / ibmon health",
                      "Is ibmon itself healthy: scrapes, sources, poll durations, errors, "
-                     "staleness and MQTT.", [
+                     "staleness and MQTT. Per daemon: each replica of an HA pair is a daemon "
+                     "of its own here (a dead replica shows); events are counted once.", [
         stat("Sources up", "Sources whose latest poll succeeded, out of all.",
              "sum(ibmon_source_up)", "none", legend="up"),
         stat("Sources down", "Sources whose latest poll failed.",
@@ -434,9 +475,8 @@ def health() -> Json:
              thresholds=((None, "green"), (1, "red"))),
         stat("MQTT connected", "1 when connected to the broker (absent when MQTT is off).",
              "min(ibmon_mqtt_connected)", "none",
-             mappings=[{"type": "value", "options": {
-                 "0": {"text": "disconnected", "color": "red"},
-                 "1": {"text": "connected", "color": "green"}}}]),
+             mappings=_value_mappings({"0": ("disconnected", "red"),
+                                       "1": ("connected", "green")})),
         stat("Scrape duration", "How long Prometheus takes to scrape ibmon.",
              'max(scrape_duration_seconds{job=~"$job"})', "s"),
         timeseries("Poll duration p50 / p99", "Wall time of one poll, per source.",
@@ -448,23 +488,72 @@ def health() -> Json:
                      "{{source}} p99")], "s"),
         timeseries("Poll errors", "Values or polls a source could not read, by reason "
                    "(0 per source when there are none).",
-                   [(f"sum by (source, reason) (rate(ibmon_source_poll_errors_total[{RI}])) "
-                     "or on(source) sum by (source) (0 * ibmon_source_up)",
-                     "{{source}} {{reason}}")], "cps"),
+                   [(f"sum by (instance, source, reason) "
+                     f"(rate(ibmon_source_poll_errors_total[{RI}])) "
+                     "or on(instance, source) sum by (instance, source) (0 * ibmon_source_up)",
+                     "{{instance}} {{source}} {{reason}}")], "cps"),
         timeseries("Data age", "Seconds since each source's last successful poll.",
-                   [("time() - ibmon_source_last_success_timestamp_seconds", "{{source}}")],
+                   [("time() - ibmon_source_last_success_timestamp_seconds",
+                     "{{instance}} {{source}}")],
                    "s", minimum=None),
         timeseries("Ports per source", "Ports each source reported in its latest poll.",
-                   [("ibmon_source_ports", "{{source}}")], "none"),
+                   [("ibmon_source_ports", "{{instance}} {{source}}")], "none"),
         timeseries("MQTT messages", "Messages published and dropped per second.",
                    [(f"sum(rate(ibmon_mqtt_published_total[{RI}]))", "published"),
                     (f"sum(rate(ibmon_mqtt_dropped_total[{RI}]))", "dropped")], "cps"),
         timeseries("Events", "Detector events per second by type.",
-                   [(f"sum by (type) (rate(ibmon_events_total[{RI}]))", "{{type}}")], "cps"),
+                   [(f"sum by (type) ({one(f'rate(ibmon_events_total[{RI}])')})", "{{type}}")],
+                   "cps"),
         table("Versions", "Running ibmon versions.", "ibmon_build_info", "none", w=24,
               columns=("instance", "version", "python"), value_name="Running"),
     ], variables=[_variable_query("job", "Job", "label_values(ibmon_build_info, job)",
                                   multi=True, include_all=True)])
+
+
+def fabric_map() -> Json:
+    """Nodes and cables with the conditions on them. The node graph is Grafana's only panel
+    that draws a graph, and it takes plain frames, so two Prometheus table queries can feed it
+    (``node_graph``) without a plugin. The table below it lists the cable ends with conditions,
+    for fabrics beyond the node graph's 1,500 nodes and for sorting."""
+    conditions = f"count by (guid, port) ({one('ibmon_port_condition')} == 1)"
+    nodes = (
+        'label_replace(label_replace(label_replace(\n'
+        "  max by (guid, node_desc, node_type) (ibmon_port_info)\n"
+        "  * on(guid) group_left() (\n"
+        f"    count by (guid) ({one('ibmon_port_condition')} == 1)\n"
+        "    or on(guid) 0 * max by (guid) (ibmon_port_info)\n"
+        "  ),\n"
+        '"id", "$1", "guid", "(.*)"), "title", "$1", "node_desc", "(.*)"), '
+        '"subtitle", "$1", "node_type", "(.*)")'
+    )
+    edges = (
+        "label_replace(label_replace(label_join(\n"
+        "  max by (guid, port, remote_guid) (ibmon_link_info)\n"
+        "  * on(guid, port) group_left() (\n"
+        f"    {conditions}\n"
+        "    or on(guid, port) 0 * max by (guid, port) (ibmon_link_info)\n"
+        "  ),\n"
+        '"id", "/", "guid", "port"), "source", "$1", "guid", "(.*)"), '
+        '"target", "$1", "remote_guid", "(.*)")'
+    )
+    return dashboard("ibmon-fabric-map", "ibmon / Fabric map",
+                     "The fabric as a graph of nodes and cables (fabric sources: ibmon_link_info),"
+                     " with the conditions active on each.", [
+        node_graph("Fabric map", "Every node (switch or HCA) and every cable ibmon's fabric "
+                   "sources know. A node's number is how many of its ports have an active "
+                   "condition; an edge's number is the conditions active at the port it "
+                   "leaves from (each cable is drawn once from each end). Grafana's node graph "
+                   "shows at most 1,500 nodes: on a larger fabric use the table below.",
+                   nodes, edges),
+        table("Links and their conditions", "Every cable end with a detector firing, with "
+              "its peer: the map's non-zero numbers as rows.",
+              f"{one('ibmon_port_condition')} * on(guid, port) "
+              "group_left(remote_node_desc, remote_port) "
+              "max by (guid, port, remote_node_desc, remote_port) (ibmon_link_info) "
+              f"{NODE}", "none", w=24,
+              columns=("node_desc", "port", "condition", "remote_node_desc", "remote_port",
+                       "guid"), value_name="Active", links=[PORT_LINK]),
+    ])
 
 
 DASHBOARDS = {
@@ -473,6 +562,7 @@ DASHBOARDS = {
     "ibmon-link-health.json": link_health,
     "ibmon-port-detail.json": port_detail,
     "ibmon-health.json": health,
+    "ibmon-fabric-map.json": fabric_map,
 }
 
 

@@ -212,6 +212,14 @@ def scan(
         float, typer.Option(min=0.0, max=3600.0, help="Seconds between the two samples.")
     ] = 1.0,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = "table",
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output", "-o",
+            help="Write to FILE atomically (temp file + rename, mode 0644) instead of stdout:"
+            " with --format prom, a node_exporter textfile collector file (name it *.prom).",
+        ),
+    ] = None,
     ca: Annotated[str | None, typer.Option(help="Local CA for mad/diags.")] = None,
     port: Annotated[
         int | None,
@@ -222,23 +230,46 @@ def scan(
 ) -> None:
     """Poll twice, INTERVAL apart, and print what the daemon would show: totals, rates,
     conditions and BER."""
-    from ibmon.scan import ScanError, run_scan
+    from ibmon.scan import Scan, ScanError, run_scan
 
     settings = _load(None)
     _configure_logging(settings, log_level)
     cfg = _source_config(str(source), root=sysfs_root, scenario=scenario, ca=ca, port=port)
     _require_devices(cfg)
+    if output is not None and not output.parent.is_dir():  # before the scan's INTERVAL, not after
+        _die(f"--output: {output.parent} is not a directory")
+
+    def render(result: Scan) -> bytes:
+        if fmt == "prom":
+            return result.prom()
+        return (result.json() if fmt == "json" else result.table()).encode()
+
     try:
         result = asyncio.run(run_scan(cfg, settings, interval=interval))
-    except (ScanError, OSError, RuntimeError, ValueError) as exc:
+    except ScanError as exc:
+        # A textfile must say the source is down, not keep serving the last good numbers.
+        if output is not None and fmt == "prom":
+            _write_output(output, exc.scan.prom())
         _die(f"scan failed: {exc}")
-    if fmt == "prom":
+    except (OSError, RuntimeError, ValueError) as exc:
+        _die(f"scan failed: {exc}")
+    if output is not None:
+        _write_output(output, render(result))
+    elif fmt == "prom":
         sys.stdout.buffer.write(result.prom())
-    elif fmt == "json":
-        sys.stdout.write(result.json())
     else:
-        sys.stdout.write(result.table())
+        sys.stdout.write(result.json() if fmt == "json" else result.table())
     sys.stdout.flush()
+
+
+def _write_output(path: Path, data: bytes) -> None:
+    """``scan --output``: replace ``path`` atomically; a failure is one line and exit 2."""
+    from ibmon.atomicfile import write_atomic
+
+    try:
+        write_atomic(path, data)
+    except OSError as exc:
+        _die(f"cannot write {path}: {exc.strerror or exc}")
 
 
 @app.command("check-config")

@@ -461,6 +461,7 @@ class Daemon:
 
     def _start_polls(self, tg: asyncio.TaskGroup) -> list[_Poll]:
         polls: list[_Poll] = []
+        self.metrics.describe_sources(self.settings.fabric, self.settings.sources)
         for cfg in self.settings.sources:
             pipeline = self._pipeline(cfg)
             try:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
+import math
 import os
 import uuid
 from collections import deque
@@ -36,8 +38,10 @@ __all__ = [
     "Severity",
     "Status",
     "Subscription",
+    "event_id",
     "log_events",
     "new_event_id",
+    "poll_bucket",
     "port_ref",
     "severity_rank",
 ]
@@ -66,8 +70,42 @@ _RANK: dict[str, int] = {s: i for i, s in enumerate(SEVERITIES)}
 
 
 def new_event_id() -> str:
-    """A random 128-bit id, hex (given explicitly: pydantic's default_factory is slow)."""
+    """A random 128-bit id, hex: for events made outside a detection engine (tests, tools).
+    The engine's events carry ``event_id`` instead."""
     return uuid.uuid4().hex
+
+
+def poll_bucket(wall: float, interval: float) -> int:
+    """The poll's time as a whole number of ``interval``s since the epoch (floor), so that two
+    daemons polling the same fabric at the same interval, at different moments within it, agree.
+    Without an interval (``scan --interval 0``), milliseconds."""
+    return math.floor(wall / interval) if interval > 0 else math.floor(wall * 1000)
+
+
+def event_id(
+    *,
+    fabric: str,
+    source: str,
+    kind: str,
+    guid: str,
+    port: str,
+    status: str,
+    severity: str,
+    bucket: int,
+    repeat: int = 0,
+) -> str:
+    """The event's id: a hash of what the event is about and of its poll's ``poll_bucket``.
+
+    Deterministic, so that the two daemons of an HA pair (same fabric, same source name, same
+    interval) give the same event the same id and a subscriber can drop the twin. Unique within
+    one daemon: the source is part of it (two sources seeing one port make two events), so is
+    the severity (an escalation in the same poll window is a second event), and ``repeat``
+    counts an identical event again within one window (only possible when polls come faster
+    than the interval). 128 bits of SHA-256 as hex: the same shape as the random ids before.
+    """
+    text = "\x1f".join((fabric, source, kind, guid, port, status, severity, str(bucket),
+                        str(repeat)))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def severity_rank(severity: str) -> int:
@@ -115,7 +153,8 @@ class Event(BaseModel):
     """One edge of a condition (``firing`` or ``resolved``), as published on every channel.
 
     ``port`` is null only for events about a source rather than a port (``source_failed``).
-    ``time`` serializes as RFC 3339 UTC with a ``Z`` suffix.
+    ``time`` serializes as RFC 3339 UTC with a ``Z`` suffix. ``id`` is deterministic for the
+    engine's events (``event_id``): the twin daemons of an HA pair publish the same id.
     """
 
     model_config = ConfigDict(frozen=True)

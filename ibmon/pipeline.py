@@ -94,7 +94,7 @@ class Pipeline:
         self.label = cfg.label
         self.metrics = metrics
         self.tracker = Tracker(tick_seconds=tick_seconds)
-        self.engine = Engine(tables, fabric=fabric, source=self.label)
+        self.engine = Engine(tables, fabric=fabric, source=self.label, interval=cfg.interval)
         self.status = SourceStatus(name=self.label, kind=cfg.type)
         #: Simulated or real monotonic time of the latest successful sample.
         self.sampled_at: float | None = None
@@ -120,11 +120,13 @@ class Pipeline:
         if cfg.label != self.label:
             raise ValueError(f"pipeline {self.label!r} cannot take source {cfg.label!r}")
         self.cfg = cfg
+        self.engine.interval = cfg.interval
 
     def retune(self, tables: Mapping[str, Any] | None) -> None:
         """New detector settings: fresh detectors, with active conditions and windows carried
         over, so a reload neither re-announces nor forgets a firing condition."""
-        engine = Engine(tables, fabric=self._fabric, source=self.label)
+        engine = Engine(tables, fabric=self._fabric, source=self.label,
+                        interval=self.cfg.interval)
         try:
             engine.load(self.engine.dump())
         except ValueError as exc:

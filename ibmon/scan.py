@@ -2,8 +2,13 @@
 
 The scan shows what the daemon would show at that moment: the same pipeline (tracker and
 detectors) turns the second sample into rates, conditions and BER, and ``--format prom`` is the
-body ``/metrics`` would serve for that state (``exporters.prometheus.exposition``). The first
-poll is the baseline every rate needs.
+port series ``/metrics`` would serve for that state, byte for byte, after the self metrics that
+describe a one-shot run (``ONE_SHOT_FAMILIES``: no counters or histograms of a process that
+exits). The first poll is the baseline every rate needs.
+
+A scan that fails still has something true to say: the source is down. ``ScanError.scan`` holds
+that result (``ibmon_source_up`` 0, and the ports of a first poll that worked, stale), so that a
+node_exporter textfile written from it says "blind" instead of keeping the last good numbers.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from ibmon.detect.engine import ActiveCondition
 from ibmon.model import PortKey, PortView
 from ibmon.pipeline import Pipeline, build_state
 from ibmon.selfmetrics import SelfMetrics
+from ibmon.sources import Source
 from ibmon.sources.registry import build_source
 from ibmon.state import FabricState, in_port_order
 from ibmon.terminal import printable
@@ -34,7 +40,12 @@ _NOT_ERRORS = frozenset({"transmit_data", "receive_data", "transmit_wait"})
 
 
 class ScanError(Exception):
-    """The source could not be polled; the message says why (for one line on stderr)."""
+    """The source could not be polled; the message says why (for one line on stderr), and
+    ``scan`` is what the scan knows nonetheless (the source reported down)."""
+
+    def __init__(self, message: str, scan: Scan) -> None:
+        super().__init__(message)
+        self.scan = scan
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +64,11 @@ class Scan:
         return out
 
     def prom(self) -> bytes:
-        from exporters.prometheus import exposition
+        """One-shot self metrics, then the port series exactly as ``/metrics`` renders them."""
+        from exporters.render import PortRenderer
 
-        return exposition(self.metrics, self.state)
+        views = in_port_order(self.state.ports.values())
+        return self.metrics.render_one_shot() + PortRenderer().render(views)
 
     def json(self) -> str:
         by_port = self.by_port()
@@ -68,30 +81,47 @@ class Scan:
 
 
 async def run_scan(cfg: SourceConfig, settings: Settings, *, interval: float) -> Scan:
-    """Poll ``cfg``'s source twice, ``interval`` seconds apart; ScanError if a poll fails."""
-    source = build_source(cfg)
+    """Poll ``cfg``'s source twice, ``interval`` seconds apart.
+
+    ScanError if the source cannot be built or a poll fails; its ``scan`` is the result so far.
+    """
+    metrics = SelfMetrics()
+    metrics.describe_sources(settings.fabric, [cfg])
     pipeline = Pipeline(
         cfg,
-        metrics=SelfMetrics(),
+        metrics=metrics,
         tables=settings.detect.tables(),
         fabric=settings.fabric,
         tick_seconds=settings.detect.tick_seconds,
         log_failures=False,  # the CLI prints the one error line itself
     )
     try:
-        for i in range(2):
-            if i:
-                await asyncio.sleep(interval)
-            await pipeline.poll(source)
-            if pipeline.error is not None:
-                raise ScanError(pipeline.error)
+        source = build_source(cfg)
+    except (OSError, RuntimeError, ValueError) as exc:
+        pipeline.fail("init_failed", exc)
+        raise ScanError(str(exc) or type(exc).__name__, _result(pipeline)) from exc
+    try:
+        await _poll_twice(pipeline, source, interval)
     finally:
         try:
             await asyncio.wait_for(source.close(), timeout=1.0)
         except Exception as exc:
             log.warning("source_close_failed", source=cfg.label, error=str(exc) or repr(exc))
-    state = build_state([pipeline])
-    return Scan(cfg.label, state, tuple(pipeline.active()), pipeline.metrics)
+    return _result(pipeline)
+
+
+async def _poll_twice(pipeline: Pipeline, source: Source, interval: float) -> None:
+    for i in range(2):
+        if i:
+            await asyncio.sleep(interval)
+        await pipeline.poll(source)
+        if pipeline.error is not None:
+            raise ScanError(pipeline.error, _result(pipeline))
+
+
+def _result(pipeline: Pipeline) -> Scan:
+    return Scan(pipeline.label, build_state([pipeline]), tuple(pipeline.active()),
+                pipeline.metrics)
 
 
 def _fmt_rate(bps: float | None) -> str:

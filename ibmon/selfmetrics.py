@@ -7,14 +7,17 @@ go through the fast renderer in ``exporters.prometheus`` instead.
 from __future__ import annotations
 
 import platform
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import Metric
 
 from ibmon import __version__
 
-__all__ = ["MqttMetrics", "SelfMetrics"]
+__all__ = ["ONE_SHOT_FAMILIES", "MqttMetrics", "SelfMetrics", "ShardMetrics"]
 
 # ``_created`` series double the output and no alert or dashboard of ours uses them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -22,6 +25,25 @@ disable_created_metrics()  # type: ignore[no-untyped-call]
 POLL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 #: Stages range from microseconds (tracking one host's ports) to seconds (a fabric sweep).
 STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, *POLL_BUCKETS)
+
+#: The self metrics a one-shot ``ibmon scan --format prom`` carries (a node_exporter textfile):
+#: the gauges that describe the moment of the scan. Counters and histograms are left out: they
+#: would start from zero in every run of a process that then exits, so Prometheus would read a
+#: file rewritten every minute as a counter that never moves (or resets each time), and a
+#: two-poll duration histogram says nothing about a daemon's health. What stays answers the
+#: questions an operator asks of a textfile: did the source answer (``ibmon_source_up``), when
+#: (``..._last_success_timestamp_seconds``, which also goes stale when the cron job stops, so
+#: IbmonDataStale fires), and how much of it (ports, stale ports, unreachable nodes, shards).
+ONE_SHOT_FAMILIES: Final = (
+    "ibmon_build_info",
+    "ibmon_source_up",
+    "ibmon_source_last_success_timestamp_seconds",
+    "ibmon_source_ports",
+    "ibmon_source_stale_ports",
+    "ibmon_source_unreachable_nodes",
+    "ibmon_shard_info",
+    "ibmon_source_shards",
+)
 
 
 class SelfMetrics:
@@ -76,7 +98,45 @@ class SelfMetrics:
         self.events = Counter(
             "ibmon_events", "Events emitted by the detectors.", ["type", "severity"], registry=r
         )
+        self.shards: ShardMetrics | None = None
         self.mqtt: MqttMetrics | None = None
+
+    def describe_sources(self, fabric: str, sources: Iterable[Any]) -> None:
+        """Set ``ibmon_shard_info`` and ``ibmon_source_shards`` for the configured sources.
+
+        Called with the whole source list at start and after every reload, so a source that
+        left or changed its shard leaves no series behind. Only fabric-wide sources (those with
+        a ``shard`` setting) are described: node-local sysfs daemons, hundreds of them, would
+        otherwise all claim shard 0 of the fabric and hide a dead fabric collector; and the two
+        families exist only once a fabric source does (a sysfs daemon's output has neither).
+        The config is read by duck typing, so a sysfs-only daemon never imports fabric modules.
+        """
+        fabric_sources = [c for c in sources if "shard" in type(c).model_fields]
+        if fabric_sources and self.shards is None:
+            r = self.registry
+            self.shards = ShardMetrics(
+                info=Gauge(
+                    "ibmon_shard_info",
+                    "Always 1; one series per fabric-wide source (mad, diags) naming the shard"
+                    ' of the fabric it polls: shard "K" of shards "N" ("0" of "1" when the'
+                    " source is not sharded).",
+                    ["fabric", "source", "shard", "shards"], registry=r,
+                ),
+                count=Gauge(
+                    "ibmon_source_shards",
+                    "Number of shards the fabric-wide source's fabric is split into (N of its"
+                    " shard K/N; 1 when not sharded), for comparing with the shards alive.",
+                    ["fabric", "source"], registry=r,
+                ),
+            )
+        if self.shards is None:
+            return
+        self.shards.info.clear()
+        self.shards.count.clear()
+        for cfg in fabric_sources:
+            k, n = _shard_of(cfg.shard)
+            self.shards.info.labels(fabric, cfg.label, str(k), str(n)).set(1)
+            self.shards.count.labels(fabric, cfg.label).set(n)
 
     def enable_mqtt(self) -> MqttMetrics:
         """Create the ``ibmon_mqtt_*`` series on first use only.
@@ -109,6 +169,38 @@ class SelfMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def render_one_shot(self) -> bytes:
+        """Only ``ONE_SHOT_FAMILIES``, in registration order (byte-stable for golden files)."""
+        return generate_latest(_Only(self.registry, ONE_SHOT_FAMILIES))
+
+
+def _shard_of(shard: str | None) -> tuple[int, int]:
+    """``"K/N"`` as (K, N); None (not sharded) is shard 0 of 1. The config validated it."""
+    if not shard:
+        return 0, 1
+    k, n = shard.split("/")
+    return int(k), int(n)
+
+
+class _Only:
+    """A registry view with some families (prometheus_client's ``restricted_registry`` yields
+    them in set order, which would make the output differ between runs)."""
+
+    def __init__(self, registry: CollectorRegistry, names: Iterable[str]) -> None:
+        self._registry = registry
+        self._names = frozenset(names)
+
+    def collect(self) -> Iterator[Metric]:
+        return (m for m in self._registry.collect() if m.name in self._names)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardMetrics:
+    """Which shard each fabric-wide source polls; exist only when there is such a source."""
+
+    info: Gauge
+    count: Gauge
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,7 +83,8 @@ def variable_queries() -> list[Expr]:
         for var in board["templating"]["list"]:
             if var["type"] != "query":
                 continue
-            m = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", var["definition"])
+            query = var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
+            m = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", query)
             assert m, f"{name}: variable {var['name']} is not label_values(...)"
             out.append(Expr(f"dashboard {name} / variable {var['name']}", m.group(1)))
     return out
@@ -105,6 +106,8 @@ def substitute(expr: str, values: dict[str, str], rate_interval: str = "1m") -> 
 
     def var(m: re.Match[str]) -> str:
         name = m.group(1) or m.group(2)
+        if name.isdigit():  # label_replace's "$1": Grafana leaves names it does not know alone
+            return m.group(0)
         if name not in values:
             raise KeyError(f"no value for ${name} in {expr!r}")
         return values[name]

@@ -346,8 +346,27 @@ def test_scenario_alerts_reach_alertmanager_and_every_query_returns_data(
             elif not data["data"]["result"]:
                 failures.append(f"{e.where}: no data for {expr}")
         assert not failures, "\n".join(failures)
+        check_fabric_map(prom)
         for p in procs:
             p.alive()
+
+
+def check_fabric_map(prom: str) -> None:
+    """The node graph's two queries give frames it can draw: nodes with unique ``id``,
+    ``title`` and ``subtitle`` columns, edges with unique ``id``, ``source`` and ``target``
+    columns naming nodes, one edge per cable end."""
+    board = json.loads((REPO / "grafana" / "dashboards" / "ibmon-fabric-map.json").read_text())
+    (panel,) = [p for p in board["panels"] if p["type"] == "nodeGraph"]
+    exprs = {t["refId"]: t["expr"] for t in panel["targets"]}
+    assert set(exprs) == {"nodes", "edges"}
+    nodes = [r["metric"] for r in query(prom, exprs["nodes"])]
+    edges = [r["metric"] for r in query(prom, exprs["edges"])]
+    ids = [n["id"] for n in nodes]
+    assert nodes and len(ids) == len(set(ids))
+    assert all(n["title"] and n["subtitle"] in {"switch", "ca"} for n in nodes), nodes[:3]
+    assert edges and len({e["id"] for e in edges}) == len(edges)
+    assert all(e["source"] in ids and e["target"] in ids for e in edges), edges[:3]
+    assert len(edges) == len(query(prom, "ibmon_link_info"))
 
 
 def dashboard_values(prom: str) -> dict[str, str]:

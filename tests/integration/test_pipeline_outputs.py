@@ -1,4 +1,4 @@
-"""The pipeline's state, as every output shows it: scan's exposition is /metrics byte for byte,
+"""The pipeline's state, as every output shows it: scan's port series are /metrics byte for byte,
 a port that is down has no rates anywhere, a reload keeps firing conditions, every daemon task
 is owned and named, and a source that fails to close is reported."""
 
@@ -37,14 +37,18 @@ async def test_scan_prom_is_byte_for_byte_what_metrics_serves(tmp_path: Path) ->
     cfg = SysfsSourceConfig(root=tmp_path)
     scan = await run_scan(cfg, load_settings(None), interval=0.0)
     async with PrometheusExporter(listen="127.0.0.1:0", self_metrics=scan.metrics) as exporter:
-        body = scan.prom()  # after the listener added its own self metrics to the registry
-        assert b"ibmon_port_symbol_error_ber{" in body  # the detectors ran
+        body = scan.prom()
+        head = scan.metrics.render_one_shot()
+        assert body.startswith(head)
+        ports = body[len(head):]
+        assert b"ibmon_port_symbol_error_ber{" in ports  # the detectors ran
         await exporter.publish(scan.state)
         url = f"http://127.0.0.1:{exporter.port}/metrics"
         plain, enc = await asyncio.to_thread(fetch, url, "identity")
-        assert enc == "" and plain == body
+        # /metrics: every self metric (the listener's own included), then the same port series
+        assert enc == "" and plain == scan.metrics.render() + ports
         zipped, enc = await asyncio.to_thread(fetch, url, "gzip")
-        assert enc == "gzip" and gzip.decompress(zipped) == body
+        assert enc == "gzip" and gzip.decompress(zipped) == plain
 
 
 class Port:

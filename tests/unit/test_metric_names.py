@@ -17,6 +17,7 @@ from exporters.prometheus import exposition
 from ibmon.counters import CATALOGUE
 from ibmon.model import LinkInfo, PortIdentity, PortView
 from ibmon.selfmetrics import SelfMetrics
+from ibmon.sources.mad import MadSourceConfig
 from ibmon.state import FabricState
 from tests.promql_sources import (
     ALERT_RULES,
@@ -80,6 +81,7 @@ def known() -> dict[str, set[str]]:
     mqtt.connected.set(1)
     mqtt.published.inc()
     mqtt.dropped.inc()
+    metrics.describe_sources("main", [MadSourceConfig(shard="0/2")])  # the shard families
     view = full_view()
     state = FabricState(generated=1.0, ports={view.key: view})
     names = parse_exposition(exposition(metrics, state).decode())
