@@ -41,6 +41,7 @@ __all__ = [
     "CAUSES",
     "DETAIL_LABELS",
     "DISCARD_DETAILS",
+    "HOTSPOT_ACTION",
     "MEANINGS",
     "RECEIVE_DETAILS",
     "SUSPECT",
@@ -150,6 +151,10 @@ ACTIONS: Final[dict[str, str]] = {
     "unknown": "Compare the error counters of {here} and {peer} (perfquery -x, and -E/-D for "
                "the details) to see which class grows.",
 }
+
+#: The action of a congestion hotspot on a healthy link (cause ``unknown``: nothing is broken).
+HOTSPOT_ACTION: Final = ("Too much traffic is routed over {here} towards {peer}: rebalance "
+                         "jobs or routing (adaptive routing, more uplinks).")
 
 _ACTIVE: Final = int(PortState.ACTIVE)
 _STATE_WORDS: Final = {s.value: s.name.lower().replace("_", " ") for s in PortState}
@@ -301,7 +306,12 @@ class DetailWindow:
         hist = self._hist.get(key)
         if not hist or hist[-1][0] <= now - self.window:
             return 0, {}
+        horizon = now - self.window
         ref, cur = hist[0], hist[-1]
+        for rec in hist:  # the state as of the window's start: the last record before it
+            if rec[0] > horizon:
+                break
+            ref = rec
         out: dict[str, int] = {}
         for name, a, b in zip(self._details, ref[3], cur[3], strict=True):
             if a >= 0 and b >= 0:

@@ -25,7 +25,15 @@ from ibmon.detect.base import (
     key_from_json,
     key_to_json,
 )
-from ibmon.detect.cause import SUSPECT, action, end_name, far_end, peer_note, peer_summary
+from ibmon.detect.cause import (
+    HOTSPOT_ACTION,
+    SUSPECT,
+    action,
+    end_name,
+    far_end,
+    peer_note,
+    peer_summary,
+)
 from ibmon.events import Severity
 from ibmon.linkspeed import SPEED_ORDER, WIDTH_LANES
 from ibmon.model import PortKey, PortView
@@ -129,9 +137,7 @@ class Congestion(PortDetector):
         else:
             cause = "unknown"
         if cause == "unknown":
-            act = (f"Too much traffic is routed over {end_name(view.identity)} towards "
-                   f"{far_end(view)}: rebalance jobs or routing (adaptive routing, more "
-                   "uplinks).")
+            act = HOTSPOT_ACTION.format(here=end_name(view.identity), peer=far_end(view))
             suspect = "too much traffic for this link"
         else:
             act = action(cause, view)
