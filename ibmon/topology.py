@@ -139,8 +139,19 @@ def _node_label(node: Mapping[str, Any]) -> str:
     return str(node.get("node_desc") or node.get("device") or node.get("guid"))
 
 
-#: Hosts per row under their switch: a leaf's hosts form a compact block, not one long line.
-HOSTS_PER_ROW: Final = 8
+#: Drawn size of a host (label width) and of a row (height plus rank separation), inches:
+#: what ``_hosts_per_row`` balances so the whole map comes out about as wide as high.
+_HOST_WIDTH: Final = 1.0
+_ROW_HEIGHT: Final = 0.8
+
+
+def _hosts_per_row(blocks: Mapping[str, Sequence[str]]) -> int:
+    """Hosts per row under their switch, so the map is roughly square: L blocks of h hosts in
+    rows of r are ``L*r*W`` wide and ``h/r*H`` high, equal at ``r = sqrt(h*H / (L*W))``."""
+    if not blocks:
+        return 1
+    h = max(len(set(v)) for v in blocks.values())
+    return max(1, round((h * _ROW_HEIGHT / (len(blocks) * _HOST_WIDTH)) ** 0.5))
 
 
 def _levels(nodes: Sequence[Mapping[str, Any]]) -> dict[str, int]:
@@ -229,15 +240,16 @@ def to_dot(nodes: Sequence[Mapping[str, Any]], *, name: str = "ibmon") -> str:
             out.append(f"  {ends} [{ports}{', ' + ', '.join(attrs) if attrs else ''}];")
     for guid, label in sorted(stubs.items()):
         out.append(f"  {dot_quote(guid)} [label={dot_quote(label)}, style=dashed];")
-    # A switch's hosts in rows of HOSTS_PER_ROW: invisible edges stack each row under the one
-    # before, so a leaf with 40 hosts is a block five rows deep instead of 40 nodes wide.
-    # Each block is a cluster, so blocks do not interleave.
+    # A switch's hosts in rows: invisible edges stack each row under the one before, so a leaf
+    # with 40 hosts is a block several rows deep instead of 40 nodes wide, and the map of a
+    # big fabric is about as high as wide. Each block is a cluster: blocks do not interleave.
+    per_row = _hosts_per_row(under)
     for n, members in enumerate(v for _, v in sorted(under.items())):
         hosts = sorted(set(members))
         out.append(f"  subgraph cluster_{n} {{ graph [style=invis]; "
                    + " ".join(dot_quote(h) + ";" for h in hosts))
-        for i in range(len(hosts) - HOSTS_PER_ROW):
-            out.append(f"    {dot_quote(hosts[i])} -- {dot_quote(hosts[i + HOSTS_PER_ROW])} "
+        for i in range(len(hosts) - per_row):
+            out.append(f"    {dot_quote(hosts[i])} -- {dot_quote(hosts[i + per_row])} "
                        "[style=invis];")
         out.append("  }")
     out.append("}")
