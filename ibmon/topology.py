@@ -14,6 +14,7 @@ strings (``dot_quote``) in the drawing, never DOT syntax.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
@@ -151,7 +152,7 @@ def _hosts_per_row(blocks: Mapping[str, Sequence[str]]) -> int:
     if not blocks:
         return 1
     h = max(len(set(v)) for v in blocks.values())
-    return max(1, round((h * _ROW_HEIGHT / (len(blocks) * _HOST_WIDTH)) ** 0.5))
+    return max(1, round(math.sqrt(h * _ROW_HEIGHT / (len(blocks) * _HOST_WIDTH))))
 
 
 def _levels(nodes: Sequence[Mapping[str, Any]]) -> dict[str, int]:
