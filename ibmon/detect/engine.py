@@ -264,13 +264,19 @@ class Engine:
             if not view.stale:  # not read this poll: no vote
                 cur = active.get(key)
                 verdicts[key] = check(key, view, now, cur.finding if cur else None)
+        # Only links where something holds or was holding can change: a healthy fabric costs
+        # one check per port and nothing more.
+        candidates = [k for k, v in verdicts.items() if isinstance(v, Finding)]
+        candidates += [k for k in active if k in views]
         done: set[PortKey] = set()
-        for key in verdicts:
+        for key in candidates:
             if key in done:
                 continue
             view = views[key]
             link = view.link
             pk = (link.remote_guid, link.remote_port) if link and link.remote_guid else None
+            if key not in verdicts and (pk is None or pk not in verdicts):
+                continue  # neither end was read this poll (stale): nothing to judge
             pview = views.get(pk) if pk is not None and pk != key else None
             if pview is None:
                 group: tuple[PortKey, ...] = (key,)
@@ -291,10 +297,13 @@ class Engine:
                 marks[carrier] = frozenset(findings)
                 self._holds(kind=det.type, key=carrier, view=here, finding=joined, cur=cur,
                             wall=wall, events=events)
-            elif cur is not None and any(v is None for v in votes):
-                del active[carrier]
-                marks.pop(carrier, None)
-                events.append(self._resolved(cur, views[carrier], wall))
+            elif held and any(v is None for v in votes):
+                # both ends may hold one (state saved before faults were kept per link):
+                # each announced firing gets its resolved
+                for k in held:
+                    done_cond = active.pop(k)
+                    marks.pop(k, None)
+                    events.append(self._resolved(done_cond, views[k], wall))
 
     def _holds(
         self,

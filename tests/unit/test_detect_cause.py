@@ -234,3 +234,20 @@ def test_dominant_ties_and_groups() -> None:
     assert dominant({"receive_local_physical_errors": 5, "receive_looping_errors": 5},
                     RECEIVE_DETAILS)[0] == "physical"
     assert set(RECEIVE_DETAILS.values()) | set(DISCARD_DETAILS.values()) <= set(CAUSES)
+
+
+def test_state_from_before_links_were_joined_resolves_both_ends() -> None:
+    """A state file saved when each end raised its own port_down: both resolve once."""
+    old = Engine()
+    step(old, [leaf_view()], 0)
+    step(old, [leaf_view(state=1)], 1)
+    step(old, [host_view()], 0)
+    step(old, [host_view(state=1)], 1)
+    assert len(old.active()) == 2
+    engine = Engine()
+    engine.load(old.dump())
+    assert step(engine, [leaf_view(state=1), host_view(state=1)], 2) == []
+    done = step(engine, [leaf_view(), host_view()], 3)
+    assert sorted((e.type, e.status, e.port and e.port.guid) for e in done) == [
+        ("port_down", "resolved", LEAF), ("port_down", "resolved", HOST)]
+    assert engine.active() == []
