@@ -47,7 +47,7 @@ from ibmon.events import (
     port_ref,
     severity_rank,
 )
-from ibmon.model import PortIdentity, PortKey, PortView
+from ibmon.model import LinkInfo, PortIdentity, PortKey, PortView
 
 __all__ = [
     "DETECTORS",
@@ -151,6 +151,9 @@ class Engine:
         self._marks: dict[str, dict[PortKey, frozenset[PortKey]]] = {
             d.type: {} for d in self.detectors if d.link_scoped
         }
+        #: The last link each port was seen with: a discovery shows no neighbour for a port
+        #: whose link is down, and a link fault must still be judged (and raised) once per link.
+        self._linked: dict[PortKey, LinkInfo] = {}
         self._offset: float | None = None  # wall - monotonic of the latest poll
         self._pending: dict[str, Any] | None = None
 
@@ -174,6 +177,10 @@ class Engine:
         # The conditions as of the previous poll, so a detector can quote what the port and
         # the far end of its link already show; refilled with this poll's below.
         before = self._fill_conditions(views)
+        linked = self._linked
+        for key, seen in views.items():
+            if seen.link is not None:
+                linked[key] = seen.link
         for det in self.detectors:
             det.begin(now, views)
             if det.oneshot:
@@ -185,10 +192,10 @@ class Engine:
             for identity, finding in det.vanished(now, views):
                 events.append(self._event(det.type, "firing", finding, identity, None, wall=wall))
         for key in before - self._fill_conditions(views):
-            view = views.get(key)
-            if view is not None and not view.stale:  # a stale view keeps what it showed
-                view.conditions = frozenset()
-                view.causes = {}
+            left = views.get(key)
+            if left is not None and not left.stale:  # a stale view keeps what it showed
+                left.conditions = frozenset()
+                left.causes = {}
         return events
 
     def _instants(
@@ -273,7 +280,8 @@ class Engine:
             if key in done:
                 continue
             view = views[key]
-            link = view.link
+            # A link that is down has no neighbour in a discovery: its last known far end.
+            link = view.link or self._linked.get(key)
             pk = (link.remote_guid, link.remote_port) if link and link.remote_guid else None
             if key not in verdicts and (pk is None or pk not in verdicts):
                 continue  # neither end was read this poll (stale): nothing to judge
@@ -296,7 +304,8 @@ class Engine:
                 joined = det.join(here, findings.get(carrier), peer, findings.get(other))
                 marks[carrier] = frozenset(findings)
                 self._holds(kind=det.type, key=carrier, view=here, finding=joined, cur=cur,
-                            wall=wall, events=events)
+                            wall=wall, events=events,
+                            far=port_ref(peer.identity) if peer is not None else None)
             elif held and any(v is None for v in votes):
                 # both ends may hold one (state saved before faults were kept per link):
                 # each announced firing gets its resolved
@@ -315,15 +324,16 @@ class Engine:
         cur: ActiveCondition | None,
         wall: float,
         events: list[Event],
+        far: PortRef | None = None,
     ) -> None:
         if cur is None:
-            peer = peer_ref(view)
+            peer = peer_ref(view) or far
             self._active[kind][key] = ActiveCondition(kind, key, finding, wall, view.identity, peer)
             events.append(self._event(kind, "firing", finding, view.identity, peer, wall=wall))
             return
         if severity_rank(finding.severity) > severity_rank(cur.finding.severity):
             cur.finding = finding
-            cur.peer = peer_ref(view) or cur.peer
+            cur.peer = peer_ref(view) or far or cur.peer
             events.append(
                 self._event(
                     kind, "firing", finding, view.identity, cur.peer, wall=wall, escalated=True
@@ -460,6 +470,7 @@ class Engine:
             by_key.pop(key, None)
         for marks in self._marks.values():
             marks.pop(key, None)
+        self._linked.pop(key, None)
 
     # ------------------------------------------------------------------ persistence
 

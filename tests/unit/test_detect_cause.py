@@ -37,9 +37,10 @@ def leaf_view(port: str = "12", **fields: Any) -> PortView:
     ident = PortIdentity(guid=LEAF, port=port, node_desc="leaf07", node_type="switch", lid=3)
     lk = LinkInfo(remote_guid=HOST, remote_port="1", remote_node_desc="gpu031 mlx5_0",
                   active_width="4X", active_speed="EDR", max_width="4X", max_speed="EDR")
+    fields.setdefault("link", lk)
     fields.setdefault("state", 4)
     fields.setdefault("phys_state", 5 if fields["state"] == 4 else 2)
-    return PortView(identity=ident, rate_bytes_per_second=100e9 / 8, link=lk, **fields)
+    return PortView(identity=ident, rate_bytes_per_second=100e9 / 8, **fields)
 
 
 def host_view(**fields: Any) -> PortView:
@@ -47,9 +48,10 @@ def host_view(**fields: Any) -> PortView:
                          lid=9)
     lk = LinkInfo(remote_guid=LEAF, remote_port="12", remote_node_desc="leaf07",
                   active_width="4X", active_speed="EDR", max_width="4X", max_speed="EDR")
+    fields.setdefault("link", lk)
     fields.setdefault("state", 4)
     fields.setdefault("phys_state", 5 if fields["state"] == 4 else 2)
-    return PortView(identity=ident, rate_bytes_per_second=100e9 / 8, link=lk, **fields)
+    return PortView(identity=ident, rate_bytes_per_second=100e9 / 8, **fields)
 
 
 def step(engine: Engine, views: list[PortView], t: float) -> list[Event]:
@@ -251,3 +253,18 @@ def test_state_from_before_links_were_joined_resolves_both_ends() -> None:
     assert sorted((e.type, e.status, e.port and e.port.guid) for e in done) == [
         ("port_down", "resolved", LEAF), ("port_down", "resolved", HOST)]
     assert engine.active() == []
+
+
+def test_a_down_link_that_discovery_no_longer_shows_is_still_one_link() -> None:
+    """ibnetdiscover shows no neighbour behind a port whose link is down: the ends are paired
+    by the link they last had, so the fault is still raised once, naming the far end."""
+    engine = Engine()
+    step(engine, [leaf_view(), host_view()], 0)
+    unlinked = [leaf_view(state=1, link=None), host_view(state=1, link=None)]
+    (ev,) = step(engine, unlinked, 1)
+    assert ev.port is not None
+    assert ev.port.guid == LEAF
+    assert ev.peer is not None
+    assert ev.peer.guid == HOST
+    (done,) = step(engine, [leaf_view(), host_view()], 2)
+    assert done.status == "resolved"
