@@ -43,6 +43,7 @@ from ibmon.config import SourceConfig
 from ibmon.detect.engine import ActiveCondition, Engine
 from ibmon.events import Event
 from ibmon.model import PortKey, PortView, Snapshot
+from ibmon.polltime import MIN_POLL_TIMEOUT, POLL_TIMEOUT_INTERVALS, poll_timeout
 from ibmon.selfmetrics import SelfMetrics
 from ibmon.sources import Source
 from ibmon.state import FabricState, SourceStatus
@@ -60,9 +61,6 @@ __all__ = [
 
 log = structlog.get_logger("ibmon.pipeline")
 
-#: A poll that takes longer than this many intervals (and at least MIN_POLL_TIMEOUT) has hung.
-POLL_TIMEOUT_INTERVALS: Final = 5
-MIN_POLL_TIMEOUT: Final = 10.0
 STAGES: Final = ("sample", "track", "detect", "publish")
 #: A poll in which more than this fraction of the ports the source knows (answered before, still
 #: asked about) did not answer is a failed poll: mostly blind even though something came back.
@@ -135,7 +133,9 @@ class Pipeline:
 
     @property
     def timeout(self) -> float:
-        return max(self.cfg.interval * POLL_TIMEOUT_INTERVALS, MIN_POLL_TIMEOUT)
+        """How long a poll may run before it counts as hung (``ibmon.polltime``, the number
+        sources derive their own timeouts from)."""
+        return poll_timeout(self.cfg.interval)
 
     # -- polling ---------------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """Node-local source: the ports of this host's RDMA devices, read from ``/sys/class/infiniband``.
 
-Real sysfs trees are messy (see DOMAIN.md section 2), so every file costs at most its own value:
+Real sysfs trees are messy (docs/infiniband.md section 2), so every file costs at most its value:
 a bad file becomes one ``SourceError`` in the snapshot and one log line per (path, reason), never
 an exception, a lost port or a lost device. Reasons:
 
@@ -84,6 +84,7 @@ from ibmon.model import (
     Topology,
     normalize_guid,
 )
+from ibmon.sources.parse.sysfs_values import parse_counter, parse_lid_value
 
 __all__ = [
     "Config",
@@ -167,11 +168,7 @@ def parse_node_type(text: str) -> str | None:
 
 def parse_lid(text: str) -> int | None:
     """The kernel prints LIDs in hex (``0x12``); bare digits are taken as decimal."""
-    t = text.strip().lower()
-    try:
-        return int(t[2:], 16) if t.startswith("0x") else int(t, 10)
-    except ValueError:
-        return None
+    return parse_lid_value(text)
 
 
 def parse_rate(text: str) -> tuple[float | None, str, str] | None:
@@ -514,14 +511,13 @@ class SysfsSource:
             except OSError as exc:
                 self._fail(errors, _oserror_reason(exc), path, key)
                 continue
-            s = raw.strip()
-            if s.isdigit():
-                v = int(s)
+            v = parse_counter(raw)
+            if v is not None:
                 values[cname] = v
                 if always_wide or v > narrow_max:
                     wide.add(cname)
             else:
-                self._fail(errors, _text_reason(s), path, key)
+                self._fail(errors, _text_reason(raw.strip()), path, key)
         hw = self._read_hw(p.hw, key, errors)
         hw_gauges = self._read_hw(p.hw_gauges, key, errors) if p.hw_gauges else {}
 
@@ -585,11 +581,11 @@ class SysfsSource:
             except OSError as exc:
                 self._fail(errors, _oserror_reason(exc), path, key)
                 continue
-            s = raw.strip()
-            if s.isdigit():
-                out[name] = int(s)
+            v = parse_counter(raw)
+            if v is not None:
+                out[name] = v
             else:
-                self._fail(errors, _text_reason(s), path, key)
+                self._fail(errors, _text_reason(raw.strip()), path, key)
         return out
 
     def _parsed(

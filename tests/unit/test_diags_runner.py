@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ibmon.counters import DETAIL_ATTRIBUTES
 from ibmon.sources.diags import (
     CommandResult,
     DiagsSource,
@@ -17,6 +18,8 @@ from ibmon.sources.diags import (
     SubprocessRunner,
     classify,
 )
+from ibmon.sources.parse import parse_ibnetdiscover_ports
+from tests.ibnd_cache import cache_from_ports
 
 TOPO = """\
 SW     1  1 0x0000000000200000 4x EDR - CA     2  1 0x0000000000100001 ( 'sw' - 'h1' )
@@ -28,16 +31,60 @@ CA     4  1 0x0000000000100003 4x EDR - SW     1  3 0x0000000000200000 ( 'h3' - 
 """
 
 
+ERRORS = (
+    "SymbolErrorCounter", "LinkErrorRecoveryCounter", "LinkDownedCounter", "PortRcvErrors",
+    "PortRcvRemotePhysicalErrors", "PortRcvSwitchRelayErrors", "PortXmitDiscards",
+    "PortXmitConstraintErrors", "PortRcvConstraintErrors", "LocalLinkIntegrityErrors",
+    "ExcessiveBufferOverrunErrors", "VL15Dropped", "PortXmitWait", "QP1Dropped",
+)
+
+
 def _block(lid: int, port: int, value: int) -> str:
+    """A complete ``perfquery -x`` block with the 64-bit error copies (CapMask2 bit 1)."""
     return (
         f"# Port extended counters: Lid {lid} port {port} (CapMask: 0x1300 CapMask2: 0x0000002)\n"
-        f"PortSelect:......................{port}\nPortXmitData:....................{value}\n"
+        f"PortSelect:......................{port}\nCounterSelect:...................0x0000\n"
+        f"PortXmitData:....................{value}\n"
         "PortRcvData:.....................1\nPortXmitPkts:....................2\n"
         "PortRcvPkts:.....................3\nPortUnicastXmitPkts:.............4\n"
         "PortUnicastRcvPkts:..............5\nPortMulticastXmitPkts:...........6\n"
         "PortMulticastRcvPkts:............7\nCounterSelect2:..................0x00000000\n"
         "SymbolErrorCounter:..............9\n"
+        + "".join(f"{name}:....0\n" for name in ERRORS[1:])
     )
+
+
+NARROW = (*ERRORS[:12], "PortXmitData", "PortRcvData", "PortXmitPkts", "PortRcvPkts")
+
+
+def _narrow(lid: int, port: int) -> str:
+    """A complete plain ``perfquery`` block."""
+    return (f"# Port counters: Lid {lid} port {port} (CapMask: 0x1300)\n"
+            f"PortSelect:......................{port}\nCounterSelect:...................0x0000\n"
+            + "".join(f"{name}:....1\n" for name in NARROW))
+
+
+def answer_details(argv: list[str], values: dict[str, int] | None = None) -> CommandResult:
+    """What ``perfquery -e -E|-D <lid> <port>`` prints (fields 0 unless in ``values``)."""
+    attr = "PortRcvErrorDetails" if "-E" in argv else "PortXmitDiscardDetails"
+    lid, port = argv[-2], argv[-1]
+    fields = "".join(f"{spec.pma}:....{(values or {}).get(spec.pma, 0)}\n"
+                     for spec in DETAIL_ATTRIBUTES[attr])
+    return CommandResult(0, f"# {attr} counters: Lid {lid} port {port}\n"
+                         f"PortSelect:......{port}\nCounterSelect:....0x0000\n{fields}", "")
+
+
+def is_detail_read(argv: list[str]) -> bool:
+    return "perfquery" in argv[0] and ("-E" in argv or "-D" in argv)
+
+
+def answer_discovery(argv: list[str], text: str) -> CommandResult:
+    """What ibnetdiscover does: the text on stdout, the matching cache in --cache FILE."""
+    if "--cache" in argv:
+        Path(argv[argv.index("--cache") + 1]).write_bytes(
+            cache_from_ports(parse_ibnetdiscover_ports(text))
+        )
+    return CommandResult(0, text if "-p" in argv else "", "ibwarn: noise\n")
 
 
 class FakeRunner:
@@ -46,16 +93,21 @@ class FakeRunner:
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
 
-    async def run(self, argv: list[str], timeout: float) -> CommandResult:
+    async def run(self, argv: list[str], timeout: float, max_output: int = 0) -> CommandResult:
         self.calls.append(argv)
         if "ibnetdiscover" in argv[0]:
-            return CommandResult(0, TOPO, "ibwarn: noise\n")
-        lid = int(argv[argv.index("-l") + 1])
+            return answer_discovery(argv, TOPO)
+        detail = is_detail_read(argv)
+        lid = int(argv[-2] if detail else argv[argv.index("-l") + 1])
         ports = [int(p) for p in argv[-1].split(",")]
         if lid == 3:
             await asyncio.sleep(3600)  # a perfquery that never returns
         if lid == 4:
             return CommandResult(0, "\x00\x01garbage ### \n", "")
+        if detail:
+            return answer_details(argv)
+        if "-x" not in argv:
+            return CommandResult(0, "".join(_narrow(lid, p) for p in ports), "")
         return CommandResult(0, "".join(_block(lid, p, 1000 * lid + p) for p in ports), "")
 
 
@@ -92,10 +144,10 @@ async def test_capmask2_learned_skips_narrow_query() -> None:
     try:
         await src.discover()
         await src.sample()
-        first = len([c for c in runner.calls if "perfquery" in c[0] and "-x" not in c])
+        first = len([c for c in runner.calls if "-l" in c and "-x" not in c])
         runner.calls.clear()
         await src.sample()
-        second = len([c for c in runner.calls if "perfquery" in c[0] and "-x" not in c])
+        second = len([c for c in runner.calls if "-l" in c and "-x" not in c])
     finally:
         await src.close()
     assert first == 4 and second == 2  # only the hung and the garbage lid still need both
@@ -185,3 +237,99 @@ async def test_real_runner_reports_a_crash() -> None:
         [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"], 10
     )
     assert classify(res) == "crashed"
+
+
+class Discoveries:
+    """An ibnetdiscover whose answers the test scripts: (text, exit status, cache text)."""
+
+    def __init__(self) -> None:
+        self.answers: list[tuple[str, int, str]] = []
+
+    async def run(self, argv: list[str], timeout: float, max_output: int = 0) -> CommandResult:
+        if is_detail_read(argv):
+            return answer_details(argv)
+        if "perfquery" in argv[0]:  # every node answers
+            lid = int(argv[argv.index("-l") + 1])
+            ports = [int(p) for p in argv[-1].split(",")]
+            make = (lambda p: _block(lid, p, p)) if "-x" in argv else (lambda p: _narrow(lid, p))
+            return CommandResult(0, "".join(make(p) for p in ports), "")
+        text, rc, cache_text = self.answers.pop(0)
+        if "--cache" in argv and cache_text:
+            answer_discovery(argv, cache_text)  # the cache of the fabric as it is
+        return CommandResult(rc, text, "ibnetdiscover: iberror: failed" if rc else "")
+
+
+def _switch_only(topo: str) -> str:
+    return "".join(ln for ln in topo.splitlines(keepends=True) if ln.startswith("SW"))
+
+
+async def test_a_rejected_discovery_keeps_the_last_topology() -> None:
+    from structlog.testing import capture_logs
+
+    runner = Discoveries()
+    src = DiagsSource(runner=runner, command_timeout=5)
+    # Six nodes, then the switch and one host. (A discovery that reaches only the local node is
+    # a blind one, never a shrink: the topology memory refuses it every time.)
+    big = "".join(
+        f"SW     1  {h} 0x0000000000200000 4x EDR - CA     {h + 1}  1 0x000000000010000{h} "
+        f"( 'sw' - 'h{h}' )\n"
+        f"CA     {h + 1}  1 0x000000000010000{h} 4x EDR - SW     1  {h} 0x0000000000200000 "
+        f"( 'h{h}' - 'sw' )\n"
+        for h in range(1, 6)
+    )
+    small = "".join(ln + "\n" for ln in big.splitlines() if "0x0000000000100001" in ln)
+    try:
+        runner.answers.append(("garbage\n" * 1000, 0, TOPO))
+        with pytest.raises(DiagsUnavailableError, match=r"no topology yet.*parse_error"):
+            await src.discover()  # nothing to keep: the poll fails
+        runner.answers.append((big, 0, big))
+        good = await src.discover()
+        assert len(good.ports) == 10
+        with capture_logs() as logs:
+            for answer in [
+                (big[: len(big) // 2], 1, big),  # half an output and exit 1
+                ("~" * 99 + "\n") * 10_000,  # 1 MB of garbage
+                ("".join(big.splitlines(keepends=True)[:-2]), 0, big),  # cut at a line end
+                (small, 0, small),  # 2 nodes where there were 6: implausible...
+                (small, 0, small),
+            ]:
+                runner.answers.append(answer if isinstance(answer, tuple) else (answer, 0, big))
+                assert await src.discover() == good
+                snap = await src.sample()
+                assert [e.reason for e in snap.errors if e.key is None] == ["discovery_rejected"]
+                assert len(snap.ports) == 10  # every port of the last good topology polled
+            runner.answers.append((small, 0, small))  # ...until three discoveries agree
+            assert {("0x0000000000100001", "1"), ("0x0000000000200000", "1")} <= set(
+                (await src.discover()).ports
+            )
+        rejected = [e for e in logs if e["event"] == "discovery_rejected"]
+        assert [e["cause"] for e in rejected] == [
+            "failed", "parse_error", "incomplete", "implausible", "implausible",
+        ]
+        assert all(len(e["detail"]) < 400 for e in rejected)  # a sample, not the output
+        assert [e["event"] for e in logs if e["event"] == "fabric_shrank"] == ["fabric_shrank"]
+    finally:
+        await src.close()
+
+
+async def test_the_first_discovery_may_take_most_of_the_poll() -> None:
+    """With no topology to keep polling, a slow first discovery gets 0.9 of the poll timeout;
+    later ones get the discovery budget, so a hung node still fits in the same poll."""
+    runner = Discoveries()
+    seen: list[float] = []
+    run = runner.run
+
+    async def timed(argv: list[str], timeout: float, max_output: int = 0) -> CommandResult:
+        if "ibnetdiscover" in argv[0]:
+            seen.append(timeout)
+        return await run(argv, timeout, max_output)
+
+    runner.run = timed  # type: ignore[method-assign]
+    src = DiagsSource(runner=runner, interval=1.0)
+    try:
+        runner.answers += [(TOPO, 0, TOPO), (TOPO, 0, TOPO)]
+        await src.discover()
+        await src.discover()
+    finally:
+        await src.close()
+    assert seen == [9.0, 5.0]  # poll timeout 10 s: 0.9 of it, then half

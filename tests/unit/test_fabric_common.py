@@ -9,6 +9,7 @@ from ibmon.model import PortIdentity
 from ibmon.sources.diags import CommandResult, DiagsSource
 from ibmon.sources.fabric import FabricPort, FabricView, StateSchedule
 from ibmon.sources.parse import PortInfo
+from tests.unit.test_diags_runner import answer_details, answer_discovery
 
 SW, H1, H2 = "0x0000000000200000", "0x0000000000100001", "0x0000000000100002"
 TOPO = f"""\
@@ -23,16 +24,34 @@ class Runner:
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
 
-    async def run(self, argv: list[str], timeout: float) -> CommandResult:
+    async def run(self, argv: list[str], timeout: float, max_output: int = 0) -> CommandResult:
         self.calls.append(argv)
         if "ibnetdiscover" in argv[0]:
-            return CommandResult(0, TOPO, "")
+            return answer_discovery(argv, TOPO)
+        if "-E" in argv or "-D" in argv:  # a detail read (the first poll's baselines)
+            return answer_details(argv)
         ports = argv[-1].split(",")
         lid = argv[argv.index("-l") + 1]
+        if "-x" not in argv:  # CapMask2 0: the narrow query follows the extended one
+            return CommandResult(0, "".join(
+                f"# Port counters: Lid {lid} port {p} (CapMask: 0x1300)\n"
+                f"PortSelect:......{p}\nCounterSelect:....0x0\n"
+                + "".join(f"{n}:....0\n" for n in NARROW) for p in ports), "")
         return CommandResult(0, "".join(
             f"# Port extended counters: Lid {lid} port {p} (CapMask: 0x1300 CapMask2: 0x0)\n"
-            f"PortSelect:......{p}\nPortXmitData:....5\nPortRcvData:....6\n"
-            "PortXmitPkts:....7\nPortRcvPkts:....8\n" for p in ports), "")
+            f"PortSelect:......{p}\nCounterSelect:....0x0\nPortXmitData:....5\n"
+            "PortRcvData:....6\nPortXmitPkts:....7\nPortRcvPkts:....8\n"
+            "PortUnicastXmitPkts:....1\nPortUnicastRcvPkts:....1\n"
+            "PortMulticastXmitPkts:....1\nPortMulticastRcvPkts:....1\n" for p in ports), "")
+
+
+NARROW = (
+    "SymbolErrorCounter", "LinkErrorRecoveryCounter", "LinkDownedCounter", "PortRcvErrors",
+    "PortRcvRemotePhysicalErrors", "PortRcvSwitchRelayErrors", "PortXmitDiscards",
+    "PortXmitConstraintErrors", "PortRcvConstraintErrors", "LocalLinkIntegrityErrors",
+    "ExcessiveBufferOverrunErrors", "VL15Dropped", "PortXmitData", "PortRcvData", "PortXmitPkts",
+    "PortRcvPkts",
+)
 
 
 def test_state_schedule_counts_discovery_and_skips_the_poll_right_after() -> None:

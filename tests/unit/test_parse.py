@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import ctypes
 import random
+import re
 import struct
 from pathlib import Path
 
 import pytest
 
+from ibmon.counters import DETAIL_ATTRIBUTES, DETAILS
 from ibmon.linkspeed import effective_rate_bps, is_degraded, max_common
 from ibmon.model import Topology
 from ibmon.sources.parse import (
+    ParseError,
     PortInfo,
     clean_node_desc,
     decode_class_port_info,
+    decode_details,
     decode_node_info,
     decode_port_counters,
     decode_port_counters_ext,
@@ -24,6 +28,7 @@ from ibmon.sources.parse import (
     parse_ibnetdiscover_ports,
     parse_node_name_map,
     parse_perfquery,
+    parse_perfquery_details,
     parse_topology_file,
     topology_from_ports,
 )
@@ -51,8 +56,7 @@ def topo_capture(name: str) -> Path:
 
 def test_perfquery_switch_two_ports_capmask2() -> None:
     text = ibx("perfquery/0x7cfe9003009ce5b0.out").read_text()
-    ports, stray = parse_perfquery(text)
-    assert stray == []
+    ports = parse_perfquery(text)
     assert sorted(ports) == [1, 2]
     p1, p2 = ports[1], ports[2]
     assert p1.counters["transmit_data"] == 36298026860928
@@ -68,7 +72,7 @@ def test_perfquery_switch_two_ports_capmask2() -> None:
 def test_perfquery_capmask2_zero_error_fields_not_trusted() -> None:
     # CapMask2 0: the bytes after CounterSelect2 are reserved; only a narrow query gives errors.
     text = ibx("perfquery/0x7cfe9003003b4b96.out").read_text()
-    ports, _ = parse_perfquery(text)
+    ports = parse_perfquery(text)
     c = ports[1]
     assert c.counters["transmit_data"] == 37108676853855
     assert c.counters["unicast_transmit_packets"] == 96916572630
@@ -77,22 +81,23 @@ def test_perfquery_capmask2_zero_error_fields_not_trusted() -> None:
 
 
 def test_perfquery_switch_errors_and_empty_file() -> None:
-    ports, _ = parse_perfquery(ibx("perfquery/0x506b4b03005c2740.out").read_text())
+    ports = parse_perfquery(ibx("perfquery/0x506b4b03005c2740.out").read_text())
     assert ports[1].counters["transmit_discards"] == 20046
     assert ports[1].counters["receive_switch_relay_errors"] == 7
     assert ports[1].counters["link_downed"] == 1
-    empty, stray = parse_perfquery(ibx("perfquery/0x506b4b0300cc02a6.out").read_text())
-    assert empty == {} and stray == []
+    empty = parse_perfquery(ibx("perfquery/0x506b4b0300cc02a6.out").read_text())
+    assert empty == {}
 
 
-def test_perfquery_details_blocks_are_not_counters() -> None:
+def test_perfquery_counters_refuse_a_details_block() -> None:
+    # a PortRcvErrorDetails block where port counters were asked for is not the answer
     text = ibx("perfquery-rcv-error/0x7cfe9003009ce5b0-2.out").read_text()
-    ports, stray = parse_perfquery(text)
-    assert ports == {} and stray == []
+    with pytest.raises(ParseError, match="a PortRcvErrorDetails block where port counters"):
+        parse_perfquery(text)
 
 
-SIM_EXT = """ibwarn: [123] sim_connect: attached as client 1 at node "S-0002c90200000000"
-# Port extended counters: Lid 3 port 4 (CapMask: 0x1300 CapMask2: 0x0000000)
+SIM_CONNECT = 'ibwarn: [123] sim_connect: attached as client 1 at node "S-0002c90200000000"\n'
+SIM_EXT = """# Port extended counters: Lid 3 port 4 (CapMask: 0x1300 CapMask2: 0x0000000)
 PortSelect:......................4
 CounterSelect:...................0x0000
 PortXmitData:....................18446744073709551615
@@ -130,8 +135,7 @@ PortXmitWait:....................116
 
 
 def test_perfquery_extended_plus_narrow_merge() -> None:
-    ports, stray = parse_perfquery(SIM_EXT + SIM_NARROW)
-    assert len(stray) == 1 and "sim_connect" in stray[0]
+    ports = parse_perfquery(SIM_EXT + SIM_NARROW)
     c = ports[4]
     assert c.counters["transmit_data"] == 2**64 - 1  # the 64-bit copy wins over 112
     assert c.counters["receive_data"] == 12
@@ -141,24 +145,130 @@ def test_perfquery_extended_plus_narrow_merge() -> None:
 
 
 def test_perfquery_xmit_wait_dropped_without_capmask_bit12() -> None:
-    ports, _ = parse_perfquery(SIM_NARROW.replace("0x1300", "0x0300"))
+    ports = parse_perfquery(SIM_NARROW.replace("0x1300", "0x0300"))
     assert "transmit_wait" not in ports[4].counters
 
 
-def test_perfquery_garbage_lines_reported_not_raised() -> None:
-    ports, stray = parse_perfquery(SIM_NARROW + "PortXmitData:....................banana\n%%%\n")
-    assert ports[4].counters["symbol_errors"] == 100
-    assert len(stray) == 2
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (SIM_CONNECT + SIM_NARROW, "line 1: not a perfquery line: 'ibwarn"),
+        (SIM_NARROW + "PortXmitData:....................banana\n", "not a perfquery line"),
+        (SIM_NARROW + "%%%\n", "line 23: not a perfquery line: '%%%'"),
+        # counter-shaped junk after the last block: a repeated field, never a new total
+        (SIM_EXT + "PortXmitData:....................123456789\n", "PortXmitData repeated"),
+        (SIM_EXT + SIM_EXT, "port 4 printed twice"),
+        (SIM_EXT.replace("PortRcvPkts:.....................14\n", ""), "incomplete"),
+        (SIM_EXT.replace("PortXmitPkts", "PortXmitPackets"), "PortXmitPackets does not belong"),
+        (SIM_NARROW.replace("LinkDownedCounter:...............102",
+                            "LinkDownedCounter:...............256"), "does not fit in 8 bits"),
+        (SIM_NARROW.replace("PortSelect:......................4",
+                            "PortSelect:......................5"), "says PortSelect 5"),
+        (SIM_NARROW[:-3], "ends in the middle of a line"),
+        ("PortXmitData:....1\n", "a field before any block header"),
+    ],
+)
+def test_perfquery_refuses_the_whole_output(text: str, problem: str) -> None:
+    with pytest.raises(ParseError, match=re.escape(problem)):
+        parse_perfquery(text)
+
+
+@pytest.mark.parametrize("name", [
+    "0x506b4b03005c2740-1.out", "0x7cfe9003003b4b96-1.out", "0x7cfe9003003b4bde-1.out",
+    "0x7cfe9003009ce5b0-1.out", "0x7cfe9003009ce5b0-2.out",
+])
+def test_perfquery_rcv_error_details_real_captures(name: str) -> None:
+    text = ibx(f"perfquery-rcv-error/{name}").read_text()
+    m = re.search(r"Lid (\d+) port (\d+)", text)
+    assert m is not None
+    got = parse_perfquery_details(text, attribute="PortRcvErrorDetails", lid=int(m[1]),
+                                  port=int(m[2]))
+    assert got == dict.fromkeys(DETAILS["receive_errors"], 0)
+
+
+# What perfquery -E / -D print against ibsim (captured, values set with PerformanceSet).
+SIM_RCV_DETAILS = """# PortRcvErrorDetails counters: Lid 1 port 3
+PortSelect:......................3
+CounterSelect:...................0x0000
+PortLocalPhysicalErrors:.........7
+PortMalformedPktErrors:..........1
+PortBufferOverrunErrors:.........2
+PortDLIDMappingErrors:...........3
+PortVLMappingErrors:.............4
+PortLoopingErrors:...............65535
+"""
+SIM_XMIT_DETAILS = """# PortXmitDiscardDetails counters: Lid 1 port 1
+PortSelect:......................1
+CounterSelect:...................0x0000
+PortInactiveDiscards:............9
+PortNeighborMTUDiscards:.........0
+PortSwLifetimeLimitDiscards:.....0
+PortSwHOQLifetimeLimitDiscards:..65535
+"""
+
+
+def test_perfquery_details_values_by_catalogue_name() -> None:
+    rcv = parse_perfquery_details(SIM_RCV_DETAILS, attribute="PortRcvErrorDetails", lid=1,
+                                  port=3)
+    assert rcv == {
+        "receive_local_physical_errors": 7, "receive_malformed_packet_errors": 1,
+        "receive_buffer_overrun_errors": 2, "receive_dlid_mapping_errors": 3,
+        "receive_vl_mapping_errors": 4, "receive_looping_errors": 65535,
+    }
+    xmit = parse_perfquery_details(SIM_XMIT_DETAILS, attribute="PortXmitDiscardDetails", lid=1,
+                                   port=1)
+    assert xmit == {
+        "transmit_inactive_discards": 9, "transmit_neighbor_mtu_discards": 0,
+        "transmit_sw_lifetime_limit_discards": 0, "transmit_sw_hoq_lifetime_limit_discards": 65535,
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "attribute", "lid", "port", "problem"),
+    [
+        (SIM_RCV_DETAILS, "PortXmitDiscardDetails", 1, 3, "PortRcvErrorDetails block for port 3"),
+        (SIM_RCV_DETAILS, "PortRcvErrorDetails", 2, 3, "a block for lid 1 in the answer for lid 2"),
+        (SIM_RCV_DETAILS, "PortRcvErrorDetails", 1, 4, "missing [4], not asked [3]"),
+        (SIM_RCV_DETAILS + SIM_XMIT_DETAILS, "PortRcvErrorDetails", 1, 3,
+         "PortXmitDiscardDetails block for port 1"),
+        (SIM_RCV_DETAILS + SIM_RCV_DETAILS, "PortRcvErrorDetails", 1, 3, "port 3 printed twice"),
+        (SIM_RCV_DETAILS.replace("PortLoopingErrors:...............65535\n", ""),
+         "PortRcvErrorDetails", 1, 3, "incomplete (no PortLoopingErrors)"),
+        (SIM_RCV_DETAILS.replace("65535", "65536"), "PortRcvErrorDetails", 1, 3,
+         "PortLoopingErrors does not fit in 16 bits"),
+        (SIM_RCV_DETAILS + "PortLoopingErrors:...............1\n", "PortRcvErrorDetails", 1, 3,
+         "PortLoopingErrors repeated"),
+        (SIM_RCV_DETAILS.replace("Lid 1 port 3", "Lid 1 port 3 (CapMask: 0x1300)"),
+         "PortRcvErrorDetails", 1, 3, "with capability masks"),
+        (SIM_RCV_DETAILS.replace("PortMalformedPkt", "PortMalformedPacket"),
+         "PortRcvErrorDetails", 1, 3, "PortMalformedPacketErrors does not belong"),
+        (SIM_XMIT_DETAILS.replace("PortInactiveDiscards", "PortLocalPhysicalErrors"),
+         "PortXmitDiscardDetails", 1, 1, "PortLocalPhysicalErrors does not belong"),
+        (SIM_RCV_DETAILS.replace("PortSelect:......................3",
+                                 "PortSelect:......................4"),
+         "PortRcvErrorDetails", 1, 3, "says PortSelect 4"),
+        (SIM_CONNECT + SIM_RCV_DETAILS, "PortRcvErrorDetails", 1, 3, "not a perfquery line"),
+        ("perfquery: iberror: failed: cannot query PortRcvErrorDetails\n",
+         "PortRcvErrorDetails", 1, 3, "not a perfquery line"),
+        (SIM_RCV_DETAILS[:-4], "PortRcvErrorDetails", 1, 3, "ends in the middle of a line"),
+        ("", "PortRcvErrorDetails", 1, 3, "answered []"),
+        (SIM_EXT, "PortRcvErrorDetails", 3, 4, "extended block for port 4"),
+        (SIM_RCV_DETAILS, "PortCounters", 1, 3, "not a detail attribute"),
+    ],
+)
+def test_perfquery_details_refuse_the_whole_output(
+    text: str, attribute: str, lid: int, port: int, problem: str
+) -> None:
+    with pytest.raises(ParseError, match=re.escape(problem)):
+        parse_perfquery_details(text, attribute=attribute, lid=lid, port=port)
 
 
 # ------------------------------------------------------------------ ibnetdiscover captures
 
 
 def test_ibnetdiscover_ports_test_out() -> None:
-    ports, stray = parse_ibnetdiscover_ports(
-        ibx("ibnetdiscover/test.out").read_text()
-    )
-    assert stray == [] and len(ports) == 9
+    ports = parse_ibnetdiscover_ports(ibx("ibnetdiscover/test.out").read_text())
+    assert len(ports) == 9
     first = ports[0]
     assert first.guid == "0x7cfe9003003b4bde" and first.port == 1 and first.node_type == "ca"
     assert (first.lid, first.width, first.speed) == (134, "4X", "EDR")
@@ -174,23 +284,27 @@ def test_ibnetdiscover_ports_test_out() -> None:
 
 
 def test_ibnetdiscover_ports_sharp_and_spaces() -> None:
-    ports, _ = parse_ibnetdiscover_ports(ibx("ibnetdiscover/test2.out").read_text())
+    text = ibx("ibnetdiscover/test2.out").read_text()
+    # The capture is an edited excerpt: its last link contradicts its first (one CA port,
+    # two peers), so the whole of it is refused; its first lines are consistent.
+    with pytest.raises(ParseError, match="disagree about their link"):
+        parse_ibnetdiscover_ports(text)
+    ports = parse_ibnetdiscover_ports("".join(text.splitlines(keepends=True)[:4]))
     sharp = ports[0]
     assert sharp.desc == "Mellanox Technologies Aggregation Node" and sharp.node_type == "ca"
     assert sharp.remote_desc == "5FB0405-leaf-IB01 "  # trailing space kept
     assert ports[3].desc == " 5FB0406-spine-IB02 "
-    assert ports[4].remote_desc == "Mellanox Technologies Aggregation Node"
 
 
 def test_ibnetdiscover_ports_unquoted_desc() -> None:
-    ports, _ = parse_ibnetdiscover_ports(ibx("ibnetdiscover/test3.out").read_text())
+    ports = parse_ibnetdiscover_ports(ibx("ibnetdiscover/test3.out").read_text())
     assert ports[0].desc == "Infiniscale-IV Mellanox Technologies"
     assert (ports[0].lid, ports[0].port, ports[0].speed) == (479, 22, "QDR")
 
 
 def test_topology_files_from_ibtopotool() -> None:
-    one, stray = parse_topology_file(topo_capture("1.topo").read_text())
-    assert stray == [] and len(one) == 14
+    one = parse_topology_file(topo_capture("1.topo").read_text())
+    assert len(one) == 14
     sw = next(p for p in one if p.guid == "0x0008f10400410015" and p.port == 1)
     assert (sw.remote_guid, sw.remote_port, sw.width, sw.speed) == (
         "0x005442ba00003080",
@@ -201,24 +315,34 @@ def test_topology_files_from_ibtopotool() -> None:
     assert sw.lid == 3 and sw.desc == "SW-6IB4 Voltaire"
     ca = next(p for p in one if p.guid == "0x0008f10403960558" and p.port == 2)
     assert ca.lid == 14 and ca.remote_lid == 6 and ca.node_type == "ca"
-    three, stray3 = parse_ibnetdiscover(topo_capture("3.topo").read_text())
-    assert len(stray3) == 1 and stray3[0].startswith("src/query_smp.c")
+    text3 = topo_capture("3.topo").read_text()
+    # its first line is a libibmad warning merged into the capture: refused whole...
+    with pytest.raises(ParseError, match=r"line 1: not a topology-file line: 'src/query_smp\.c"):
+        parse_ibnetdiscover(text3)
+    # ...and read exactly without it
+    three = parse_ibnetdiscover(text3.split("\n", 1)[1])
     fdr = next(p for p in three if p.guid == "0xe41d2d030003e470" and p.port == 3)
     assert fdr.speed == "FDR" and fdr.remote_desc == "MF0;switch-de779e:SX6012/U1"
-    four, _ = parse_ibnetdiscover(topo_capture("4.topo").read_text())
+    four = parse_ibnetdiscover(topo_capture("4.topo").read_text())
     assert {(p.guid, p.port) for p in four} == {
         ("0x0021283a8389a0a0", 23),
         ("0x0003ba000100e388", 2),
     }
 
 
-def test_every_capture_parses_without_exception() -> None:
+def test_every_capture_parses_or_is_refused_whole() -> None:
     files = [*real_fixtures(f"{IBX}/ibnetdiscover/*"), *real_fixtures(f"{TOPO}/*.topo")]
+    refused = set()
     for f in files:
-        ports, _ = parse_ibnetdiscover(f.read_text())
+        try:
+            ports = parse_ibnetdiscover(f.read_text())
+        except ParseError:
+            refused.add(f.name)
+            continue
         assert ports, f
         topo = topology_from_ports(ports, "diags")
         assert all(k[0].startswith("0x") and len(k[0]) == 18 for k in topo.ports)
+    assert refused == {"test2.out", "3.topo"}  # see the two tests above
 
 
 # ------------------------------------------------------------------ hostile descriptions
@@ -232,10 +356,10 @@ def test_hostile_descriptions_in_ports_format() -> None:
         "( 'host ' - ' x\\y' - 'it's a - switch' )\n"
         "SW     3  2 0x0000000000200001 4x EDR                                    "
         "'it's a - switch'\n"
-        "ibwarn: [1] mad_rpc: _do_madrpc failed; dport (Lid 9)\n"
     )
-    ports, stray = parse_ibnetdiscover_ports(text)
-    assert len(stray) == 1
+    with pytest.raises(ParseError, match="line 4: not an ibnetdiscover -p port line"):
+        parse_ibnetdiscover_ports(text + "ibwarn: [1] mad_rpc: _do_madrpc failed; dport\n")
+    ports = parse_ibnetdiscover_ports(text)
     sw = ports[0]
     assert sw.desc == "it's a - switch"
     assert sw.remote_desc == "host ' - ' x\\y"
@@ -250,14 +374,19 @@ def test_clean_node_desc_like_infiniband_diags() -> None:
 
 
 def test_node_name_map() -> None:
-    names, bad = parse_node_name_map(
+    text = (
         '# comment\n\n0x0002c90300a1b2c3 "leaf 01 \\"a\\""\n'
-        '7cfe9003009ce5b0   "spine"\nnot a line\n'
+        '7cfe9003009ce5b0   "spine"\n'
     )
+    names = parse_node_name_map(text)
     assert names == {"0x0002c90300a1b2c3": 'leaf 01 \\"a\\"', "0x7cfe9003009ce5b0": "spine"}
-    assert bad == ["not a line"]
+    with pytest.raises(ParseError, match="line 5: not a node-name-map line"):
+        parse_node_name_map(text + "not a line\n")
+    with pytest.raises(ParseError, match="named twice"):
+        parse_node_name_map(text + '0x7cfe9003009ce5b0 "leaf"\n')
+    assert parse_node_name_map(text + '0x7cfe9003009ce5b0 "spine"\n') == names
     topo = topology_from_ports(
-        parse_ibnetdiscover_ports("SW  1719  1 0x7cfe9003009ce5b0 4x EDR                 'x'\n")[0],
+        parse_ibnetdiscover_ports("SW  1719  1 0x7cfe9003009ce5b0 4x EDR                 'x'\n"),
         "diags",
         names,
     )
@@ -422,6 +551,28 @@ def test_counter_offsets_match_libibmad() -> None:
             assert ext[n] == _decode(lib, data, ext_ids[n]), n
         for n in err_names:
             assert ext[n] == _decode(lib, data, err_ids[n]), n
+
+
+def test_detail_offsets_match_libibmad() -> None:
+    """PortRcvErrorDetails and PortXmitDiscardDetails decode as libibmad's field tables say
+    (IB_PC_RCV_LOCAL_PHY_ERR_F ... IB_PC_RCV_LOOPING_ERR_F, IB_PC_XMT_INACT_DISC_F ...
+    IB_PC_XMT_SW_HOL_DISC_F), and the catalogue's PMA names are libibmad's spellings."""
+    lib = _libibmad()
+    rng = random.Random(13)
+    for attr, specs in DETAIL_ATTRIBUTES.items():
+        names = [spec.pma for spec in specs]
+        ids = _field_ids(lib, names[0], names)
+        assert [ids[n] for n in names] == list(range(ids[names[0]], ids[names[0]] + len(names)))
+        for _ in range(30):
+            data = bytearray(rng.randrange(256) for _ in range(192))
+            data[1] = 7
+            got = decode_details(attr, bytes(data), port=7)
+            for spec in specs:
+                assert got[spec.name] == _decode(lib, bytes(data), ids[spec.pma]), spec.pma
+        with pytest.raises(ParseError, match="reply for port 7 where port 8 was asked"):
+            decode_details(attr, bytes(data), port=8)
+        with pytest.raises(ParseError, match="shorter than"):
+            decode_details(attr, bytes(data[:6]))
 
 
 def test_class_port_info_and_node_info() -> None:

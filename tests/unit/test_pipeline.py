@@ -133,7 +133,7 @@ async def test_a_failing_source_is_a_failed_poll_and_its_ports_stay() -> None:
 async def test_a_hung_source_times_out_but_its_own_timeout_error_is_a_failure(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("ibmon.pipeline.MIN_POLL_TIMEOUT", 0.05)
+    monkeypatch.setattr("ibmon.polltime.MIN_POLL_TIMEOUT", 0.05)
     src = FakeFabric()
     p = pipeline(SysfsSourceConfig(name="src", interval=0.001))
     src.hang = True

@@ -1,38 +1,90 @@
-"""``perfquery`` text: extended (``-x``) and plain blocks, one per port, possibly concatenated.
+"""``perfquery`` text: extended (``-x``) and plain blocks, one per port, possibly concatenated;
+and the detail blocks of ``perfquery -E`` (PortRcvErrorDetails) and ``-D``
+(PortXmitDiscardDetails), one port per run.
 
 What perfquery itself trusts is what ibmon trusts: the capability masks in each block header
-decide which printed fields are real (see ``parse_perfquery``).
+decide which printed fields are real (see ``counters_from_blocks``).
+
+The reading is strict (see ``ibmon.sources.parse.errors``): every non-blank line is a block
+header or a field of the current block; a field must be one perfquery prints in that kind of
+block (and, in an extended block, on its side of ``CounterSelect2``), appear once, hold a value
+that fits the field's width, and every block must be complete. Anything else raises
+``ParseError`` for the whole text. The fields perfquery prints come from libibmad's dump
+tables (``mad_dump_perfcounters``, ``mad_dump_perfcounters_ext``): the unicast/multicast
+group only with CapMask bit 9, the 64-bit error group (after ``CounterSelect2``) only with
+CapMask2 bit 1 in current rdma-core and always in older releases, so those groups are
+all-or-nothing rather than required. A detail block (``mad_dump_perfcounters_rcv_err``,
+``mad_dump_perfcounters_xmt_disc``) has no capability masks in its header and every one of its
+fields is required; a counter parse refuses it, and a detail parse refuses anything else.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
-from ibmon.counters import BY_PMA
+from ibmon.counters import BY_PMA, DETAIL_ATTRIBUTES
+from ibmon.sources.parse.errors import ParseError, require_whole_lines
 from ibmon.sources.parse.pma import (
     CPI_CAP2_ADDL_EXT,
     CPI_CAP_XMIT_WAIT,
     EXT_CASTS,
     EXT_DATA,
+    EXT_ERRORS,
     PortCounterValues,
     merge_counters,
 )
 
-__all__ = ["PerfBlock", "parse_perfquery", "parse_perfquery_blocks"]
+__all__ = [
+    "PerfBlock",
+    "counters_from_blocks",
+    "expect_blocks",
+    "parse_perfquery",
+    "parse_perfquery_blocks",
+    "parse_perfquery_details",
+]
 
 _PQ_HEADER = re.compile(
-    r"^#\s*(?P<title>[^:]*?)\s*:\s*(?:Lid\s+(?P<lid>\d+)|(?P<addr>.*?))\s+port\s+(?P<port>\d+)"
-    r"(?:\s*\(CapMask:\s*0x(?P<cm>[0-9a-fA-F]+)(?:\s+CapMask2:\s*0x(?P<cm2>[0-9a-fA-F]+))?\))?"
+    r"^#\s*(?P<title>[^:]*?)\s*:\s*(?:Lid\s+(?P<lid>\d{1,5})|(?P<addr>\S.*?))\s+port\s+"
+    r"(?P<port>\d{1,3})"
+    r"(?:\s*\(CapMask:\s*0x(?P<cm>[0-9a-fA-F]{1,4})"
+    r"(?:\s+CapMask2:\s*0x(?P<cm2>[0-9a-fA-F]{1,8}))?\))?$"
 )
-_PQ_FIELD = re.compile(r"^(?P<name>[A-Za-z0-9_]+):\.*(?P<value>\S+)\s*$")
+_PQ_FIELD = re.compile(r"^(?P<name>[A-Za-z0-9_]+):\.*(?P<value>0x[0-9a-fA-F]{1,16}|\d{1,20})$")
+
+#: Every block starts with these (8 and 16 bits).
+_SELECTS = {"PortSelect": 8, "CounterSelect": 16}
+#: PortCounters as perfquery prints it: field -> width in bits. Required unless optional below.
+_NARROW = {
+    **_SELECTS,
+    **{spec.pma: spec.bits for spec in BY_PMA.values() if spec.bits < 64 and not spec.attribute},
+    "CounterSelect2": 8,
+}
+_NARROW_OPTIONAL = frozenset({"CounterSelect2", "QP1Dropped", "PortXmitWait"})
+_NARROW_REQUIRED = frozenset(_NARROW) - _NARROW_OPTIONAL
+#: PortCountersExtended before CounterSelect2 (64-bit fields) and after it (the error copies).
+_EXT_HEAD = {**_SELECTS, **dict.fromkeys(EXT_DATA + EXT_CASTS, 64), "CounterSelect2": 32}
+_EXT_TAIL = dict.fromkeys(EXT_ERRORS, 64)
+_EXT_TAIL_OPTIONAL = frozenset({"PortXmitWait", "QP1Dropped"})
+_EXT_REQUIRED = frozenset({*_SELECTS, *EXT_DATA})
+#: Detail blocks, by kind (the attribute name, which is also the header's title): every field.
+_DETAIL = {
+    attr: {**_SELECTS, **{spec.pma: spec.bits for spec in specs}}
+    for attr, specs in DETAIL_ATTRIBUTES.items()
+}
+_TITLES = {
+    "port extended counters": "extended",
+    "port counters": "counters",
+    **{f"{attr.lower()} counters": attr for attr in _DETAIL},
+}
 
 
 @dataclass(frozen=True, slots=True)
 class PerfBlock:
     """One ``# ...: Lid L port P (CapMask ...)`` block of perfquery output."""
 
-    kind: str  # extended | counters | other
+    kind: str  # extended | counters | PortRcvErrorDetails | PortXmitDiscardDetails
     title: str
     lid: int | None
     port: int
@@ -41,6 +93,8 @@ class PerfBlock:
     fields: dict[str, int]
     #: fields printed after CounterSelect2 in an extended block (the 64-bit error copies)
     ext_errors: frozenset[str] = frozenset()
+    #: 1-based line of the header, for messages
+    line: int = 0
 
 
 @dataclass(slots=True)
@@ -52,15 +106,53 @@ class _OpenBlock:
     after_cs2: bool = False
     ext_errors: set[str] = field(default_factory=set)
 
-    def add(self, name: str, value: int) -> None:
+    def add(self, name: str, value: int, lineno: int, raw: str) -> None:
+        kind = self.header.kind
+        tail = self.after_cs2
+        if kind == "extended":
+            table = _EXT_TAIL if tail else _EXT_HEAD
+        else:
+            table = _DETAIL.get(kind, _NARROW)
+        bits = table.get(name)
+        if bits is None:
+            side = " after CounterSelect2" if self.after_cs2 else ""
+            raise ParseError(f"field {name} does not belong in a {kind} block{side}",
+                             line=lineno, text=raw)
+        if name in self.fields:
+            raise ParseError(f"field {name} repeated in one block", line=lineno, text=raw)
+        if value >= 1 << bits:
+            raise ParseError(f"{name} does not fit in {bits} bits", line=lineno, text=raw)
         self.fields[name] = value
-        if name == "CounterSelect2":
-            self.after_cs2 = True
-        elif self.after_cs2 and self.header.kind == "extended":
-            self.ext_errors.add(name)
+        if kind == "extended":
+            if name == "CounterSelect2":
+                self.after_cs2 = True
+            elif self.after_cs2:
+                self.ext_errors.add(name)
 
     def close(self) -> PerfBlock:
         h = self.header
+        have = set(self.fields)
+        if h.kind == "extended":
+            missing = _EXT_REQUIRED - have
+            casts = have & set(EXT_CASTS)
+            if casts and casts != set(EXT_CASTS):
+                missing |= set(EXT_CASTS) - casts
+            if self.after_cs2:
+                missing |= set(EXT_ERRORS) - _EXT_TAIL_OPTIONAL - have
+        elif h.kind in _DETAIL:
+            missing = frozenset(_DETAIL[h.kind]) - have
+        else:
+            missing = _NARROW_REQUIRED - have
+        if missing:
+            raise ParseError(
+                f"block for port {h.port} is incomplete (no {', '.join(sorted(missing))})",
+                line=h.line,
+            )
+        if self.fields["PortSelect"] != h.port:
+            raise ParseError(
+                f"block for port {h.port} says PortSelect {self.fields['PortSelect']}",
+                line=h.line,
+            )
         return PerfBlock(
             kind=h.kind,
             title=h.title,
@@ -70,25 +162,23 @@ class _OpenBlock:
             cap_mask2=h.cap_mask2,
             fields=self.fields,
             ext_errors=frozenset(self.ext_errors),
+            line=h.line,
         )
 
 
-def _int(text: str) -> int | None:
-    try:
-        return int(text, 16) if text.lower().startswith("0x") else int(text)
-    except ValueError:
-        return None
+def _value(text: str) -> int:
+    return int(text, 16) if text.startswith("0x") else int(text)
 
 
-def _header(m: re.Match[str]) -> PerfBlock:
-    """The block a header line opens (no fields yet)."""
+def _header(m: re.Match[str], lineno: int, raw: str) -> PerfBlock:
+    """The block a header line opens (no fields yet); a kind ibmon does not read is refused."""
     title = m.group("title")
-    low = title.lower()
-    kind = "other"
-    if "extended counters" in low:
-        kind = "extended"
-    elif low == "port counters":
-        kind = "counters"
+    kind = _TITLES.get(title.lower())
+    if kind is None:
+        raise ParseError(f"a {title!r} block is not one ibmon asks for", line=lineno, text=raw)
+    if kind in _DETAIL and m.group("cm"):
+        raise ParseError(f"a {kind} header with capability masks (perfquery prints none)",
+                         line=lineno, text=raw)
     return PerfBlock(
         kind=kind,
         title=title,
@@ -97,19 +187,24 @@ def _header(m: re.Match[str]) -> PerfBlock:
         cap_mask=int(m.group("cm"), 16) if m.group("cm") else None,
         cap_mask2=int(m.group("cm2"), 16) if m.group("cm2") else None,
         fields={},
+        line=lineno,
     )
 
 
-def parse_perfquery_blocks(text: str) -> tuple[list[PerfBlock], list[str]]:
-    """Every block in perfquery output, plus the lines that were neither header nor field.
+def parse_perfquery_blocks(text: str) -> list[PerfBlock]:
+    """Every block in perfquery output, read strictly (see the module docstring).
 
-    Stray lines (``ibwarn: ...`` on a merged stream, truncated output) are returned rather than
-    raised, so one bad line never costs the rest of a node.
+    Raises ParseError for the whole text on the first problem: a line that is neither a
+    header nor a field, an unknown or repeated field, a value too wide for its field, an
+    incomplete block, a port printed twice in blocks of one kind, or output that stops in the
+    middle of a line (perfquery ends every line with a newline; a missing one means the output
+    was cut).
     """
+    require_whole_lines(text)
     blocks: list[PerfBlock] = []
-    stray: list[str] = []
+    seen: set[tuple[str, int]] = set()
     cur: _OpenBlock | None = None
-    for raw in text.splitlines():
+    for lineno, raw in enumerate(text.split("\n")[:-1] if text else [], start=1):
         line = raw.strip()
         if not line:
             continue
@@ -117,33 +212,61 @@ def parse_perfquery_blocks(text: str) -> tuple[list[PerfBlock], list[str]]:
         if m:
             if cur is not None:
                 blocks.append(cur.close())
-            cur = _OpenBlock(_header(m))
+            header = _header(m, lineno, raw)
+            if (header.kind, header.port) in seen:
+                raise ParseError(f"port {header.port} printed twice", line=lineno, text=raw)
+            seen.add((header.kind, header.port))
+            cur = _OpenBlock(header)
             continue
         f = _PQ_FIELD.match(line)
-        value = _int(f.group("value")) if f else None
-        if f is None or cur is None or value is None:
-            stray.append(raw)
-            continue
-        cur.add(f.group("name"), value)
+        if f is None:
+            raise ParseError("not a perfquery line", line=lineno, text=raw)
+        if cur is None:
+            raise ParseError("a field before any block header", line=lineno, text=raw)
+        cur.add(f.group("name"), _value(f.group("value")), lineno, raw)
     if cur is not None:
         blocks.append(cur.close())
-    return blocks, stray
+    return blocks
 
 
-def parse_perfquery(text: str) -> tuple[dict[int, PortCounterValues], list[str]]:
-    """perfquery output (``-x``, plain, ``-l`` loops, or both concatenated) -> port -> counters.
+def expect_blocks(
+    blocks: Iterable[PerfBlock], *, kind: str, lid: int | None, ports: Collection[int]
+) -> None:
+    """Refuse output that answers a different question than the one asked.
 
-    Rules mirror what perfquery itself trusts: extended data fields are 64-bit; unicast and
-    multicast are printed only with CapMask bit 9; error fields after ``CounterSelect2`` in an
-    extended block are the 64-bit copies, trusted only with CapMask2 bit 1 (or no CapMask2 in
-    the header): without it they are reserved bytes, and the narrow block must supply the error
-    counters. A narrow block's PortXmitWait is kept only with CapMask bit 12. A 64-bit value
-    always wins over the narrow one.
+    One block of ``kind`` per port in ``ports``, each for ``lid`` (when the header names a LID),
+    and nothing else. perfquery answers ``-l <lid> <ports>`` with exactly that; a missing,
+    extra or foreign block means the output is not the answer to this command.
     """
-    blocks, stray = parse_perfquery_blocks(text)
+    got: list[int] = []
+    for b in blocks:
+        if b.kind != kind:
+            raise ParseError(f"{b.kind} block for port {b.port} where {kind} blocks were asked for",
+                             line=b.line)
+        if lid is not None and b.lid is not None and b.lid != lid:
+            raise ParseError(f"a block for lid {b.lid} in the answer for lid {lid}", line=b.line)
+        got.append(b.port)
+    if sorted(got) != sorted(set(ports)):
+        missing = sorted(set(ports) - set(got))
+        extra = sorted(set(got) - set(ports))
+        raise ParseError(f"ports asked {sorted(set(ports))}, answered {sorted(got)} "
+                         f"(missing {missing}, not asked {extra})")
+
+
+def counters_from_blocks(blocks: Iterable[PerfBlock]) -> dict[int, PortCounterValues]:
+    """Blocks -> port -> counters, under the capability rules perfquery itself applies.
+
+    Extended data fields are 64-bit; unicast and multicast are printed only with CapMask bit
+    9; error fields after ``CounterSelect2`` in an extended block are the 64-bit copies, trusted
+    only with CapMask2 bit 1 (or no CapMask2 in the header): without it they are reserved bytes,
+    and the narrow block must supply the error counters. A narrow block's PortXmitWait is kept
+    only with CapMask bit 12. A 64-bit value always wins over the narrow one.
+    """
     narrow: dict[int, tuple[dict[str, int], int | None]] = {}
     wide: dict[int, tuple[dict[str, int], int | None]] = {}
     for b in blocks:
+        if b.kind in _DETAIL:
+            raise ParseError(f"a {b.kind} block where port counters were expected", line=b.line)
         if b.kind == "counters":
             # libibmad (rdma-core 44) decodes PortCounters.QP1Dropped from VL15Dropped's bits,
             # so perfquery's narrow QP1Dropped is VL15Dropped again: never trust it.
@@ -166,4 +289,30 @@ def parse_perfquery(text: str) -> tuple[dict[int, PortCounterValues], list[str]]
         w = wide.get(port)
         cap = w[1] if w and w[1] is not None else (n[1] if n else None)
         out[port] = merge_counters(n[0] if n else None, w[0] if w else None, cap)
-    return out, stray
+    return out
+
+
+def parse_perfquery(text: str) -> dict[int, PortCounterValues]:
+    """perfquery output (``-x``, plain, ``-l`` loops, or both concatenated) -> port -> counters.
+
+    Strict (ParseError for the whole text, see ``parse_perfquery_blocks``); the capability
+    rules are ``counters_from_blocks``'s.
+    """
+    return counters_from_blocks(parse_perfquery_blocks(text))
+
+
+def parse_perfquery_details(
+    text: str, *, attribute: str, lid: int | None, port: int
+) -> dict[str, int]:
+    """``perfquery -E`` (PortRcvErrorDetails) or ``-D`` (PortXmitDiscardDetails) output for
+    one port -> catalogue name -> value.
+
+    Strict: exactly one block, of ``attribute``, for ``lid`` and ``port``, with every field
+    once and 16 bits wide; anything else raises ParseError for the whole text.
+    """
+    if attribute not in _DETAIL:
+        raise ParseError(f"{attribute} is not a detail attribute")
+    blocks = parse_perfquery_blocks(text)
+    expect_blocks(blocks, kind=attribute, lid=lid, ports=[port])
+    fields = blocks[0].fields
+    return {spec.name: fields[spec.pma] for spec in DETAIL_ATTRIBUTES[attribute]}

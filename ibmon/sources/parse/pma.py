@@ -1,9 +1,16 @@
-"""Performance-management payloads: ClassPortInfo, PortCounters, PortCountersExtended.
+"""Performance-management payloads: ClassPortInfo, PortCounters, PortCountersExtended, and the
+detail attributes PortRcvErrorDetails (0x15) and PortXmitDiscardDetails (0x16).
 
 Which fields of a counter attribute are real depends on the port's ClassPortInfo capability
 masks; the rules live here once, for the ``mad`` source's binary replies and (through
 ``merge_counters``) for the ``diags`` source's perfquery text. Offsets follow libibmad
 ``fields.c``.
+
+No capability bit announces the detail attributes: rdma-core's ``iba_types.h`` defines PMA
+CapabilityMask bits 8-15 (AllPortSelect ... IsQP1DropSupported) and CapabilityMask2 bits 0-1,
+none of them for PortRcvErrorDetails or PortXmitDiscardDetails, which the IBA makes optional.
+A PMA without them answers a Get with an error status, and that answer is how the fabric
+sources learn it (``ibmon.sources.fabric.DetailReads``).
 """
 
 from __future__ import annotations
@@ -11,7 +18,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from ibmon.counters import BY_PMA
+from ibmon.counters import BY_PMA, DETAIL_ATTRIBUTES
+from ibmon.sources.parse.errors import ParseError
 
 __all__ = [
     "CPI_CAP2_ADDL_EXT",
@@ -24,6 +32,7 @@ __all__ = [
     "ClassPortInfo",
     "PortCounterValues",
     "decode_class_port_info",
+    "decode_details",
     "decode_port_counters",
     "decode_port_counters_ext",
     "merge_counters",
@@ -72,7 +81,7 @@ class ClassPortInfo:
 
 def decode_class_port_info(data: bytes) -> ClassPortInfo:
     if len(data) < 8:
-        raise ValueError("ClassPortInfo payload shorter than 8 bytes")
+        raise ParseError("ClassPortInfo payload shorter than 8 bytes")
     cap = struct.unpack_from(">H", data, 2)[0]
     cap2 = struct.unpack_from(">I", data, 4)[0] >> 5
     return ClassPortInfo(cap_mask=cap, cap_mask2=cap2)
@@ -99,14 +108,25 @@ _PC_FIELDS: tuple[tuple[str, int, int], ...] = (
 )
 
 
-def decode_port_counters(data: bytes, cap_mask: int | None = None) -> dict[str, int]:
+def _check_select(data: bytes, port: int | None, what: str) -> None:
+    """A counter reply echoes the PortSelect it answers (byte 1); another port's reply is
+    refused whole rather than booked on the port that asked."""
+    if port is not None and data[1] != port:
+        raise ParseError(f"{what} reply for port {data[1]} where port {port} was asked")
+
+
+def decode_port_counters(
+    data: bytes, cap_mask: int | None = None, *, port: int | None = None
+) -> dict[str, int]:
     """PortCounters (0x12) payload -> PMA field name -> value.
 
     PortXmitWait is left out when ``cap_mask`` says the port does not support it (perfquery
-    prints 0 then; a value we know to be meaningless is better absent than zero).
+    prints 0 then; a value we know to be meaningless is better absent than zero). With
+    ``port``, a reply whose PortSelect is another port raises ParseError.
     """
     if len(data) < 44:
-        raise ValueError("PortCounters payload shorter than 44 bytes")
+        raise ParseError("PortCounters payload shorter than 44 bytes")
+    _check_select(data, port, "PortCounters")
     out = {name: int.from_bytes(data[off : off + ln], "big") for name, off, ln in _PC_FIELDS}
     out["LocalLinkIntegrityErrors"] = data[19] >> 4
     out["ExcessiveBufferOverrunErrors"] = data[19] & 0x0F
@@ -116,21 +136,48 @@ def decode_port_counters(data: bytes, cap_mask: int | None = None) -> dict[str, 
 
 
 def decode_port_counters_ext(
-    data: bytes, cap_mask: int | None, cap_mask2: int | None
+    data: bytes, cap_mask: int | None, cap_mask2: int | None, *, port: int | None = None
 ) -> dict[str, int]:
-    """PortCountersExtended (0x1D) payload -> the fields the capability masks say are valid."""
+    """PortCountersExtended (0x1D) payload -> the fields the capability masks say are valid.
+
+    With ``port``, a reply whose PortSelect is another port raises ParseError.
+    """
     if len(data) < 72:
-        raise ValueError("PortCountersExtended payload shorter than 72 bytes")
+        raise ParseError("PortCountersExtended payload shorter than 72 bytes")
+    _check_select(data, port, "PortCountersExtended")
     out: dict[str, int] = {}
     for i, name in enumerate(EXT_DATA):
         out[name] = struct.unpack_from(">Q", data, 8 + 8 * i)[0]
     if cap_mask is None or cap_mask & CPI_CAP_EXT_WIDTH:
         for i, name in enumerate(EXT_CASTS):
             out[name] = struct.unpack_from(">Q", data, 40 + 8 * i)[0]
-    if cap_mask2 is not None and cap_mask2 & CPI_CAP2_ADDL_EXT and len(data) >= 184:
+    if cap_mask2 is not None and cap_mask2 & CPI_CAP2_ADDL_EXT:
+        if len(data) < 184:
+            raise ParseError("PortCountersExtended payload too short for its 64-bit error copies")
         for i, name in enumerate(EXT_ERRORS):
             out[name] = struct.unpack_from(">Q", data, 72 + 8 * i)[0]
     return out
+
+
+def decode_details(attribute: str, data: bytes, *, port: int | None = None) -> dict[str, int]:
+    """PortRcvErrorDetails / PortXmitDiscardDetails payload -> catalogue name -> value.
+
+    Both attributes are PortSelect (byte 1), CounterSelect (bytes 2-3), then 16-bit counters
+    from byte 4 in ``DETAIL_ATTRIBUTES`` order (libibmad ``IB_PC_RCV_LOCAL_PHY_ERR_F`` ...
+    ``IB_PC_RCV_LOOPING_ERR_F``, ``IB_PC_XMT_INACT_DISC_F`` ... ``IB_PC_XMT_SW_HOL_DISC_F``).
+    With ``port``, a reply whose PortSelect is another port raises ParseError.
+    """
+    specs = DETAIL_ATTRIBUTES.get(attribute)
+    if specs is None:
+        raise ParseError(f"{attribute} is not a detail attribute")
+    need = 4 + 2 * len(specs)
+    if len(data) < need:
+        raise ParseError(f"{attribute} payload shorter than {need} bytes")
+    _check_select(data, port, attribute)
+    return {
+        spec.name: int.from_bytes(data[4 + 2 * i : 6 + 2 * i], "big")
+        for i, spec in enumerate(specs)
+    }
 
 
 @dataclass(slots=True)
@@ -152,13 +199,13 @@ def merge_counters(
     out = PortCounterValues()
     for name, value in (narrow or {}).items():
         spec = BY_PMA.get(name)
-        if spec is not None:
+        if spec is not None and spec.attribute is None:
             out.counters[spec.name] = value
     if extended:
         ext_ok = cap_mask is None or bool(cap_mask & (CPI_CAP_EXT_WIDTH | CPI_CAP_EXT_WIDTH_NOIETF))
         for name, value in extended.items():
             spec = BY_PMA.get(name)
-            if spec is None or (name in EXT_DATA and not ext_ok):
+            if spec is None or spec.attribute is not None or (name in EXT_DATA and not ext_ok):
                 continue
             out.counters[spec.name] = value
             out.wide.add(spec.name)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from ibmon.sources.parse.errors import ParseError
+
 __all__ = [
     "NODE_TYPES",
     "NodeInfo",
@@ -65,7 +67,7 @@ class NodeInfo:
 
 def decode_node_info(data: bytes) -> NodeInfo:
     if len(data) < 40:
-        raise ValueError("NodeInfo payload shorter than 40 bytes")
+        raise ParseError("NodeInfo payload shorter than 40 bytes")
     ntype, nports = data[2], data[3]
     sysguid, nguid, pguid = struct.unpack_from(">QQQ", data, 4)
     devid = struct.unpack_from(">H", data, 30)[0]
@@ -108,7 +110,7 @@ class PortInfo:
 
 def decode_port_info(data: bytes) -> PortInfo:
     if len(data) < 64:
-        raise ValueError("PortInfo payload shorter than 64 bytes")
+        raise ParseError("PortInfo payload shorter than 64 bytes")
     lid, smlid, capmask = struct.unpack_from(">HHI", data, 16)
     return PortInfo(
         lid=lid,
