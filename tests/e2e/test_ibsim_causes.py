@@ -15,8 +15,9 @@ raises the counters (aggregate and detail consistently) a little every half seco
 - mtu_mismatch: leaf02 port 4's PortXmitDiscards and
   PortXmitDiscardDetails.PortNeighborMTUDiscards rise: discards.
 
-``routing`` and ``mtu_mismatch`` come only from the detail counters, which the sources read once
-they are in the catalogue (issue 11 part 1); until then those two rows are not injected.
+``routing`` and ``mtu_mismatch`` come only from the detail counters, which the ``diags`` source
+reads (``perfquery -E``/``-D``) for ports whose aggregate moved. Values stop at the counter's
+width, as the hardware's do (16-bit counters saturate; ibsim would take a larger value).
 ``speed_negotiation`` is not here: ibsim cannot retrain a live link at a lower width or speed
 (docs/infiniband.md §6); the degraded scenario and the promtool tests cover it. Every other port
 of the fabric must stay silent.
@@ -36,7 +37,6 @@ from typing import Any
 import pytest
 
 from ibmon.config import load_settings
-from ibmon.counters import BY_NAME
 from ibmon.daemon import Daemon
 from ibmon.sources.diags import DiagsSource, SubprocessRunner
 from mocks.ibsim import IbSim
@@ -61,7 +61,6 @@ pytestmark = pytest.mark.system
 
 IBMON = Path(sys.executable).with_name("ibmon")
 FAB: Fabric = fat_tree(levels=2, radix=8, leaves=2, hosts_per_leaf=4)
-DETAILS = "receive_dlid_mapping_errors" in BY_NAME and "transmit_neighbor_mtu_discards" in BY_NAME
 DEADLINE = 120.0
 
 
@@ -86,17 +85,16 @@ def peer_desc(desc: str, port: int) -> str:
 CASES: list[tuple[str, str, str, str, int, dict[str, int]]] = [
     ("physical", "receive_errors", "IBPortReceiveErrors", "host003 mlx5_0", 1,
      {"PortRcvErrors": 400, "SymbolErrorCounter": 400,
-      **({"PortRcvErrorDetails.PortLocalPhysicalErrors": 400} if DETAILS else {})}),
+      "PortRcvErrorDetails.PortLocalPhysicalErrors": 400}),
     ("congestion_victim", "congestion", "IBPortCongestion", "leaf02", 3,
      {"PortXmitWait": 6_250_000}),  # 0.4 s of 64 ns ticks per 0.5 s: 80 % stalled
+    ("routing", "receive_errors", "IBPortReceiveErrors", "leaf01", 2,
+     {"PortRcvErrors": 200, "PortRcvErrorDetails.PortDLIDMappingErrors": 200}),
+    ("mtu_mismatch", "discards", "IBPortTransmitDiscards", "leaf02", 4,
+     {"PortXmitDiscards": 300, "PortXmitDiscardDetails.PortNeighborMTUDiscards": 300}),
 ]
-if DETAILS:
-    CASES += [
-        ("routing", "receive_errors", "IBPortReceiveErrors", "leaf01", 2,
-         {"PortRcvErrors": 400, "PortRcvErrorDetails.PortDLIDMappingErrors": 400}),
-        ("mtu_mismatch", "discards", "IBPortTransmitDiscards", "leaf02", 4,
-         {"PortXmitDiscards": 1000, "PortXmitDiscardDetails.PortNeighborMTUDiscards": 1000}),
-    ]
+#: Where a raised counter stops (its PMA width); the others here are 16-bit.
+WIDEST = {"PortXmitWait": 0xFFFF_FFFF}
 ONCE = [("buffer_overrun", "link_integrity", "IBLinkIntegrityErrors", "leaf02", 2,
          {"ExcessiveBufferOverrunErrors": 1})]
 UPLINK = ("leaf01", 5)
@@ -104,19 +102,28 @@ UPLINK = ("leaf01", 5)
 
 @contextlib.contextmanager
 def injector(sim: IbSim) -> Iterator[None]:
-    """Raise every rising case's counters each half second until the test ends."""
+    """Raise every rising case's counters each half second until the test ends.
+
+    A PerformanceSet that ibsim refuses fails the test when the injector stops (a case whose
+    counters never moved must not pass or time out silently).
+    """
     stop = threading.Event()
     values = {(desc, port, name): 0 for _, _, _, desc, port, steps in CASES for name in steps}
+    refused: list[BaseException] = []
 
     def run() -> None:
         while not stop.wait(0.5):
             for _, _, _, desc, port, steps in CASES:
                 update = {}
                 for name, step in steps.items():
-                    values[(desc, port, name)] += step
+                    top = WIDEST.get(name.rpartition(".")[2], 0xFFFF)
+                    values[(desc, port, name)] = min(values[(desc, port, name)] + step, top)
                     update[name] = values[(desc, port, name)]
-                with contextlib.suppress(Exception):
+                try:
                     sim.set_counters(node_id(desc), port, update)
+                except Exception as exc:  # reported when the injector stops
+                    refused.append(exc)
+                    return
 
     thread = threading.Thread(target=run, name="ibsim-injector", daemon=True)
     thread.start()
@@ -125,6 +132,7 @@ def injector(sim: IbSim) -> Iterator[None]:
     finally:
         stop.set()
         thread.join(10)
+    assert not refused, f"ibsim refused the injected counters: {refused[0]!r}"
 
 
 def ibmon(*args: str) -> subprocess.CompletedProcess[str]:
@@ -226,8 +234,12 @@ async def check_case(daemon: Daemon, base: str, prom: str, hook: Any, cause: str
     (cond,) = [c for c in body["conditions"] if c["type"] == kind]
     assert (cond["cause"], cond["on"]) == (cause, "port"), where
     assert body["peer"]["node_desc"] == far, where
-    if cause == "routing":
-        assert cond["breakdown"]["receive_dlid_mapping_errors"] > 0
+    detail = {"physical": "receive_local_physical_errors",
+              "routing": "receive_dlid_mapping_errors",
+              "mtu_mismatch": "transmit_neighbor_mtu_discards"}.get(cause)
+    if detail is not None:  # the breakdown names the detail counter that was raised
+        assert cond["breakdown"][detail] > 0, (where, cond["breakdown"])
+        assert event.details["breakdown"][detail] > 0, (where, event.details["breakdown"])
     # ibmon explain
     proc = await asyncio.to_thread(ibmon, "explain", f"{guid}/{number}", "--url", base)
     assert proc.returncode == 0, proc.stderr
