@@ -192,6 +192,26 @@ class _PortState:
     resets: int = 0
     saturated: frozenset[str] = frozenset()
     totals: dict[str, int] = field(default_factory=dict)
+    inc: dict[str, int] = field(default_factory=dict)
+
+
+#: Issue 11's causes of each detail counter, per aggregate (written out, not imported).
+_DETAIL_CAUSE: dict[str, dict[str, str]] = {
+    "receive_errors": {
+        "receive_local_physical_errors": "physical",
+        "receive_malformed_packet_errors": "mtu_mismatch",
+        "receive_buffer_overrun_errors": "buffer_overrun",
+        "receive_dlid_mapping_errors": "routing",
+        "receive_vl_mapping_errors": "routing",
+        "receive_looping_errors": "routing",
+    },
+    "transmit_discards": {
+        "transmit_inactive_discards": "link_down",
+        "transmit_neighbor_mtu_discards": "mtu_mismatch",
+        "transmit_sw_lifetime_limit_discards": "congestion_victim",
+        "transmit_sw_hoq_lifetime_limit_discards": "congestion_victim",
+    },
+}
 
 
 class Reference:
@@ -222,6 +242,7 @@ class Reference:
             self._flaps(t, st, inc, first)
             self._ber(key, t, v, st)
             self._integrity(key, t, st, inc)
+            st.inc = inc
             self._rates(key, t, v, st)
             self._congestion(key, t, v, st)
             self._counters(key, t, v, st)
@@ -303,8 +324,14 @@ class Reference:
             on = rate > limit
             if on != getattr(st, attr):
                 setattr(st, attr, on)
-                # the simulated fabric has no detail counters and nothing else moves there
-                self._emit(key, t, type_, "firing" if on else "resolved", cause="unknown")
+                if not on:
+                    self._emit(key, t, type_, "resolved")
+                    continue
+                # the simulated fabric raises one detail counter with its aggregate: its cause
+                moved = {c: n for c, n in st.inc.items() if c in _DETAIL_CAUSE[name] and n > 0}
+                cause = _DETAIL_CAUSE[name][max(moved, key=moved.__getitem__)] if moved \
+                    else "unknown"
+                self._emit(key, t, type_, "firing", cause=cause)
 
     def _congestion(self, key: PortKey, t: float, v: PortView, st: _PortState) -> None:
         r = v.xmit_wait_ratio
