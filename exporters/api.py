@@ -1,7 +1,11 @@
 """JSON API on the Prometheus listener: ports, events, health and readiness.
 
-``/api/v1/ports`` lists ports worst first (firing conditions, then transmit wait, BER and
-utilization) with their active conditions, one bounded page at a time: ``?limit=N`` (default
+``/api/v1/ports/{guid}/{port}`` is one port with the far end of its link, its conditions and
+their likely causes, the detail breakdown and the recent events of both ends (404 for a port
+the daemon does not know). ``/api/v1/topology`` lists nodes in GUID order, each with its ports
+and the links it is the lower end of, a page at a time like ``/api/v1/ports`` (``limit``,
+``cursor``). ``/api/v1/ports`` lists ports worst first (firing conditions, then transmit wait,
+BER and utilization) with their active conditions, one bounded page at a time: ``?limit=N`` (default
 ``DEFAULT_PAGE``, at most ``MAX_PAGE``), ``?condition=congestion`` filters, and the answer's
 ``next`` is an opaque cursor for ``?cursor=`` that continues after the page's last port (null
 on the last page). ``/api/v1/events`` returns recent events, newest last; ``?type=``,
@@ -34,11 +38,12 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from exporters.http import ANONYMOUS
-from exporters.ports import port_json
+from exporters.ports import port_detail_json, port_json
 from ibmon.detect.engine import ActiveCondition
 from ibmon.events import Event, severity_rank
-from ibmon.model import PortKey, PortView
+from ibmon.model import PortKey, PortView, normalize_guid
 from ibmon.state import FabricState
+from ibmon.topology import node_rows
 
 __all__ = [
     "API_SHARE",
@@ -48,6 +53,7 @@ __all__ = [
     "ApiProvider",
     "ApiWorker",
     "PortsIndex",
+    "TopologyIndex",
     "api_routes",
     "decode_cursor",
     "encode_cursor",
@@ -205,6 +211,51 @@ class PortsIndex:
                          b"]}"))
 
 
+def encode_guid_cursor(guid: str) -> str:
+    """The ``next`` of a topology page: the page's last node GUID, opaque."""
+    return base64.urlsafe_b64encode(json.dumps([guid]).encode()).decode().rstrip("=")
+
+
+def decode_guid_cursor(text: str) -> str:
+    if len(text) > MAX_CURSOR or not text.isascii():
+        raise ValueError("cursor too long or not ASCII")
+    try:
+        items = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"cursor is not one this server gave: {exc}") from None
+    if not isinstance(items, list) or len(items) != 1 or not isinstance(items[0], str):
+        raise ValueError("cursor is not one this server gave")
+    return items[0]
+
+
+class TopologyIndex:
+    """One state's nodes in GUID order, each node's JSON (its ports and the links it lists)
+    encoded at most once; built and read only in the ``ApiWorker`` thread, like PortsIndex."""
+
+    def __init__(self, state: FabricState) -> None:
+        self.state = state
+        rows = node_rows(state)
+        self.keys = [guid for guid, _ in rows]
+        self._rows = [node for _, node in rows]
+        self._json: list[bytes | None] = [None] * len(rows)
+        self.links = sum(len(node["links"]) for node in self._rows)
+
+    def page(self, after: str | None, limit: int) -> bytes:
+        start = 0 if after is None else bisect.bisect_right(self.keys, after)
+        end = min(start + limit, len(self._rows))
+        parts: list[bytes] = []
+        for i in range(start, end):
+            body = self._json[i]
+            if body is None:
+                body = self._json[i] = _dumps(self._rows[i])
+            parts.append(body)
+        more = end < len(self._rows) and end > start
+        head = _dumps({"generated": self.state.generated, "count": len(self._rows),
+                       "links": self.links, "limit": limit,
+                       "next": encode_guid_cursor(self.keys[end - 1]) if more else None})
+        return b"".join((head[:-1], b',"nodes":[', b",".join(parts), b"]}"))
+
+
 class ApiWorker:
     """Runs the API's CPU work one job at a time in a thread, within a share of the clock.
 
@@ -290,6 +341,10 @@ class _Api:
         self.provider = provider
         self.worker = worker
         self.index: PortsIndex | None = None
+        self.topology: TopologyIndex | None = None
+        #: One-port answers of the current state and event history, by port.
+        self.port_json: dict[PortKey, bytes] = {}
+        self._port_basis: tuple[int, int, str | None] = (0, 0, None)
         self.event_json: dict[str, bytes] = {}
         self._release: asyncio.TimerHandle | None = None
 
@@ -305,6 +360,8 @@ class _Api:
             self._keep_index()
         else:
             self.index = None
+            self.topology = None
+            self.port_json = {}
 
     def _index_for(self, state: FabricState, conditions: list[ActiveCondition]) -> PortsIndex:
         index = self.index
@@ -328,6 +385,65 @@ class _Api:
 
         def build() -> bytes:
             return self._index_for(state, conditions).page(condition, after, limit)
+
+        body = await self.worker.run(build)
+        self._keep_index()
+        return _json(body)
+
+    async def port(self, request: web.Request) -> web.StreamResponse:
+        """One port with both ends of its link, its conditions, breakdown and recent events;
+        encoded once per state (and event history) however many clients ask."""
+        try:
+            guid = normalize_guid(request.match_info["guid"])
+        except ValueError:
+            raise _bad_request("guid must be a node GUID (0x + up to 16 hex digits)") from None
+        number = request.match_info["port"]
+        if not (number.isascii() and number.isdigit()) or len(number) > 3:
+            raise _bad_request("port must be a port number (ASCII digits)")
+        key = (guid, str(int(number)))
+        state = self.provider.state()
+        if key not in state.ports:
+            raise web.HTTPNotFound(text=_dumps({"error": f"no port {guid}/{key[1]}"}).decode(),
+                                   content_type="application/json")
+        events = self.provider.events()
+        last = events[-1].id if events else None
+        basis = (id(state), len(events), last)
+        if basis != self._port_basis:
+            self._port_basis, self.port_json = basis, {}
+        body = self.port_json.get(key)
+        if body is None:
+            conditions = list(self.provider.conditions())
+            history = list(events)
+
+            def build() -> bytes:
+                found = port_detail_json(state, key, conditions, history)
+                return _dumps(found)
+
+            body = await self.worker.run(build)
+            if self._port_basis == basis:
+                self.port_json[key] = body
+            self._keep_index()
+        return _json(body)
+
+    async def topology_page(self, request: web.Request) -> web.StreamResponse:
+        """``/api/v1/topology``: nodes in GUID order with their ports and links, a bounded page
+        at a time (``limit``, ``cursor``), each node's JSON encoded once per state."""
+        query = request.query
+        limit = query_count(query, "limit", default=DEFAULT_PAGE, maximum=MAX_PAGE)
+        after: str | None = None
+        if (cursor := query.get("cursor")) is not None:
+            try:
+                after = decode_guid_cursor(cursor)
+            except ValueError as exc:
+                raise _bad_request(f"cursor: {exc}") from None
+        state = self.provider.state()
+
+        def build() -> bytes:
+            index = self.topology
+            if index is None or index.state is not state:
+                self.topology = None
+                index = self.topology = TopologyIndex(state)
+            return index.page(after, limit)
 
         body = await self.worker.run(build)
         self._keep_index()
@@ -377,6 +493,8 @@ def api_routes(provider: ApiProvider, *, worker: ApiWorker | None = None) -> lis
     api = _Api(provider, worker or ApiWorker())
     return [
         web.get("/api/v1/ports", api.ports),
+        web.get("/api/v1/ports/{guid}/{port}", api.port),
+        web.get("/api/v1/topology", api.topology_page),
         web.get("/api/v1/events", api.events),
         web.get("/healthz", api.healthz),
         web.get("/readyz", api.readyz),

@@ -158,6 +158,11 @@ _BER_HEADER = _header("ibmon_port_symbol_error_ber", "gauge",
                       "Symbol errors per bit received over the detector's window.")
 _COND_HEADER = _header("ibmon_port_condition", "gauge",
                        "1 while a detector reports the condition on the port.")
+_CAUSE_HEADER = _header("ibmon_port_condition_cause", "gauge",
+                        "1 while a condition fires on the port that carries it (a link fault: "
+                        "one end of the link), labelled with its likely cause: physical, "
+                        "buffer_overrun, routing, mtu_mismatch, congestion_victim, link_down, "
+                        "speed_negotiation or unknown.")
 _SAT_HEADER = _header("ibmon_port_saturated", "gauge",
                       "1 while the hardware counter is stuck at its maximum (rate unknown).")
 _STALE_HEADER = _header("ibmon_port_stale", "gauge",
@@ -339,6 +344,10 @@ def _health_chunks(pairs: _Pairs, names: _EscapeMemo) -> Iterator[bytes]:
     yield from _some(_family(_COND_HEADER, [
         f'ibmon_port_condition{{{lb},condition="{names[c]}"}} 1\n'
         for lb, v in pairs if v.conditions for c in sorted(v.conditions)
+    ]))
+    yield from _some(_family(_CAUSE_HEADER, [
+        f'ibmon_port_condition_cause{{{lb},condition="{names[c]}",cause="{names[k]}"}} 1\n'
+        for lb, v in pairs if v.causes for c, k in sorted(v.causes.items())
     ]))
     yield from _some(_family(_SAT_HEADER, [
         f'ibmon_port_saturated{{{lb},counter="{names[c]}"}} 1\n'

@@ -292,11 +292,107 @@ def version() -> None:
     typer.echo(f"ibmon {__version__}")
 
 
+UrlOption = Annotated[
+    str, typer.Option(help="A running daemon's listener (its JSON API).")
+]
+UserOption = Annotated[
+    str | None, typer.Option("--user", help="Basic auth user of the daemon's listener.")
+]
+PasswordFileOption = Annotated[
+    Path | None,
+    typer.Option("--password-file",
+                 help="File whose first line is the basic auth password (else $IBMON_PASSWORD)."),
+]
+CaFileOption = Annotated[
+    Path | None, typer.Option("--ca-file", help="CA certificate(s) to trust for an https:// URL.")
+]
+DEFAULT_URL = "http://127.0.0.1:9683"
+
+
+def _client(url: str, user: str | None, password_file: Path | None,
+            ca_file: Path | None) -> Any:
+    """An ApiClient, or exit 2 with the problem (bad URL, unreadable password or CA file)."""
+    from ibmon.apiclient import ApiClient, ApiError, read_password
+
+    try:
+        password = read_password(password_file)
+        return ApiClient(url, user=user, password=password if user else None, ca_file=ca_file)
+    except ApiError as exc:
+        _die(str(exc))
+
+
+@app.command()
+def explain(
+    port: Annotated[str, typer.Argument(
+        help='GUID/PORT, "node description"[port] or hostname/device (e.g. gpu031/mlx5_0).')],
+    url: UrlOption = DEFAULT_URL,
+    user: UserOption = None,
+    password_file: PasswordFileOption = None,
+    ca_file: CaFileOption = None,
+    fmt: Annotated[Literal["text", "json"], typer.Option("--format", help="Output format.")] = (
+        "text"),
+) -> None:
+    """Explain one port from a running daemon: both ends of its link, what is firing, the
+    likely cause, the error breakdown, what to check first and the recent events."""
+    import json
+
+    from ibmon.apiclient import ApiError
+    from ibmon.explain import render_report, resolve
+
+    client = _client(url, user, password_file, ca_file)
+    try:
+        guid, number = resolve(client, port)
+        detail = client.get(f"/api/v1/ports/{guid}/{number}")
+    except ValueError as exc:
+        _die(str(exc))
+    except ApiError as exc:
+        _die(str(exc))
+    if fmt == "json":
+        sys.stdout.write(json.dumps(detail, indent=2) + "\n")
+    else:
+        sys.stdout.write(render_report(detail))
+    sys.stdout.flush()
+
+
+@app.command()
+def topology(
+    url: UrlOption = DEFAULT_URL,
+    user: UserOption = None,
+    password_file: PasswordFileOption = None,
+    ca_file: CaFileOption = None,
+    fmt: Annotated[Literal["json", "dot"], typer.Option(
+        "--format", help="json: nodes with ports and links; dot: Graphviz (dot -Tsvg).")] = "json",
+) -> None:
+    """The fabric's nodes and links from a running daemon, with link state, width and speed
+    against the best both ends support, and active conditions; DOT colours faulty (red) and
+    congested (orange) links."""
+    import json
+
+    from ibmon.apiclient import ApiError
+    from ibmon.topology import to_dot
+
+    client = _client(url, user, password_file, ca_file)
+    try:
+        pages = list(client.pages("/api/v1/topology"))
+    except ApiError as exc:
+        _die(str(exc))
+    nodes = [n for page in pages for n in page.get("nodes", [])]
+    if fmt == "dot":
+        sys.stdout.write(to_dot(nodes))
+    else:
+        generated = pages[-1].get("generated") if pages else None
+        links = sum(len(n.get("links", [])) for n in nodes)
+        sys.stdout.write(json.dumps({"generated": generated, "nodes": nodes, "links": links},
+                                    indent=2) + "\n")
+    sys.stdout.flush()
+
+
 @app.command()
 def top(
-    url: Annotated[
-        str, typer.Option(help="A running daemon's listener (its JSON API).")
-    ] = "http://127.0.0.1:9683",
+    url: UrlOption = DEFAULT_URL,
+    user: UserOption = None,
+    password_file: PasswordFileOption = None,
+    ca_file: CaFileOption = None,
     source: Annotated[
         SourceName | None,
         typer.Option(help="Sample this source directly instead of reading a daemon."),
@@ -320,9 +416,7 @@ def top(
     _configure_logging(settings, log_level)
     reader: ApiReader | DirectSampler
     if source is None:
-        if not url.startswith(("http://", "https://")):
-            _die(f"--url must start with http:// or https://, got {url!r}")
-        reader = ApiReader(url, limit=limit)
+        reader = ApiReader(url, limit=limit, client=_client(url, user, password_file, ca_file))
         where = url
     else:
         cfg = _source_config(str(source), root=sysfs_root, scenario=scenario, ca=ca, port=port)

@@ -201,6 +201,9 @@ class PortView:
     conditions: frozenset[str] = frozenset()
     hw_gauges: dict[str, int] = field(default_factory=dict)
     stale: bool = False
+    #: Conditions this port carries (a link fault is carried by one end of its link) and the
+    #: likely cause of each: ``{"receive_errors": "physical"}`` (``ibmon.detect.cause``).
+    causes: dict[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> PortKey:

@@ -10,9 +10,7 @@ text: every cell is shown with rich markup escaped and control characters made v
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-import urllib.request
 from collections import deque
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -26,6 +24,7 @@ from rich.text import Text
 
 from exporters.api import worst_first
 from exporters.ports import port_json, state_label
+from ibmon.apiclient import ApiClient
 from ibmon.config import Settings, SourceConfig
 from ibmon.events import Event, severity_rank
 from ibmon.pipeline import Pipeline, build_state
@@ -93,22 +92,22 @@ def render(ports: list[dict[str, Any]], events: list[dict[str, Any]], title: str
 
 
 class ApiReader:
-    """Frames from a running daemon's ``/api/v1`` endpoints."""
+    """Frames from a running daemon's ``/api/v1`` endpoints (basic auth and a CA file through
+    ``client``, an ``ibmon.apiclient.ApiClient``)."""
 
-    def __init__(self, url: str, *, limit: int = 20, timeout: float = 5.0) -> None:
+    def __init__(self, url: str, *, limit: int = 20, timeout: float = 5.0,
+                 client: ApiClient | None = None) -> None:
         self.url = url.rstrip("/")
         self.limit = limit
         self.timeout = timeout
+        self.client = client or ApiClient(url, timeout=timeout)
 
-    def _get(self, path: str) -> Any:
-        if not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"not an http(s) URL: {self.url}")
-        with urllib.request.urlopen(self.url + path, timeout=self.timeout) as resp:  # noqa: S310
-            return json.loads(resp.read())
+    def _get(self, path: str, query: dict[str, str]) -> Any:
+        return self.client.get(path, query)
 
     async def frame(self) -> Frame:
-        ports = await asyncio.to_thread(self._get, f"/api/v1/ports?limit={self.limit}")
-        events = await asyncio.to_thread(self._get, "/api/v1/events?limit=50")
+        ports = await asyncio.to_thread(self._get, "/api/v1/ports", {"limit": str(self.limit)})
+        events = await asyncio.to_thread(self._get, "/api/v1/events", {"limit": "50"})
         title = f"ibmon top - {self.url} - {ports['count']} ports"
         return ports["ports"], events["events"], title
 

@@ -12,9 +12,11 @@ Answer-key conventions (what "correct" means; the detection tests follow them):
   docs/infiniband.md §4 defaults with 64 ns XmitWait ticks. Windows are generous enough for either
   reasonable reading of a rule (e.g. a BER window over the full 10 minutes or over the history
   available so far), but tight enough that a late or missing event fails.
-- Events are per port. A fault on a link (down, flap, degraded) raises events on both ends;
-  a fault on one port's counters (BER, receive errors, discards, congestion, integrity, reset,
-  saturation) only on that port.
+- A fault on a link (down, flap, degraded) raises one event per link, on its carrying end: the
+  switch end of a host link, the end with the lower GUID between two switches (the event's
+  ``peer`` names the other end). A fault on one port's counters (BER, receive errors,
+  discards, congestion, integrity, reset, saturation) raises events on that port only.
+- Fault events state ``details.cause`` (``ibmon.detect.cause``); keys give it on firing events.
 - ``port_down`` fires at the first poll that finds a port that was Active not Active, and resolves
   at the first poll that finds it Active again. A LinkDowned increase is reported through
   ``port_down`` and ``link_flapping``, not as an event of its own (flaps stay down for several

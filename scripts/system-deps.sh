@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the Debian packages the test suite drives for real (only those that are missing).
 # ibsim + opensm + infiniband-diags: the simulated fabric; prometheus: promtool;
-# prometheus-node-exporter: the sysfs oracle.
+# prometheus-node-exporter: the sysfs oracle; graphviz: dot renders `ibmon topology --format dot`.
 set -euo pipefail
 PACKAGES=(
   prometheus
@@ -16,6 +16,7 @@ PACKAGES=(
   mosquitto
   mosquitto-clients
   openssl
+  graphviz
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -16,7 +16,8 @@ from typing import Any, ClassVar, Final
 
 from pydantic import BaseModel, ConfigDict
 
-from ibmon.events import EventType, Severity
+from ibmon.detect.cause import SUSPECT, action, end_name, far_end, preferred
+from ibmon.events import EventType, Severity, severity_rank
 from ibmon.model import PortKey, PortView
 
 __all__ = [
@@ -83,13 +84,60 @@ class PortDetector:
     type: ClassVar[EventType]
     condition: ClassVar[str | None] = None
     oneshot: ClassVar[bool] = False
+    #: A fault of the link rather than of one port's counters: the engine raises it once per
+    #: link, on the link's carrying end, with both ends' verdicts joined (``join``).
+    link_scoped: ClassVar[bool] = False
     settings_model: ClassVar[builtins.type[DetectorSettings]] = DetectorSettings
 
     def __init__(self, settings: DetectorSettings) -> None:
         self.settings = settings
+        self.views: Mapping[PortKey, PortView] = {}
 
     def begin(self, now: float, views: Mapping[PortKey, PortView]) -> None:
-        """Called once per poll before ``check``, for rules that compare ports with each other."""
+        """Called once per poll before ``check``, for rules that compare ports with each other
+        or look at the far end of a link (``peer_of``). Overrides call this first."""
+        self.views = views
+
+    def peer_of(self, view: PortView) -> PortView | None:
+        """The view of the far end of ``view``'s link, when the same source sees it."""
+        link = view.link
+        if link is None or not link.remote_guid:
+            return None
+        return self.views.get((link.remote_guid, link.remote_port))
+
+    def join(self, here: PortView, mine: Finding | None, peer: PortView | None,
+             theirs: Finding | None) -> Finding:
+        """One finding for a link from its ends' verdicts (at least one holds), told from
+        ``here``, the carrying end: the higher severity, the more specific cause, which ends
+        show it, the suspect clause and the action. ``peer`` is None when the source sees only
+        this end. Link-scoped detectors' ``check`` messages are the bare symptom
+        (``leaf02 port 3 (to host021 mlx5_0 port 1) is down (state down)``); this completes them.
+        """
+        first = mine if mine is not None else theirs
+        assert first is not None
+        severity = first.severity
+        if theirs is not None and severity_rank(theirs.severity) > severity_rank(severity):
+            severity = theirs.severity
+        cause = preferred(*(str(f.details.get("cause", "unknown"))
+                            for f in (mine, theirs) if f is not None))
+        if mine is not None:
+            text = mine.message
+        else:
+            assert theirs is not None
+            assert peer is not None
+            # the far end's words, told from this end: "... is down (state polling)"
+            text = f"{describe(here)}: at the far end, {theirs.message}"
+        if peer is not None:
+            if mine is not None and theirs is not None:
+                text += ", at both ends"
+            elif mine is not None:
+                text += f", not at the far end ({end_name(peer.identity)})"
+        details = dict(first.details)
+        details.update(cause=cause, action=action(cause, here))
+        if peer is not None:
+            details["ends"] = [_end(here, mine), _end(peer, theirs)]
+        return Finding(severity, first.value, first.threshold, f"{text}: {SUSPECT[cause]}",
+                       details)
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
         raise NotImplementedError
@@ -109,14 +157,21 @@ class PortDetector:
 
 
 def describe(view: PortView) -> str:
-    """``leaf07 port 12 to spine02`` (display only: node descriptions are untrusted text)."""
-    ident = view.identity
-    name = ident.node_desc or ident.device or ident.guid
-    text = f"{name} port {ident.port}"
+    """``leaf07 port 12 (to gpu031 mlx5_0 port 1)``: both ends of the link, when known
+    (display only: node descriptions are untrusted text)."""
+    text = end_name(view.identity)
     link = view.link
     if link is not None and (link.remote_node_desc or link.remote_guid):
-        text += f" to {link.remote_node_desc or link.remote_guid}"
+        text += f" (to {far_end(view)})"
     return text
+
+
+def _end(view: PortView, finding: Finding | None) -> dict[str, Any]:
+    """One end of a link in ``details.ends``: who, its state, whether the fault shows there."""
+    ident = view.identity
+    return {"guid": ident.guid, "port": ident.port, "node_desc": ident.node_desc,
+            "state": view.state, "phys_state": view.phys_state, "stale": view.stale,
+            "holds": finding is not None}
 
 
 def key_to_json(key: PortKey) -> list[str]:

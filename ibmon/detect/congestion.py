@@ -25,7 +25,17 @@ from ibmon.detect.base import (
     key_from_json,
     key_to_json,
 )
+from ibmon.detect.cause import (
+    HOTSPOT_ACTION,
+    SUSPECT,
+    action,
+    end_name,
+    far_end,
+    peer_note,
+    peer_summary,
+)
 from ibmon.events import Severity
+from ibmon.linkspeed import SPEED_ORDER, WIDTH_LANES
 from ibmon.model import PortKey, PortView
 
 __all__ = ["Congestion", "CongestionSettings"]
@@ -117,15 +127,37 @@ class Congestion(PortDetector):
             what = f"{value * 100:.0f} % of the time stalled"
         else:
             what = f"{value:.0f} ECN/CNP per second"
+        # Backpressure: blocked by congestion further along. A hotspot on a link that trained
+        # slow is slow because of that; a hotspot on a healthy link is just oversubscribed:
+        # nothing is broken (cause unknown), the action is to spread the traffic.
+        if kind == "backpressure":
+            cause = "congestion_victim"
+        elif _trained_slow(view):
+            cause = "speed_negotiation"
+        else:
+            cause = "unknown"
+        if cause == "unknown":
+            act = HOTSPOT_ACTION.format(here=end_name(view.identity), peer=far_end(view))
+            suspect = "too much traffic for this link"
+        else:
+            act = action(cause, view)
+            suspect = SUSPECT[cause]
+        peer = self.peer_of(view)
+        note = peer_note(view, peer)
         return Finding(
             severity,
             value,
             threshold,
-            f"{describe(view)} is congested ({kind}, {used} utilized, {what})",
+            f"{describe(view)} is congested ({kind}, {used} utilized, {what}): {suspect}"
+            + (f"; {note}" if note else ""),
             {
                 "kind": kind,
                 "utilization": util,
                 "signal": "xmit_wait" if unit == "ratio" else "ecn_cnp",
+                "cause": cause,
+                "breakdown": {},
+                "action": act,
+                "peer_shows": peer_summary(peer),
             },
         )
 
@@ -145,6 +177,23 @@ class Congestion(PortDetector):
                 raise ValueError("congestion: bad run counters")
             runs[key_from_json(r[:2])] = vals
         self._runs = runs
+
+
+_SPEED_RANK = {name: i for i, name in enumerate(SPEED_ORDER)}
+
+
+def _trained_slow(view: PortView) -> bool:
+    """Whether the link runs below the best width or speed both ends support and enable."""
+    link = view.link
+    if link is None or not link.max_width or not link.max_speed:
+        return False
+    width = link.active_width or view.active_width
+    speed = link.active_speed or view.active_speed
+    lanes, best_lanes = WIDTH_LANES.get(width), WIDTH_LANES.get(link.max_width)
+    rank, best_rank = _SPEED_RANK.get(speed), _SPEED_RANK.get(link.max_speed)
+    if None in (lanes, best_lanes, rank, best_rank):
+        return False
+    return bool(lanes < best_lanes or rank < best_rank)  # type: ignore[operator]
 
 
 def _updated(active: Finding, value: float) -> Finding:

@@ -48,7 +48,7 @@ from ibmon.events import (
     port_ref,
     severity_rank,
 )
-from ibmon.model import PortIdentity, PortKey, PortView
+from ibmon.model import LinkInfo, PortIdentity, PortKey, PortView
 
 __all__ = [
     "DETECTORS",
@@ -61,10 +61,10 @@ __all__ = [
 DETECTORS: Final[dict[str, type[PortDetector]]] = {
     cls.type: cls
     for cls in (
+        HighBer,  # first: it fills symbol_error_ber, which later detectors quote as evidence
         PortDown,
         LinkFlapping,
         LinkDegraded,
-        HighBer,
         LinkIntegrity,
         ReceiveErrors,
         Discards,
@@ -153,6 +153,13 @@ class Engine:
         self._active: dict[str, dict[PortKey, ActiveCondition]] = {
             d.type: {} for d in self.detectors if not d.oneshot
         }
+        #: Link faults: which ends showed the fault at the latest poll, by carrying end.
+        self._marks: dict[str, dict[PortKey, frozenset[PortKey]]] = {
+            d.type: {} for d in self.detectors if d.link_scoped
+        }
+        #: The last link each port was seen with: a discovery shows no neighbour for a port
+        #: whose link is down, and a link fault must still be judged (and raised) once per link.
+        self._linked: dict[PortKey, LinkInfo] = {}
         self._offset: float | None = None  # wall - monotonic of the latest poll
         self._pending: dict[str, Any] | None = None
 
@@ -173,15 +180,28 @@ class Engine:
             self._load_detectors(pending, self._offset)
         events: list[Event] = []
         now = monotonic
+        # The conditions as of the previous poll, so a detector can quote what the port and
+        # the far end of its link already show; refilled with this poll's below.
+        before = self._fill_conditions(views)
+        linked = self._linked
+        for key, seen in views.items():
+            if seen.link is not None:
+                linked[key] = seen.link
         for det in self.detectors:
             det.begin(now, views)
             if det.oneshot:
                 self._instants(det, views, now, wall, events)
+            elif det.link_scoped:
+                self._links(det, views, now, wall, events)
             else:
                 self._conditions(det, views, now, wall, events)
             for identity, finding in det.vanished(now, views):
                 events.append(self._event(det.type, "firing", finding, identity, None, wall=wall))
-        self._fill_conditions(views)
+        for key in before - self._fill_conditions(views):
+            left = views.get(key)
+            if left is not None and not left.stale:  # a stale view keeps what it showed
+                left.conditions = frozenset()
+                left.causes = {}
         return events
 
     def _instants(
@@ -231,6 +251,75 @@ class Engine:
                 self._holds(kind=det.type, key=key, view=view, finding=verdict, cur=cur,
                             wall=wall, events=events)
 
+    def _links(
+        self,
+        det: PortDetector,
+        views: Mapping[PortKey, PortView],
+        now: float,
+        wall: float,
+        events: list[Event],
+    ) -> None:
+        """A link fault: each end judged alone, then one condition per link.
+
+        The two ends of a link the source sees both are judged together: the fault holds when
+        it holds at either end (``det.join`` tells it from the carrying end, naming both), it
+        ends when an end that answered says it does not hold and none says it does, and it
+        stays as it was when neither end has an opinion. It is kept on its *carrying end*
+        (``carrier``): the switch end of a host link, the lower (GUID, port) of a link
+        between two switches; a condition that fired keeps its end until it resolves. A port
+        whose peer the source does not see (node-local sysfs) carries its own.
+        """
+        check = det.check
+        active = self._active[det.type]
+        marks = self._marks[det.type]
+        verdicts: dict[PortKey, Any] = {}
+        for key, view in views.items():
+            if not view.stale:  # not read this poll: no vote
+                cur = active.get(key)
+                verdicts[key] = check(key, view, now, cur.finding if cur else None)
+        # Only links where something holds or was holding can change: a healthy fabric costs
+        # one check per port and nothing more.
+        candidates = [k for k, v in verdicts.items() if isinstance(v, Finding)]
+        candidates += [k for k in active if k in views]
+        done: set[PortKey] = set()
+        for key in candidates:
+            if key in done:
+                continue
+            view = views[key]
+            # A link that is down has no neighbour in a discovery: its last known far end.
+            link = view.link or self._linked.get(key)
+            pk = (link.remote_guid, link.remote_port) if link and link.remote_guid else None
+            if key not in verdicts and (pk is None or pk not in verdicts):
+                continue  # neither end was read this poll (stale): nothing to judge
+            pview = views.get(pk) if pk is not None and pk != key else None
+            if pview is None:
+                group: tuple[PortKey, ...] = (key,)
+            else:
+                assert pk is not None
+                group = (key, pk)
+            done.update(group)
+            held = [k for k in group if k in active]
+            carrier = held[0] if held else _carrier(group, views)
+            cur = active.get(carrier)
+            votes = [verdicts[k] for k in group if k in verdicts]
+            findings = {k: v for k in group if isinstance(v := verdicts.get(k), Finding)}
+            if findings:
+                here = views[carrier]
+                other = group[1] if len(group) == 2 and group[0] == carrier else group[0]
+                peer = views[other] if other != carrier else None
+                joined = det.join(here, findings.get(carrier), peer, findings.get(other))
+                marks[carrier] = frozenset(findings)
+                self._holds(kind=det.type, key=carrier, view=here, finding=joined, cur=cur,
+                            wall=wall, events=events,
+                            far=port_ref(peer.identity) if peer is not None else None)
+            elif held and any(v is None for v in votes):
+                # both ends may hold one (state saved before faults were kept per link):
+                # each announced firing gets its resolved
+                for k in held:
+                    done_cond = active.pop(k)
+                    marks.pop(k, None)
+                    events.append(self._resolved(done_cond, views[k], wall))
+
     def _holds(
         self,
         *,
@@ -241,43 +330,59 @@ class Engine:
         cur: ActiveCondition | None,
         wall: float,
         events: list[Event],
+        far: PortRef | None = None,
     ) -> None:
         if cur is None:
-            peer = peer_ref(view)
+            peer = peer_ref(view) or far
             self._active[kind][key] = ActiveCondition(kind, key, finding, wall, view.identity, peer)
             events.append(self._event(kind, "firing", finding, view.identity, peer, wall=wall))
             return
         if severity_rank(finding.severity) > severity_rank(cur.finding.severity):
             cur.finding = finding
-            cur.peer = peer_ref(view) or cur.peer
+            cur.peer = peer_ref(view) or far or cur.peer
             events.append(
                 self._event(
                     kind, "firing", finding, view.identity, cur.peer, wall=wall, escalated=True
                 )
             )
         elif finding is not cur.finding:
-            if finding.severity != cur.finding.severity:  # never de-escalate
-                finding = Finding(
-                    cur.finding.severity,
-                    finding.value,
-                    cur.finding.threshold,
-                    cur.finding.message,
-                    finding.details,
-                )
-            cur.finding = finding
+            # Nothing to announce: today's value and measurements, but the severity (never
+            # de-escalate), message, cause and action stay as announced, so the API, the
+            # alert's cause label and the last event never disagree.
+            old = cur.finding
+            details = finding.details
+            if "cause" in old.details:
+                details = {**details, "cause": old.details["cause"],
+                           "action": old.details.get("action", details.get("action"))}
+            cur.finding = Finding(old.severity, finding.value, old.threshold, old.message,
+                                  details)
 
-    def _fill_conditions(self, views: Mapping[PortKey, PortView]) -> None:
+    def _fill_conditions(self, views: Mapping[PortKey, PortView]) -> set[PortKey]:
+        """``conditions`` of every port where one holds (a link fault: on each end that
+        showed it), and ``causes`` (condition -> cause) on the port that carries it; returns
+        the ports it set."""
         per_port: dict[PortKey, set[str]] = {}
+        causes: dict[PortKey, dict[str, str]] = {}
         for det in self.detectors:
             cond = det.condition
             if cond is None or det.oneshot:
                 continue
-            for key in self._active[det.type]:
+            marks = self._marks.get(det.type)
+            for key, a in self._active[det.type].items():
+                ends = marks.get(key) if marks else None
+                for end in ends or (key,):
+                    per_port.setdefault(end, set()).add(cond)
                 per_port.setdefault(key, set()).add(cond)
+                causes.setdefault(key, {})[cond] = str(a.finding.details.get("cause", "unknown"))
         for key, conds in per_port.items():
             view = views.get(key)
             if view is not None:
                 view.conditions = frozenset(conds)
+        for key, by_cond in causes.items():
+            view = views.get(key)
+            if view is not None:
+                view.causes = by_cond
+        return per_port.keys() | causes.keys()
 
     def source_poll(
         self, ok: bool, *, wall: float, reason: str = "", error: str = ""
@@ -390,6 +495,9 @@ class Engine:
             det.forget(key)
         for by_key in self._active.values():
             by_key.pop(key, None)
+        for marks in self._marks.values():
+            marks.pop(key, None)
+        self._linked.pop(key, None)
 
     # ------------------------------------------------------------------ persistence
 
@@ -473,6 +581,7 @@ class Engine:
                 except (KeyError, TypeError, IndexError, AttributeError) as exc:
                     raise ValueError(f"engine state: {det.type}: {exc}") from None
         self._active = active
+        self._marks = {t: {} for t in self._marks}
         self._pending = {"version": ENGINE_STATE_VERSION, "detectors": dict(detectors)}
 
     def _load_detectors(self, pending: Mapping[str, Any], offset: float) -> None:
@@ -481,6 +590,17 @@ class Engine:
             raw = detectors.get(det.type)
             if raw is not None:
                 det.load(raw, offset)
+
+
+def _carrier(group: tuple[PortKey, ...], views: Mapping[PortKey, PortView]) -> PortKey:
+    """The end of a link that carries its faults: the switch end of a host link (the stable
+    one: the host end vanishes with the link from a fabric-wide view), else the lower key."""
+    if len(group) == 1:
+        return group[0]
+    switches = [k for k in group if views[k].identity.node_type == "switch"]
+    if len(switches) == 1:
+        return switches[0]
+    return min(group)
 
 
 def _duration(seconds: float) -> str:

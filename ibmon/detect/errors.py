@@ -24,6 +24,18 @@ from ibmon.detect.base import (
     key_from_json,
     key_to_json,
 )
+from ibmon.detect.cause import (
+    DETAIL_LABELS,
+    DISCARD_DETAILS,
+    RECEIVE_DETAILS,
+    SUSPECT,
+    Cause,
+    DetailWindow,
+    action,
+    dominant,
+    peer_note,
+    peer_summary,
+)
 from ibmon.events import Severity
 from ibmon.model import PortKey, PortState, PortView
 
@@ -83,14 +95,19 @@ class HighBer(PortDetector):
         else:
             return KEEP if saturated else None
         minutes = s.window / 60
+        peer = self.peer_of(view)
+        note = peer_note(view, peer, own_ber=False)
         return Finding(
             severity,
             ber,
             threshold,
             f"{describe(view)}: bit error rate {'at least ' if saturated else ''}{ber:.1e} "
             f"over {minutes:g} min "
-            f"({severity} at {threshold:.0e})",
-            {"symbol_errors": delta, "window_seconds": s.window, "lower_bound": saturated},
+            f"({severity} at {threshold:.0e}): {SUSPECT['physical']}"
+            + (f"; {note}" if note else ""),
+            {"symbol_errors": delta, "window_seconds": s.window, "lower_bound": saturated,
+             "cause": "physical", "breakdown": {"symbol_errors": delta},
+             "action": action("physical", view), "peer_shows": peer_summary(peer)},
         )
 
     def forget(self, key: PortKey) -> None:
@@ -110,6 +127,14 @@ class LinkIntegritySettings(DetectorSettings):
     hold: float = Field(default=600.0, gt=0, description="seconds without an increase to resolve")
     severity: Severity = "critical"
     counters: tuple[str, ...] = ("local_link_integrity_errors", "excessive_buffer_overrun_errors")
+
+
+#: LocalLinkIntegrityErrors: the physical error rate crossed the port's threshold;
+#: ExcessiveBufferOverrunErrors: the sender overran the receive buffers (flow control).
+_INTEGRITY_CAUSES: dict[str, Cause] = {
+    "local_link_integrity_errors": "physical",
+    "excessive_buffer_overrun_errors": "buffer_overrun",
+}
 
 
 class LinkIntegrity(PortDetector):
@@ -150,12 +175,17 @@ class LinkIntegrity(PortDetector):
             return None
         counts = seen[1]
         what = ", ".join(f"{n} {c.replace('_', ' ')}" for c, n in sorted(counts.items()))
+        cause, _ = dominant(counts, _INTEGRITY_CAUSES)
+        peer = self.peer_of(view)
+        note = peer_note(view, peer)
         return Finding(
             self._s.severity,
             float(sum(counts.values())),
             0.0,
-            f"{describe(view)}: link integrity errors ({what})",
-            {"counters": counts},
+            f"{describe(view)}: link integrity errors ({what}): {SUSPECT[cause]}"
+            + (f"; {note}" if note else ""),
+            {"counters": counts, "cause": cause, "breakdown": dict(counts),
+             "action": action(cause, view), "peer_shows": peer_summary(peer)},
         )
 
     def forget(self, key: PortKey) -> None:
@@ -180,12 +210,23 @@ class LinkIntegrity(PortDetector):
         }
 
 
+#: How several detail counters of one cause read in a sentence.
+_GROUPS: dict[str, str] = {
+    "routing": "routing errors (DLID/VL mapping, looping)",
+    "congestion_victim": "lifetime-limit discards",
+}
+
+
 class RateSettings(DetectorSettings):
     threshold: float = Field(gt=0, description="per second")
     clear_polls: int = Field(
         default=3, ge=1, description="polls at or below the threshold to resolve"
     )
     severity: Severity = "warning"
+    window: float = Field(
+        default=60.0, gt=0,
+        description="seconds over which the event counts the errors and their breakdown",
+    )
 
 
 class ReceiveErrorsSettings(RateSettings):
@@ -197,31 +238,33 @@ class DiscardsSettings(RateSettings):
 
 
 class _RateDetector(PortDetector):
-    """Fires at the first poll whose rate exceeds the threshold, resolves after quiet polls."""
+    """Fires at the first poll whose rate exceeds the threshold, resolves after quiet polls.
+
+    The event counts the errors of the trailing ``window`` and splits them by detail counter
+    (``details.breakdown``), from totals: a source reads the details only for ports whose
+    aggregate moved, so one poll's sample may not carry them.
+    """
 
     counter: str
     label: str
+    details: dict[str, Cause]
 
     def __init__(self, settings: DetectorSettings) -> None:
         super().__init__(settings)
         assert isinstance(settings, RateSettings)
         self._s = settings
         self._quiet: dict[PortKey, int] = {}
+        self._window = DetailWindow(self.counter, tuple(self.details), settings.window)
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
+        self._window.observe(key, now, view.totals)
         rate = view.rates.get(self.counter)
         if rate is None:
             return KEEP
         s = self._s
         if rate > s.threshold:
             self._quiet.pop(key, None)
-            return Finding(
-                s.severity,
-                rate,
-                s.threshold,
-                f"{describe(view)}: {rate:.0f} {self.label}/s (threshold {s.threshold:g}/s)",
-                {"counter": self.counter},
-            )
+            return self._finding(key, view, now, rate)
         if active is None:
             return None
         quiet = self._quiet.get(key, 0) + 1
@@ -231,8 +274,40 @@ class _RateDetector(PortDetector):
         self._quiet[key] = quiet
         return active
 
+    def fallback(self, view: PortView) -> str:
+        """The cause when no detail counter moved: what the port's other counters say."""
+        return "unknown"
+
+    def _finding(self, key: PortKey, view: PortView, now: float, rate: float) -> Finding:
+        s = self._s
+        n, breakdown = self._window.increase(key, now)
+        cause, share = dominant(breakdown, self.details)
+        text = f"{describe(view)}: {max(n, 0):,} {self.label} in {s.window:g} s"
+        if cause == "unknown":
+            cause = self.fallback(view)
+            why = "no detail counters" if not breakdown else "no detail counter moved"
+            text += f" ({rate:.0f}/s; {why})"
+        else:
+            moved = [c for c, m in breakdown.items() if m > 0 and self.details[c] == cause]
+            top = max(moved, key=lambda c: breakdown[c])
+            label = DETAIL_LABELS[top] if len(moved) == 1 else _GROUPS.get(cause, cause)
+            share = sum(breakdown[c] for c in moved) / max(n, sum(breakdown.values()), 1)
+            text += f", {share * 100:.0f} % {label}"
+        peer = self.peer_of(view)
+        note = peer_note(view, peer)
+        return Finding(
+            s.severity,
+            rate,
+            s.threshold,
+            f"{text}: {SUSPECT[cause]}" + (f"; {note}" if note else ""),
+            {"counter": self.counter, "cause": cause, "breakdown": breakdown,
+             "window_seconds": s.window, "count": max(n, 0), "action": action(cause, view),
+             "peer_shows": peer_summary(peer)},
+        )
+
     def forget(self, key: PortKey) -> None:
         self._quiet.pop(key, None)
+        self._window.forget(key)
 
     def dump(self, offset: float) -> Any:
         return [[*key_to_json(k), n] for k, n in self._quiet.items()]
@@ -249,6 +324,15 @@ class ReceiveErrors(_RateDetector):
     settings_model = ReceiveErrorsSettings
     counter = "receive_errors"
     label = "receive errors"
+    details = RECEIVE_DETAILS
+
+    def fallback(self, view: PortView) -> str:
+        # Symbol errors on this receiver, or integrity errors still firing: the wire.
+        if view.symbol_error_ber or "high_ber" in view.conditions:
+            return "physical"
+        if "link_integrity" in view.conditions:
+            return "physical"
+        return "unknown"
 
 
 class Discards(_RateDetector):
@@ -257,3 +341,12 @@ class Discards(_RateDetector):
     settings_model = DiscardsSettings
     counter = "transmit_discards"
     label = "transmit discards"
+    details = DISCARD_DETAILS
+
+    def fallback(self, view: PortView) -> str:
+        # Stalled for credits: discards from waiting too long. A link that was down: inactive.
+        if "congestion" in view.conditions or (view.xmit_wait_ratio or 0.0) >= 0.10:
+            return "congestion_victim"
+        if view.conditions & {"down", "flapping"}:
+            return "link_down"
+        return "unknown"

@@ -35,6 +35,8 @@ _ACTIVE = int(PortState.ACTIVE)
 _STATE_NAMES = {s.value: s.name.lower().replace("_", " ") for s in PortState}
 # Derived from linkspeed's tables (the one copy), never restated here.
 _SPEED_RANK = {name: i for i, name in enumerate(SPEED_ORDER)}
+#: Conditions that show bit errors on a link.
+_PHYSICAL = frozenset({"high_ber", "link_integrity"})
 
 
 class PortDownSettings(DetectorSettings):
@@ -49,6 +51,7 @@ class PortDown(PortDetector):
 
     type = "port_down"
     condition = "down"
+    link_scoped = True
     settings_model = PortDownSettings
 
     def __init__(self, settings: DetectorSettings) -> None:
@@ -70,7 +73,8 @@ class PortDown(PortDetector):
             float(state),
             float(_ACTIVE),
             f"{describe(view)} is down (state {name})",
-            {"state": name, "phys_state": view.phys_state},
+            {"state": name, "phys_state": view.phys_state, "cause": "link_down",
+             "breakdown": {}},
         )
 
     def forget(self, key: PortKey) -> None:
@@ -96,6 +100,7 @@ class LinkFlapping(PortDetector):
 
     type = "link_flapping"
     condition = "flapping"
+    link_scoped = True
     settings_model = LinkFlappingSettings
 
     def __init__(self, settings: DetectorSettings) -> None:
@@ -112,12 +117,21 @@ class LinkFlapping(PortDetector):
         if n < self._s.count:
             return None
         minutes = self._s.window / 60
+        # Bit errors on either end of the link (this poll's BER, or a condition still firing
+        # from the previous poll) make it the cable; otherwise the link just went down.
+        physical = bool(view.symbol_error_ber) or bool(view.conditions & _PHYSICAL)
+        peer = self.peer_of(view)
+        if peer is not None:
+            physical = physical or bool(peer.symbol_error_ber) or bool(
+                peer.conditions & _PHYSICAL)
         return Finding(
             self._s.severity,
             float(n),
             float(self._s.count),
             f"{describe(view)} is flapping: link went down {n} times in {minutes:g} min",
-            {"link_downs": n, "window_seconds": self._s.window},
+            {"link_downs": n, "window_seconds": self._s.window,
+             "cause": "physical" if physical else "link_down",
+             "breakdown": {"link_downed": n}},
         )
 
     def forget(self, key: PortKey) -> None:
@@ -148,6 +162,7 @@ class LinkDegraded(PortDetector):
 
     type = "link_degraded"
     condition = "degraded"
+    link_scoped = True
     settings_model = LinkDegradedSettings
 
     def __init__(self, settings: DetectorSettings) -> None:
@@ -157,6 +172,7 @@ class LinkDegraded(PortDetector):
         self._majority: dict[str, float] = {}
 
     def begin(self, now: float, views: Mapping[PortKey, PortView]) -> None:
+        super().begin(now, views)
         # Per link layer: a 25G RoCE port is no degraded copy of the host's 100G IB ports.
         self._majority = {}
         if self._s.expected_rate_gbps is not None:
@@ -208,7 +224,8 @@ class LinkDegraded(PortDetector):
             gbps,
             expected,
             f"{describe(view)} runs at {gbps:g} Gb/s, below the {basis} ({expected:g} Gb/s)",
-            {"rate_gbps": gbps, "expected_gbps": expected, "basis": basis},
+            {"rate_gbps": gbps, "expected_gbps": expected, "basis": basis,
+             "cause": "speed_negotiation", "breakdown": {}},
         )
 
     def _fabric(
@@ -230,5 +247,7 @@ class LinkDegraded(PortDetector):
                 "active_speed": speed,
                 "max_width": max_width,
                 "max_speed": max_speed,
+                "cause": "speed_negotiation",
+                "breakdown": {},
             },
         )

@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 import yaml
 
+from ibmon.detect.cause import CAUSES
 from tests.mqtt_broker import Mosquitto, free_port
 from tests.promql_sources import (
     ALERT_RULES,
@@ -181,6 +182,8 @@ def fast_alertmanager(hook_port: int, dst: Path) -> Path:
             shorten(child)
 
     shorten(cfg["route"])
+    # the notification templates ship next to the config; the copy lives elsewhere
+    cfg["templates"] = [str(AM_CONFIG.parent / t) for t in cfg.get("templates", [])]
     for receiver in cfg["receivers"]:
         for hook in receiver.get("webhook_configs", []):
             hook["url"] = f"http://127.0.0.1:{hook_port}/{receiver['name']}"
@@ -298,6 +301,11 @@ def test_scenario_alerts_reach_alertmanager_and_every_query_returns_data(
         for a in ber + flaps:
             assert a["remote_node_desc"] not in {"", "unknown"}, a
             assert a["switch"].startswith(("leaf", "spine")), a
+            assert a["cause"] in CAUSES, a
+        assert {a["cause"] for a in ber} == {"physical"}
+        # the flapping cable is one alert, on its switch end, naming the host end
+        assert not any(a["node_desc"].startswith("host021") for a in flaps), flaps
+        assert any(a["remote_node_desc"].startswith("host021") for a in flaps), flaps
 
         # 2. They reach Alertmanager's receivers, grouped by switch.
         wait_until("firing notifications at the webhook",
@@ -316,9 +324,14 @@ def test_scenario_alerts_reach_alertmanager_and_every_query_returns_data(
             paged = {a["labels"]["alertname"] for n in hook.notifications
                      if n["receiver_path"] == "/pager" for a in n["alerts"]}
         assert "IBLinkHighBER" in paged
-        summary = hook.alerts("IBLinkFlapping", "firing")[0]["annotations"]["summary"]
+        flap = hook.alerts("IBLinkFlapping", "firing")[0]
+        summary = flap["annotations"]["summary"]
         assert "flapping" in summary
         assert "peer" in summary
+        # the notification says the likely cause and what to check first, at both ends
+        assert f"likely cause {flap['labels']['cause']}" in summary
+        assert "leaf02 port 3" in flap["annotations"]["action"]
+        assert "host021" in flap["annotations"]["action"]
 
         # 3. And resolve once the faults end (before the demo loop starts again at 90 s).
         wait_until("resolved notifications at the webhook",

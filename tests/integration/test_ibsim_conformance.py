@@ -17,10 +17,9 @@ in-process conformance test covers it) and ``demo`` (a loop of the others).
 Two adjustments to the answer keys, both about what a *fabric-wide* monitor can see:
 
 - the HCA end of a host link that is down is unreachable (its only link is the one that is down),
-  so a fabric source cannot observe that port's state: its ``port_down`` events are not
-  expressible. Its LinkDowned increments become visible when the link returns, so its
-  ``link_flapping`` firing comes when the link is back up after the third down (5 s after the key's
-  window, which assumes a node-local view); the resolution window is unchanged.
+  so a fabric source cannot observe that port's state. Link faults are raised on the switch end
+  of a host link anyway (once per link), so the key has no events of that port to adjust; the
+  code below still would (a ``link_flapping`` of it fires once the link is back, 5 s later).
 - the same port vanishes from the fabric while it is unreachable, and appears again when the link
   returns: a ``topology_changed`` pair per outage that only a fabric-wide source raises.
 - to keep the run within about two minutes, only the nodes an event is about are polled (the

@@ -295,3 +295,29 @@ def test_every_commented_example_setting_is_valid(tmp_path: Path) -> None:
     for name, model in detectors.items():
         default = type(model)().model_copy(update=EXAMPLE_NON_DEFAULTS.get(name, {}))
         assert model == default, f"[detect.{name}] example differs from the defaults"
+
+
+def test_port_alerts_carry_the_cause_and_its_action_for_every_cause() -> None:
+    """Every port alert (but a saturated counter's) is labelled with the cause ibmon decided,
+    and its ``action`` annotation has, for every cause, the same sentence ibmon's events give."""
+    from ibmon.detect.cause import ACTIONS, CAUSES, HOTSPOT_ACTION
+
+    def go(text: str) -> str:
+        return text.replace("{here}", "{{ $here }}").replace("{peer}", "{{ $peer }}")
+
+    checked = 0
+    for rule in alerts():
+        name = rule["alert"]
+        if not name.startswith("IB") or name == "IBCounterSaturated":
+            continue
+        checked += 1
+        expr = rule["expr"]
+        assert "group_left(cause)" in expr or '"cause", "physical"' in expr, name
+        assert "likely cause {{ $labels.cause }}" in rule["annotations"]["summary"], name
+        act = rule["annotations"]["action"]
+        for cause in CAUSES:
+            if cause != "unknown":
+                assert f'eq $labels.cause "{cause}"' in act, (name, cause)
+            hotspot = cause == "unknown" and name == "IBPortCongestion"
+            assert go(HOTSPOT_ACTION if hotspot else ACTIONS[cause]) in act, (name, cause)
+    assert checked >= 10

@@ -39,8 +39,9 @@ def first_firing(fault: Fault, kind: str, *, interval: float, t0: float = 60.0,
             clock.t = t
             snap = await source.sample()
             for ev in engine.process(tracker.update(snap), monotonic=t, wall=1e9 + t):
-                if ev.type == kind and ev.status == "firing" and ev.port is not None \
-                        and ev.port.guid == key[0]:
+                # a link fault is raised once per link, on its switch end: either end counts
+                ends = {ev.port.guid if ev.port else None, ev.peer.guid if ev.peer else None}
+                if ev.type == kind and ev.status == "firing" and key[0] in ends:
                     return t
             t += interval
         raise AssertionError(f"{kind} never fired")

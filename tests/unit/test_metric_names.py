@@ -51,6 +51,7 @@ def full_view() -> PortView:
         hw_gauges={"lifespan": 10},
         utilization_tx=0.5, utilization_rx=0.25, xmit_wait_ratio=0.1, symbol_error_ber=1e-12,
         conditions=frozenset(CONDITIONS),
+        causes=dict.fromkeys(CONDITIONS, "physical"),
         stale=True,  # not a real combination (a stale port has no rates): every family once
     )
 

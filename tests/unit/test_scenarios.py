@@ -192,15 +192,41 @@ class _PortState:
     resets: int = 0
     saturated: frozenset[str] = frozenset()
     totals: dict[str, int] = field(default_factory=dict)
+    inc: dict[str, int] = field(default_factory=dict)
+
+
+#: Issue 11's causes of each detail counter, per aggregate (written out, not imported).
+_DETAIL_CAUSE: dict[str, dict[str, str]] = {
+    "receive_errors": {
+        "receive_local_physical_errors": "physical",
+        "receive_malformed_packet_errors": "mtu_mismatch",
+        "receive_buffer_overrun_errors": "buffer_overrun",
+        "receive_dlid_mapping_errors": "routing",
+        "receive_vl_mapping_errors": "routing",
+        "receive_looping_errors": "routing",
+    },
+    "transmit_discards": {
+        "transmit_inactive_discards": "link_down",
+        "transmit_neighbor_mtu_discards": "mtu_mismatch",
+        "transmit_sw_lifetime_limit_discards": "congestion_victim",
+        "transmit_sw_hoq_lifetime_limit_discards": "congestion_victim",
+    },
+}
 
 
 class Reference:
-    """The conventions of mocks/scenario.py, as plainly as possible."""
+    """The conventions of mocks/scenario.py, as plainly as possible.
+
+    Link faults (down, degraded, flapping) are judged per port, then once per link: the link
+    has the fault while either end does, and the event is on the carrying end (the switch end
+    of a host link, the lower (GUID, port) of a switch-to-switch link).
+    """
 
     def __init__(self, *, full_window: bool) -> None:
         self.full_window = full_window
         self.ports: dict[PortKey, _PortState] = {}
         self.events: list[Event] = []
+        self.links: dict[tuple[str, PortKey], bool] = {}
 
     def _emit(self, key: PortKey, t: float, type_: str, status: str,
               severity: str | None = None, **details: str) -> None:
@@ -212,38 +238,53 @@ class Reference:
             first = not st.totals
             inc = {c: v.totals[c] - st.totals.get(c, v.totals[c]) for c in v.totals}
             st.totals = dict(v.totals)
-            self._state(key, t, v, st)
-            self._flaps(key, t, st, inc, first)
+            self._state(st, v)
+            self._flaps(t, st, inc, first)
             self._ber(key, t, v, st)
             self._integrity(key, t, st, inc)
+            st.inc = inc
             self._rates(key, t, v, st)
             self._congestion(key, t, v, st)
             self._counters(key, t, v, st)
+        self._links(t, views)
 
-    def _state(self, key: PortKey, t: float, v: PortView, st: _PortState) -> None:
+    def _links(self, t: float, views: dict[PortKey, PortView]) -> None:
+        for key, v in views.items():
+            peer = (v.link.remote_guid, v.link.remote_port) if v.link else None
+            ends = [key] + ([peer] if peer in views else [])
+            if peer in views and key > peer:
+                continue  # each link once
+            switches = [k for k in ends if views[k].identity.node_type == "switch"]
+            carrier = switches[0] if len(switches) == 1 else min(ends)
+            states = [self.ports[k] for k in ends]
+            ber = any(self.ports[k].ber_level for k in ends)
+            for type_, on, cause in (
+                ("port_down", any(s.down for s in states), "link_down"),
+                ("link_degraded", any(s.degraded for s in states), "speed_negotiation"),
+                ("link_flapping", any(s.flapping for s in states),
+                 "physical" if ber else "link_down"),
+            ):
+                was = self.links.get((type_, carrier), False)
+                if on and not was:
+                    self._emit(carrier, t, type_, "firing", cause=cause)
+                elif was and not on:
+                    self._emit(carrier, t, type_, "resolved")
+                self.links[(type_, carrier)] = on
+
+    def _state(self, st: _PortState, v: PortView) -> None:
         if v.state == 4:
-            if st.down:
-                self._emit(key, t, "port_down", "resolved")
             st.active_seen, st.down = True, False
-        elif st.active_seen and not st.down:
+        elif st.active_seen:
             st.down = True
-            self._emit(key, t, "port_down", "firing")
         link = v.link
-        degraded = link is not None and (link.active_width, link.active_speed) != (
+        st.degraded = link is not None and (link.active_width, link.active_speed) != (
             link.max_width, link.max_speed)
-        if degraded != st.degraded:
-            st.degraded = degraded
-            self._emit(key, t, "link_degraded", "firing" if degraded else "resolved")
 
-    def _flaps(self, key: PortKey, t: float, st: _PortState, inc: dict[str, int],
-               first: bool) -> None:
+    def _flaps(self, t: float, st: _PortState, inc: dict[str, int], first: bool) -> None:
         if not first:
             st.downs += [t] * inc["link_downed"]
         st.downs = [d for d in st.downs if d > t - 600]
-        flapping = len(st.downs) >= 3
-        if flapping != st.flapping:
-            st.flapping = flapping
-            self._emit(key, t, "link_flapping", "firing" if flapping else "resolved")
+        st.flapping = len(st.downs) >= 3
 
     def _ber(self, key: PortKey, t: float, v: PortView, st: _PortState) -> None:
         st.sym.append((t, v.totals["symbol_errors"]))
@@ -255,7 +296,8 @@ class Reference:
         ber = (v.totals["symbol_errors"] - e0) / (span * rate) if span > 0 and rate else 0.0
         level = 2 if ber >= 1e-10 else 1 if ber >= 1e-12 else 0
         if level > st.ber_level:
-            self._emit(key, t, "high_ber", "firing", "critical" if level == 2 else "warning")
+            self._emit(key, t, "high_ber", "firing", "critical" if level == 2 else "warning",
+                       cause="physical")
             st.ber_level = level
         elif level == 0 and st.ber_level:
             self._emit(key, t, "high_ber", "resolved")
@@ -264,7 +306,10 @@ class Reference:
     def _integrity(self, key: PortKey, t: float, st: _PortState, inc: dict[str, int]) -> None:
         if inc["local_link_integrity_errors"] or inc["excessive_buffer_overrun_errors"]:
             if st.integrity_last is None:
-                self._emit(key, t, "link_integrity", "firing")
+                physical = inc["local_link_integrity_errors"] >= inc[
+                    "excessive_buffer_overrun_errors"]
+                self._emit(key, t, "link_integrity", "firing",
+                           cause="physical" if physical else "buffer_overrun")
             st.integrity_last = t
         elif st.integrity_last is not None and t - st.integrity_last >= 600:
             self._emit(key, t, "link_integrity", "resolved")
@@ -279,7 +324,14 @@ class Reference:
             on = rate > limit
             if on != getattr(st, attr):
                 setattr(st, attr, on)
-                self._emit(key, t, type_, "firing" if on else "resolved")
+                if not on:
+                    self._emit(key, t, type_, "resolved")
+                    continue
+                # the simulated fabric raises one detail counter with its aggregate: its cause
+                moved = {c: n for c, n in st.inc.items() if c in _DETAIL_CAUSE[name] and n > 0}
+                cause = _DETAIL_CAUSE[name][max(moved, key=moved.__getitem__)] if moved \
+                    else "unknown"
+                self._emit(key, t, type_, "firing", cause=cause)
 
     def _congestion(self, key: PortKey, t: float, v: PortView, st: _PortState) -> None:
         r = v.xmit_wait_ratio
@@ -291,8 +343,9 @@ class Reference:
         level = 2 if st.crit >= 3 else 1 if st.above >= 3 else 0
         if level > st.cong:
             kind = "hotspot" if (v.utilization_tx or 0.0) >= 0.5 else "backpressure"
+            cause = "congestion_victim" if kind == "backpressure" else "unknown"
             self._emit(key, t, "congestion", "firing", "critical" if level == 2 else "warning",
-                       kind=kind)
+                       kind=kind, cause=cause)
             st.cong = level
         elif st.cong and st.below >= 3:
             self._emit(key, t, "congestion", "resolved")

@@ -1,0 +1,270 @@
+"""Likely causes, breakdowns and actions in events; link faults once per link, both ends named.
+
+Views are built by hand with the detail counters G1's sources put in ``PortView.totals``
+(``receive_local_physical_errors``...): present on some polls, absent on others, as a source
+that reads them only when the aggregate moved produces them.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from detect_views import view
+
+from ibmon.detect.cause import (
+    CAUSES,
+    DISCARD_DETAILS,
+    RECEIVE_DETAILS,
+    DetailWindow,
+    dominant,
+)
+from ibmon.detect.engine import Engine
+from ibmon.events import Event
+from ibmon.model import LinkInfo, PortIdentity, PortView
+
+LEAF = "0x0002c90100000010"
+HOST = "0x0002c90a00000007"
+
+
+def leaf_view(port: str = "12", **fields: Any) -> PortView:
+    """leaf07 port 12, cabled to gpu031 mlx5_0 port 1."""
+    ident = PortIdentity(guid=LEAF, port=port, node_desc="leaf07", node_type="switch", lid=3)
+    lk = LinkInfo(remote_guid=HOST, remote_port="1", remote_node_desc="gpu031 mlx5_0",
+                  active_width="4X", active_speed="EDR", max_width="4X", max_speed="EDR")
+    fields.setdefault("link", lk)
+    fields.setdefault("state", 4)
+    fields.setdefault("phys_state", 5 if fields["state"] == 4 else 2)
+    return PortView(identity=ident, rate_bytes_per_second=100e9 / 8, **fields)
+
+
+def host_view(**fields: Any) -> PortView:
+    ident = PortIdentity(guid=HOST, port="1", device="mlx5_0", node_desc="gpu031 mlx5_0",
+                         lid=9)
+    lk = LinkInfo(remote_guid=LEAF, remote_port="12", remote_node_desc="leaf07",
+                  active_width="4X", active_speed="EDR", max_width="4X", max_speed="EDR")
+    fields.setdefault("link", lk)
+    fields.setdefault("state", 4)
+    fields.setdefault("phys_state", 5 if fields["state"] == 4 else 2)
+    return PortView(identity=ident, rate_bytes_per_second=100e9 / 8, **fields)
+
+
+def step(engine: Engine, views: list[PortView], t: float) -> list[Event]:
+    return engine.process({v.key: v for v in views}, monotonic=t, wall=1e9 + t)
+
+
+def receive_errors(engine: Engine, details: dict[str, int], *, per_poll: int = 1240,
+                   polls: int = 1) -> list[Event]:
+    """A clean baseline, then ``polls`` polls in which receive errors and ``details`` grow."""
+    base = dict.fromkeys(RECEIVE_DETAILS, 0)
+    step(engine, [leaf_view(totals={"receive_errors": 0, **base})], 0)
+    out: list[Event] = []
+    for n in range(1, polls + 1):
+        totals = {"receive_errors": per_poll * n,
+                  **{k: base[k] + details.get(k, 0) * n for k in base}}
+        out += step(engine, [leaf_view(totals=totals,
+                                       rates={"receive_errors": float(per_poll)})], n)
+    return out
+
+
+def test_the_issues_example_reads_like_the_issue() -> None:
+    engine = Engine()
+    (ev,) = receive_errors(engine, {"receive_local_physical_errors": 1215,
+                                    "receive_malformed_packet_errors": 25})
+    assert ev.type == "receive_errors"
+    assert ev.details["cause"] == "physical"
+    assert ev.details["breakdown"]["receive_local_physical_errors"] == 1215
+    assert ev.details["breakdown"]["receive_malformed_packet_errors"] == 25
+    assert ev.message.startswith(
+        "leaf07 port 12 (to gpu031 mlx5_0 port 1): 1,240 receive errors in 60 s, "
+        "98 % local physical errors: suspect the cable or transceiver")
+    assert ev.peer is not None
+    assert ev.peer.node_desc == "gpu031 mlx5_0"
+    action = ev.details["action"]
+    assert "leaf07 port 12" in action
+    assert "gpu031 mlx5_0 port 1" in action
+
+
+@pytest.mark.parametrize(("counter", "cause"), sorted(RECEIVE_DETAILS.items()))
+def test_each_receive_detail_names_its_cause(counter: str, cause: str) -> None:
+    (ev,) = receive_errors(Engine(), {counter: 1200})
+    assert ev.details["cause"] == cause
+    assert ev.details["breakdown"][counter] == 1200
+
+
+@pytest.mark.parametrize(("counter", "cause"), sorted(DISCARD_DETAILS.items()))
+def test_each_discard_detail_names_its_cause(counter: str, cause: str) -> None:
+    engine = Engine()
+    base = dict.fromkeys(DISCARD_DETAILS, 0)
+    step(engine, [leaf_view(totals={"transmit_discards": 0, **base})], 0)
+    (ev,) = step(engine, [leaf_view(totals={"transmit_discards": 500, **base, counter: 500},
+                                    rates={"transmit_discards": 500.0})], 1)
+    assert (ev.type, ev.details["cause"]) == ("discards", cause)
+    assert ev.details["breakdown"][counter] == 500
+
+
+def test_breakdown_is_over_the_window_from_totals_not_one_sample() -> None:
+    """Details missing from a poll's sample keep their totals; the window adds up across polls
+    and forgets what left it."""
+    w = DetailWindow("receive_errors", ("receive_local_physical_errors",), window=60)
+    key = (LEAF, "12")
+    w.observe(key, 0, {"receive_errors": 100, "receive_local_physical_errors": 90})
+    assert w.increase(key, 0) == (0, {})  # a baseline is not an increase
+    w.observe(key, 10, {"receive_errors": 110, "receive_local_physical_errors": 99})
+    w.observe(key, 20, {"receive_errors": 110, "receive_local_physical_errors": 99})
+    w.observe(key, 30, {"receive_errors": 130, "receive_local_physical_errors": 119})
+    assert w.increase(key, 30) == (30, {"receive_local_physical_errors": 29})
+    assert w.increase(key, 75) == (20, {"receive_local_physical_errors": 20})  # t=10 left
+    assert w.increase(key, 91) == (0, {})
+    # a detail that appears later (read at the first move) is left out, never its history
+    w2 = DetailWindow("receive_errors", ("receive_local_physical_errors",), window=60)
+    w2.observe(key, 0, {"receive_errors": 5})
+    w2.observe(key, 1, {"receive_errors": 9, "receive_local_physical_errors": 70_000})
+    assert w2.increase(key, 1) == (4, {})
+
+
+def test_without_detail_counters_the_other_counters_decide() -> None:
+    """sysfs ports have no details: symbol errors on the port mean the wire, else unknown."""
+    engine = Engine()
+    step(engine, [view(totals={"receive_errors": 0, "symbol_errors": 0})], 0)
+    (ev,) = [e for e in step(engine, [view(totals={"receive_errors": 50, "symbol_errors": 6000},
+                                           rates={"receive_errors": 50.0})], 1)
+             if e.type == "receive_errors"]
+    assert ev.details["cause"] == "physical"
+    assert ev.details["breakdown"] == {}
+    assert "no detail counters" in ev.message
+    assert "symbol errors are rising on the same link (BER" in ev.message
+    engine = Engine()
+    step(engine, [view(totals={"receive_errors": 0})], 0)
+    (ev,) = step(engine, [view(totals={"receive_errors": 50}, rates={"receive_errors": 50.0})], 1)
+    assert ev.details["cause"] == "unknown"
+    assert set(ev.details) >= {"cause", "breakdown", "action"}
+
+
+def test_discards_while_stalled_are_congestion_victims() -> None:
+    engine = Engine()
+    step(engine, [view(totals={"transmit_discards": 0})], 0)
+    (ev,) = step(engine, [view(totals={"transmit_discards": 500}, xmit_wait_ratio=0.3,
+                               rates={"transmit_discards": 500.0})], 1)
+    assert ev.details["cause"] == "congestion_victim"
+
+
+def test_an_event_says_what_the_far_end_shows() -> None:
+    engine = Engine({"high_ber": {"window": 10}})
+    base = dict.fromkeys(RECEIVE_DETAILS, 0)
+    step(engine, [leaf_view(totals={"receive_errors": 0, **base}),
+                  host_view(totals={"symbol_errors": 0})], 0)
+    evs = step(engine, [leaf_view(totals={"receive_errors": 100, **base,
+                                          "receive_local_physical_errors": 100},
+                                  rates={"receive_errors": 100.0}),
+                        host_view(totals={"symbol_errors": 5000})], 1)
+    (ev,) = [e for e in evs if e.type == "receive_errors"]
+    assert "symbol errors are rising at the far end too" in ev.message
+    assert ev.details["peer_shows"]["symbol_error_ber"] > 0
+
+
+def test_a_link_fault_is_raised_once_on_the_switch_end_with_both_ends_named() -> None:
+    engine = Engine()
+    step(engine, [leaf_view(), host_view()], 0)
+    down = [leaf_view(state=1), host_view(state=1)]
+    (ev,) = step(engine, down, 1)
+    assert (ev.type, ev.status) == ("port_down", "firing")
+    assert ev.port is not None
+    assert (ev.port.guid, ev.port.port) == (LEAF, "12")
+    assert ev.peer is not None
+    assert (ev.peer.guid, ev.peer.port) == (HOST, "1")
+    assert ev.details["cause"] == "link_down"
+    assert [e["holds"] for e in ev.details["ends"]] == [True, True]
+    assert "leaf07 port 12 (to gpu031 mlx5_0 port 1)" in ev.message
+    assert "at both ends" in ev.message
+    # the condition shows on both ports; the cause (and so the alert) only on the carrier
+    assert [v.conditions for v in down] == [frozenset({"down"})] * 2
+    assert down[0].causes == {"down": "link_down"}
+    assert down[1].causes == {}
+    assert step(engine, [leaf_view(state=1), host_view(state=1)], 2) == []
+    (done,) = step(engine, [leaf_view(), host_view()], 3)
+    assert (done.type, done.status, done.port and done.port.guid) == (
+        "port_down", "resolved", LEAF)
+
+
+def test_a_port_whose_peer_is_not_seen_carries_its_own_link_fault() -> None:
+    engine = Engine()
+    step(engine, [host_view()], 0)
+    (ev,) = step(engine, [host_view(state=1)], 1)
+    assert ev.port is not None
+    assert ev.port.guid == HOST
+    assert "ends" not in ev.details
+
+
+def test_a_hidden_far_end_does_not_hold_the_link_fault_open() -> None:
+    """A fabric-wide source loses the host end of a host link that is down (stale); the
+    switch end alone decides."""
+    engine = Engine()
+    step(engine, [leaf_view(), host_view()], 0)
+    (ev,) = step(engine, [leaf_view(state=1), host_view(stale=True)], 1)
+    assert ev.port is not None
+    assert ev.port.guid == LEAF
+    (done,) = step(engine, [leaf_view(), host_view(stale=True)], 2)
+    assert done.status == "resolved"
+
+
+def test_the_cause_stays_as_announced_while_the_condition_holds() -> None:
+    engine = Engine()
+    (ev,) = receive_errors(engine, {"receive_local_physical_errors": 1240})
+    assert ev.details["cause"] == "physical"
+    totals = {"receive_errors": 1240 * 2, **dict.fromkeys(RECEIVE_DETAILS, 0),
+              "receive_local_physical_errors": 1240, "receive_dlid_mapping_errors": 1240 * 3}
+    v = leaf_view(totals=totals, rates={"receive_errors": 1240.0})
+    assert step(engine, [v], 2) == []
+    (active,) = engine.active()
+    assert active.finding.details["cause"] == "physical"
+    assert v.causes == {"receive_errors": "physical"}
+
+
+def test_dominant_ties_and_groups() -> None:
+    assert dominant({}, RECEIVE_DETAILS) == ("unknown", 0.0)
+    # three routing counters outweigh one bigger physical one
+    cause, share = dominant({"receive_local_physical_errors": 40,
+                             "receive_dlid_mapping_errors": 20, "receive_vl_mapping_errors": 20,
+                             "receive_looping_errors": 20}, RECEIVE_DETAILS)
+    assert (cause, share) == ("routing", 0.6)
+    assert dominant({"receive_local_physical_errors": 5, "receive_looping_errors": 5},
+                    RECEIVE_DETAILS)[0] == "physical"
+    assert set(RECEIVE_DETAILS.values()) | set(DISCARD_DETAILS.values()) <= set(CAUSES)
+
+
+def test_state_from_before_links_were_joined_resolves_both_ends() -> None:
+    """A state file saved when each end raised its own port_down: both resolve once."""
+    old = Engine()
+    step(old, [leaf_view()], 0)
+    step(old, [leaf_view(state=1)], 1)
+    step(old, [host_view()], 0)
+    step(old, [host_view(state=1)], 1)
+    assert len(old.active()) == 2
+    engine = Engine()
+    engine.load(old.dump())
+    assert step(engine, [leaf_view(state=1), host_view(state=1)], 2) == []
+    done = step(engine, [leaf_view(), host_view()], 3)
+    assert sorted((e.type, e.status, e.port and e.port.guid) for e in done) == [
+        ("port_down", "resolved", LEAF), ("port_down", "resolved", HOST)]
+    assert engine.active() == []
+
+
+def test_a_down_link_that_discovery_no_longer_shows_is_still_one_link() -> None:
+    """ibnetdiscover shows no neighbour behind a port whose link is down: the ends are paired
+    by the link they last had, so the fault is still raised once, naming the far end."""
+    engine = Engine()
+    step(engine, [leaf_view(), host_view()], 0)
+    unlinked = [leaf_view(state=1, link=None), host_view(state=1, link=None)]
+    (ev,) = step(engine, unlinked, 1)
+    assert ev.port is not None
+    assert ev.port.guid == LEAF
+    assert ev.peer is not None
+    assert ev.peer.guid == HOST
+    (done,) = step(engine, [leaf_view(), host_view()], 2)
+    assert done.status == "resolved"
