@@ -106,7 +106,7 @@ def test_alerts_carry_runbook_annotations_and_severity() -> None:
             assert "$labels.remote_node_desc" in summary or name == "IBCounterSaturated", name
             assert "group_left(node_desc, node_type, remote_node_desc, remote_port, switch)" in (
                 rule["expr"]), name
-        if name not in {"IbmonDown", "IbmonMQTTDisconnected"}:  # their value is just 0
+        if name not in {"IbmonDown", "IbmonMQTTDisconnected", "IbmonConfigReloadFailed"}:  # value 0
             quoted = ("$value", "$labels.counter", "| query")
             assert any(q in description for q in quoted), (
                 f"{name}: description should quote the measured value"
@@ -129,7 +129,8 @@ def _alert(name: str, severity: str) -> dict[str, Any]:
 
 
 def _threshold(expr: str, metric: str) -> float:
-    (value,) = re.findall(rf"{metric}\s*>=\s*([0-9.e+-]+)", expr)
+    # the series alone, or its one-per-port max (HA pairs): `max by (guid, port) (metric) >= x`
+    (value,) = re.findall(rf"{metric}\)?\s*>=\s*([0-9.e+-]+)", expr)
     return float(value)
 
 

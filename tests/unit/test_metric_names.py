@@ -12,9 +12,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client import generate_latest
 
 from exporters.prometheus import exposition
+from ibmon.config import Settings
 from ibmon.counters import CATALOGUE
+from ibmon.daemon import Daemon
 from ibmon.model import LinkInfo, PortIdentity, PortView
 from ibmon.selfmetrics import SelfMetrics
 from ibmon.sources.mad import MadSourceConfig
@@ -86,6 +89,10 @@ def known() -> dict[str, set[str]]:
     view = full_view()
     state = FabricState(generated=1.0, ports={view.key: view})
     names = parse_exposition(exposition(metrics, state).decode())
+    # the families only the daemon registers (state file, reloads, dropped events)
+    daemon = Daemon(Settings())
+    for name, labels in parse_exposition(generate_latest(daemon.metrics.registry).decode()).items():
+        names.setdefault(name, set()).update(labels)
     if GOLDEN.is_file():
         for name, labels in parse_exposition(GOLDEN.read_text(encoding="utf-8")).items():
             names.setdefault(name, set()).update(labels)
