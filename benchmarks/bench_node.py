@@ -18,7 +18,8 @@ for the same wall time:
 - ``prometheus-node-exporter --collector.disable-defaults --collector.infiniband
   --path.sysfs=<tree>`` (node_exporter 1.5 reads ``counters/`` and not ``hw_counters/``).
 
-A scraper in this process fetches both ``/metrics`` every second with gzip, as Prometheus does.
+A scraper in this process fetches both ``/metrics`` every second with gzip over a kept-alive
+connection, as Prometheus does.
 After ``--warmup`` seconds, each process's ``utime + stime`` (``/proc/<pid>/stat``, all threads)
 is read at the start and the end of a ``--duration`` window: ibmon's CPU per poll is its CPU
 over the polls it completed in the window (``ibmon_source_poll_duration_seconds_count``),
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import http.client
 import os
 import re
 import shutil
@@ -47,10 +49,11 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.sysfs_tree import FULL_COUNTERS, class_dir, write_device, write_port
+
+REPO = Path(__file__).resolve().parents[1]
 
 RSS_LIMIT_MB = 40.0
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -210,8 +213,35 @@ def start(name: str, argv: list[str], port: int, log: Path, env: dict[str, str])
     return Proc(name, popen, port, log)
 
 
+class KeepAlive:
+    """One scraper's connection to one target, kept open between scrapes as Prometheus does."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.conn: http.client.HTTPConnection | None = None
+
+    def get(self) -> str:
+        for attempt in (1, 2):  # a connection the server closed meanwhile is opened again
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+            try:
+                self.conn.request("GET", "/metrics", headers={"Accept-Encoding": "gzip"})
+                resp = self.conn.getresponse()
+                body = resp.read()
+            except (OSError, http.client.HTTPException):
+                self.conn.close()
+                self.conn = None
+                if attempt == 2:
+                    raise
+                continue
+            if resp.getheader("Content-Encoding") == "gzip":
+                body = gzip.decompress(body)
+            return body.decode("utf-8", "replace")
+        raise AssertionError("unreachable")
+
+
 class Scraper(threading.Thread):
-    """Scrapes every target once a second, with gzip, as Prometheus would."""
+    """Scrapes every target once a second, with gzip and keep-alive, as Prometheus would."""
 
     def __init__(self, procs: list[Proc]) -> None:
         super().__init__(daemon=True, name="scraper")
@@ -220,14 +250,15 @@ class Scraper(threading.Thread):
         self.counts = dict.fromkeys((p.name for p in procs), 0)
         self.last = dict.fromkeys((p.name for p in procs), "")
         self.lock = threading.Lock()
+        self.conns = {p.name: KeepAlive(p.port) for p in procs}
 
     def run(self) -> None:
         next_at = time.monotonic()
         while not self.stop.is_set():
             for p in self.procs:
                 try:
-                    text = scrape(p.port)
-                except OSError:
+                    text = self.conns[p.name].get()
+                except (OSError, http.client.HTTPException):
                     continue
                 with self.lock:
                     self.counts[p.name] += 1
@@ -236,7 +267,8 @@ class Scraper(threading.Thread):
             self.stop.wait(max(0.0, next_at - time.monotonic()))
 
 
-def ibmon_config(port: int, workdir: Path, tree: Path) -> str:
+def ibmon_config(port: int, workdir: Path, tree: Path, keep_open: str = "true") -> str:
+    keep = "" if keep_open == "auto" else f"keep_open = {keep_open}\n"
     return f"""
 [prometheus]
 listen = "127.0.0.1:{port}"
@@ -248,7 +280,7 @@ format = "json"
 type = "sysfs"
 root = "{tree}"
 interval = "1s"
-"""
+{keep}"""
 
 
 def main() -> None:
@@ -256,6 +288,11 @@ def main() -> None:
     ap.add_argument("--hcas", type=int, default=16)
     ap.add_argument("--duration", type=float, default=60.0, help="measured window, seconds")
     ap.add_argument("--warmup", type=float, default=15.0, help="seconds before the window")
+    ap.add_argument(
+        "--keep-open", choices=("true", "false", "auto"), default="true",
+        help="the sysfs source's keep_open (default true: on a real sysfs mount, which this "
+        "tree is not, auto means true; the tree is updated in place, as sysfs is)",
+    )
     ap.add_argument("--ibmon", default=str(Path(sys.executable).with_name("ibmon")),
                     help="the ibmon executable (default: the venv's console script)")
     args = ap.parse_args()
@@ -267,7 +304,7 @@ def main() -> None:
         workdir = Path(tmp)
         tree = workdir / "sys"
         ports = build_tree(tree, args.hcas)
-        nfiles = sum(1 for _ in class_dir(tree).rglob("*") if _.is_file())
+        nfiles = sum(1 for f in class_dir(tree).rglob("*") if f.is_file())
         traffic = Traffic(ports)
         traffic.start()
 
@@ -276,7 +313,7 @@ def main() -> None:
         env.update(unit_env)
         iport, nport = free_port(), free_port()
         cfg = workdir / "ibmon.toml"
-        cfg.write_text(ibmon_config(iport, workdir, tree))
+        cfg.write_text(ibmon_config(iport, workdir, tree, args.keep_open))
         ibmon = start("ibmon", [args.ibmon, "run", "--config", str(cfg)], iport,
                       workdir / "ibmon.log", env)
         ne = start("node_exporter", [
