@@ -1,6 +1,7 @@
 """Fabric-wide collection on a simulated fat tree (ibsim + opensm), side by side in one run.
 
     .venv/bin/python benchmarks/bench_fabric.py [--ports 2200] [--loop-sample 40] [--repeat 5]
+    .venv/bin/python benchmarks/bench_fabric.py --only details [--erroring 0.05]
 
 Measures, on one simulator:
 
@@ -14,9 +15,15 @@ Measures, on one simulator:
 - a naive perfquery-per-port loop (timed on ``--loop-sample`` ports, median extrapolated to the
   fabric; said so).
 
+- the cost of the error and discard details (issue 11): the steady ``mad`` poll with detail
+  reads on and off, on the healthy fabric, and with ``--erroring`` of the ports' PortRcvErrors
+  moving before every poll (their PortLocalPhysicalErrors with them, as a real PMA does).
+
 Every figure is the best of ``--repeat`` runs, measured interleaved so that load from other jobs
 on the machine hits ``mad`` and ``ibqueryerrors`` alike. Exits 1 when the steady-state sweep is
-over 1.5x ``ibqueryerrors`` or ``mad`` is not at least 20x faster than perfquery per port.
+over 1.5x ``ibqueryerrors``, ``mad`` is not at least 20x faster than perfquery per port, a
+healthy poll with details sends any MAD more than one without, or an erroring poll sends more
+than one MAD more per erroring port.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mocks.ibsim import IbSim
-from mocks.topology import fabric_for_ports, to_ibsim_netfile
+from mocks.topology import Fabric, fabric_for_ports, to_ibsim_netfile
 from tests.ibsim_fixtures import run_diags, run_mad
 
 SWEEP_RATIO_MAX = 1.5
@@ -53,13 +60,79 @@ def _ibqueryerrors(sim: IbSim) -> float:
     return time.perf_counter() - t
 
 
+def _node_id(fab: Fabric, guid: str) -> str:
+    return ("S-" if fab.nodes[guid].kind == "switch" else "H-") + guid[2:]
+
+
+def details(fab: Fabric, sim: IbSim, repeat: int, erroring: float) -> bool:
+    """The detail reads' cost: healthy polls with details on and off, then polls with a share
+    of the ports erroring. Returns whether the MAD counts keep the rule."""
+    polls = 4
+    on: list[float] = []
+    off: list[float] = []
+    err: list[float] = []
+    mads_on: set[int] = set()
+    mads_off: set[int] = set()
+    mads_err: set[int] = set()
+    n_err = 0
+    keys = fab.ports()
+    bad = random.Random(5).sample(keys, max(1, round(erroring * len(keys))))
+    step = [0]
+
+    def move() -> None:
+        step[0] += 1
+        sim.console([
+            f'PerformanceSet "{_node_id(fab, g)}"[{p}] PortCounters.PortRcvErrors={step[0]}'
+            for g, p in bad
+        ] + [
+            f'PerformanceSet "{_node_id(fab, g)}"[{p}] '
+            f"PortRcvErrorDetails.PortLocalPhysicalErrors={step[0]}"
+            for g, p in bad
+        ])
+
+    for _ in range(repeat):
+        # all baselines in the first poll, so every later poll is a steady one
+        m = run_mad(sim, ["discover", *["sample"] * (polls + 1)], detail_baselines_per_poll=10**6)
+        on.append(min(m["sample_s"][1:]))
+        mads_on.update(m["mads"][1:])
+        assert not any(m["detail_mads"][1:]), m["detail_mads"]
+        m = run_mad(sim, ["discover", *["sample"] * (polls + 1)], details=False)
+        off.append(min(m["sample_s"][1:]))
+        mads_off.update(m["mads"][1:])
+        m = run_mad(sim, ["discover", "sample", *["wait", "sample"] * polls], on_wait=move,
+                    detail_baselines_per_poll=10**6)
+        err.append(min(m["sample_s"][1:]))
+        mads_err.update(m["mads"][1:])
+        n_err = len(bad)
+        assert set(m["detail_mads"][1:]) == {n_err}, m["detail_mads"]
+    on_s, off_s, err_s = min(on), min(off), min(err)
+    print(f"details: {len(keys)} connected ports, {n_err} erroring ({erroring:.0%}), "
+          f"best of {repeat} x {polls} polls")
+    print(f"mad poll, details off                {off_s:7.3f} s   MADs {sorted(mads_off)}")
+    print(f"mad poll, details on, healthy        {on_s:7.3f} s   MADs {sorted(mads_on)} "
+          f"= {on_s / off_s:.2f}x off")
+    print(f"mad poll, details on, {n_err} erroring   {err_s:7.3f} s   MADs {sorted(mads_err)} "
+          f"(+{err_s - off_s:.3f} s vs off)")
+    print("all runs (s): off     " + " ".join(f"{x:.3f}" for x in off))
+    print("              on      " + " ".join(f"{x:.3f}" for x in on))
+    print("              erroring " + " ".join(f"{x:.3f}" for x in err))
+    return mads_on == mads_off and max(mads_err) <= max(mads_off) + n_err
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ports", type=int, default=2200)
     ap.add_argument("--loop-sample", type=int, default=40)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--only", choices=["details"], default=None,
+                    help="run only this part (details: the detail reads' cost)")
+    ap.add_argument("--erroring", type=float, default=0.05,
+                    help="share of ports whose receive errors move before every poll")
     args = ap.parse_args()
     fab = fabric_for_ports(args.ports)
+    if args.only == "details":
+        with IbSim(to_ibsim_netfile(fab)) as sim:
+            sys.exit(0 if details(fab, sim, args.repeat, args.erroring) else 1)
     cold: list[float] = []
     disc: list[float] = []
     steady: list[float] = []
@@ -114,6 +187,8 @@ def main() -> None:
         diags_s = time.perf_counter() - t
         diags_ports = len(d["snapshots"][0]["ports"])
         diags_errors = sorted({e[0] for e in d["snapshots"][0]["errors"]})
+        sim.reap_clients()
+        details_ok = details(fab, sim, args.repeat, args.erroring)
 
     iqe_s, cold_s, steady_s = min(iqe), min(cold), min(steady)
     nostate_s = min(steady_nostate)
@@ -145,6 +220,7 @@ def main() -> None:
     print("              mad cold      " + " ".join(f"{x:.3f}" for x in cold))
     print("              mad steady    " + " ".join(f"{x:.3f}" for x in steady))
     ok = steady_s <= SWEEP_RATIO_MAX * iqe_s and loop_s >= PERFQUERY_RATIO_MIN * steady_s
+    ok = ok and details_ok
     sys.exit(0 if ok else 1)
 
 

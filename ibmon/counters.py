@@ -16,6 +16,8 @@ __all__ = [
     "BY_SYSFS_EXT",
     "CATALOGUE",
     "DATA_MULTIPLIER",
+    "DETAILS",
+    "DETAIL_ATTRIBUTES",
     "EXTENDED",
     "HW_GAUGE_NAMES",
     "HW_GAUGE_PREFIXES",
@@ -30,11 +32,16 @@ DATA_MULTIPLIER = 4
 
 @dataclass(frozen=True, slots=True)
 class CounterSpec:
-    """One PortCounters / PortCountersExtended field.
+    """One PortCounters / PortCountersExtended field, or one field of a detail attribute.
 
     ``bits`` is the field's width in the narrow PortCounters attribute (64 for fields that only
     exist in PortCountersExtended). Narrow fields saturate at ``2**bits - 1``; a source that read
     the 64-bit copy says so per sample, and the tracker then uses 64.
+
+    A detail counter (``attribute`` set: PortRcvErrorDetails or PortXmitDiscardDetails) splits
+    an aggregate counter (``part_of``) by cause: every increment of a detail field is also an
+    increment of its aggregate. The kernel exposes none of them in sysfs, and the fabric sources
+    read them only for ports whose aggregate moved (``ibmon.sources.fabric.DetailReads``).
     """
 
     name: str
@@ -45,6 +52,8 @@ class CounterSpec:
     data: bool
     metric: str
     help: str
+    attribute: str | None = None
+    part_of: str | None = None
 
     @property
     def multiplier(self) -> int:
@@ -76,6 +85,26 @@ def _c(
         metric=metric or f"ibmon_port_{name}_total",
         help=help_,
     )
+
+
+def _detail(name: str, attribute: str, pma: str, part_of: str, help_: str) -> CounterSpec:
+    """A 16-bit field of PortRcvErrorDetails (0x15) or PortXmitDiscardDetails (0x16)."""
+    return CounterSpec(
+        name=name,
+        pma=pma,
+        sysfs=None,
+        sysfs_ext=None,
+        bits=16,
+        data=False,
+        metric=f"ibmon_port_{name}_total",
+        help=help_,
+        attribute=attribute,
+        part_of=part_of,
+    )
+
+
+_RCV = "PortRcvErrorDetails"
+_XMIT = "PortXmitDiscardDetails"
 
 
 CATALOGUE: tuple[CounterSpec, ...] = (
@@ -132,6 +161,40 @@ CATALOGUE: tuple[CounterSpec, ...] = (
     _c("transmit_wait", "PortXmitWait", "port_xmit_wait", 32,
        "Ticks during which the port had data to send but transmitted nothing.",
        metric="ibmon_port_transmit_wait_ticks_total"),
+    # PMA field names as libibmad (and so perfquery -E / -D) spells them.
+    _detail("receive_local_physical_errors", _RCV, "PortLocalPhysicalErrors", "receive_errors",
+            "Received packets with local physical errors (ICRC, VCRC, LPCRC, bad packet "
+            "delimiters): part of PortRcvErrors."),
+    _detail("receive_malformed_packet_errors", _RCV, "PortMalformedPktErrors", "receive_errors",
+            "Received packets that were malformed (bad header fields, length, VL): part of "
+            "PortRcvErrors."),
+    _detail("receive_buffer_overrun_errors", _RCV, "PortBufferOverrunErrors", "receive_errors",
+            "Received packets discarded because the receive buffer overran (flow-control "
+            "credits): part of PortRcvErrors."),
+    _detail("receive_dlid_mapping_errors", _RCV, "PortDLIDMappingErrors", "receive_errors",
+            "Received packets a switch could not forward: no route for the destination LID. "
+            "Part of PortRcvErrors."),
+    _detail("receive_vl_mapping_errors", _RCV, "PortVLMappingErrors", "receive_errors",
+            "Received packets a switch could not forward: the SL-to-VL mapping gives no valid "
+            "output VL. Part of PortRcvErrors."),
+    _detail("receive_looping_errors", _RCV, "PortLoopingErrors", "receive_errors",
+            "Received packets a switch discarded because they would leave by the port they "
+            "came in on (a routing loop): part of PortRcvErrors."),
+    _detail("transmit_inactive_discards", _XMIT, "PortInactiveDiscards", "transmit_discards",
+            "Outbound packets discarded because the port was not Active: part of "
+            "PortXmitDiscards."),
+    _detail("transmit_neighbor_mtu_discards", _XMIT, "PortNeighborMTUDiscards",
+            "transmit_discards",
+            "Outbound packets discarded because they were larger than the neighbour's MTU: "
+            "part of PortXmitDiscards."),
+    _detail("transmit_sw_lifetime_limit_discards", _XMIT, "PortSwLifetimeLimitDiscards",
+            "transmit_discards",
+            "Outbound packets a switch discarded because they outlived the switch lifetime "
+            "limit: part of PortXmitDiscards."),
+    _detail("transmit_sw_hoq_lifetime_limit_discards", _XMIT, "PortSwHOQLifetimeLimitDiscards",
+            "transmit_discards",
+            "Outbound packets a switch discarded because they waited at the head of the queue "
+            "past the HOQ lifetime (congestion downstream): part of PortXmitDiscards."),
 )
 
 BY_NAME: dict[str, CounterSpec] = {c.name: c for c in CATALOGUE}
@@ -142,6 +205,15 @@ BY_SYSFS_EXT: dict[str, CounterSpec] = {c.sysfs_ext: c for c in CATALOGUE if c.s
 #: Counters that PortCountersExtended always carries as 64-bit fields (the legacy ``counters_ext/``
 #: files); the error counters have 64-bit copies only with CapMask2 bit 1.
 EXTENDED: frozenset[str] = frozenset(c.name for c in CATALOGUE if c.sysfs_ext)
+
+#: Detail attribute -> its counters, in payload order (PortSelect, CounterSelect, then these).
+DETAIL_ATTRIBUTES: dict[str, tuple[CounterSpec, ...]] = {
+    attr: tuple(c for c in CATALOGUE if c.attribute == attr) for attr in (_RCV, _XMIT)
+}
+#: Aggregate counter -> the names of the detail counters that split it by cause.
+DETAILS: dict[str, tuple[str, ...]] = {
+    specs[0].part_of or "": tuple(c.name for c in specs) for specs in DETAIL_ATTRIBUTES.values()
+}
 
 
 #: Files in a port's ``hw_counters/`` directory that are not counts. The kernel's RDMA core adds
@@ -170,7 +242,8 @@ def markdown_table() -> str:
         "|---|---|---|---|---|",
     ]
     for c in CATALOGUE:
-        files = " / ".join(f"`{f}`" for f in (c.sysfs, c.sysfs_ext) if f) or "-"
+        files = " / ".join(f"`{f}`" for f in (c.sysfs, c.sysfs_ext) if f) or "none (PMA only)"
         unit = "bytes (words x4)" if c.data else ("ticks" if c.name == "transmit_wait" else "count")
-        rows.append(f"| `{c.metric}` | {c.pma} | {files} | {c.bits} | {unit} |")
+        pma = f"{c.attribute}.{c.pma}" if c.attribute else c.pma
+        rows.append(f"| `{c.metric}` | {pma} | {files} | {c.bits} | {unit} |")
     return "\n".join(rows) + "\n"

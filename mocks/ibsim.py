@@ -39,6 +39,7 @@ __all__ = [
     "IbSim",
     "IbSimError",
     "find_umad2sim",
+    "ibsim_field",
 ]
 
 #: ibsim accepts at most this many attached clients at once; opensm is one of them.
@@ -49,20 +50,26 @@ MAX_CONSOLE_LINE = 127
 #: PMA field -> the ibsim attribute that holds it, for ``set_counters`` without a prefix.
 #: PortXmitData & co exist in both attributes; unprefixed names mean the 32-bit PortCounters copy.
 PMA_FIELDS: dict[str, str] = {
-    c.pma: "PortCountersExtended" if c.bits == 64 else "PortCounters"
+    c.pma: c.attribute or ("PortCountersExtended" if c.bits == 64 else "PortCounters")
     for c in CATALOGUE
     if c.name != "qp1_dropped"  # ibsim's PortCounters has no QP1Dropped field
 }
-# ibsim 0.10 spells the multicast fields with a capital C.
+# ibsim 0.10 spells the multicast fields with a capital C, and MalformedPacket in full.
 _IBSIM_SPELLING = {
     "PortMulticastXmitPkts": "PortMultiCastXmitPkts",
     "PortMulticastRcvPkts": "PortMultiCastRcvPkts",
+    "PortMalformedPktErrors": "PortMalformedPacketErrors",
 }
 
 _PROMPT = b"sim> "
 _counter = itertools.count(1)
 _live: weakref.WeakSet[IbSim] = weakref.WeakSet()
 _NODE_RE = re.compile(r'^\s*(Switch|Hca|Ca|Rt)\s*(\d+)\s+"', re.MULTILINE)
+
+
+def ibsim_field(pma: str) -> str:
+    """A PMA field name (libibmad's spelling) as ibsim's PerformanceSet spells it."""
+    return _IBSIM_SPELLING.get(pma, pma)
 
 
 class IbSimError(RuntimeError):
@@ -416,7 +423,7 @@ class IbSim:
                     attr = PMA_FIELDS[fld]
                 except KeyError:
                     raise ValueError(f"unknown PMA field {fld!r}") from None
-            fld = _IBSIM_SPELLING.get(fld, fld)
+            fld = ibsim_field(fld)
             lines.append(f"PerformanceSet {self._target(node_id, port)} {attr}.{fld}={int(value)}")
         if not lines:
             return

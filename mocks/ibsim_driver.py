@@ -10,7 +10,9 @@ step of the simulated clock:
   (set to the model's value saturated at 2**32-1, as real hardware does) and the 64-bit copy in
   PortCountersExtended (the model's value), so ``perfquery`` and ``perfquery -x`` both show what
   the model says. Unicast/multicast packets exist only in PortCountersExtended, error counters
-  only in PortCounters (the model saturates them at their catalogue width);
+  only in PortCounters (the model saturates them at their catalogue width), and the error and
+  discard details in PortRcvErrorDetails / PortXmitDiscardDetails (the model raises a detail
+  counter with its aggregate, so ibsim's details add up the way a real PMA's do);
 - a link the model took down becomes ``Unlink`` (on its switch end) and one it brought back
   ``ReLink``, each followed by an opensm resweep, as a subnet manager reacts to a trap in a real
   fabric. ibsim's Unlink does not bump LinkDownedCounter: the model's own increment reaches
@@ -47,8 +49,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from ibmon.counters import DETAIL_ATTRIBUTES
 from ibmon.model import LinkInfo, PortIdentity, PortSample, Snapshot, SourceError, Topology
-from mocks.ibsim import MAX_CONSOLE_LINE, IbSim, IbSimError
+from mocks.ibsim import MAX_CONSOLE_LINE, IbSim, IbSimError, ibsim_field
 from mocks.scenario import Scenario, ScenarioPlayer, SimClock, build_fabric, load_scenario
 from mocks.topology import Fabric, to_ibsim_netfile
 from mocks.traffic import COUNTER_NAMES, FabricModel
@@ -98,6 +101,12 @@ _FIELDS: dict[str, tuple[tuple[str, int], ...]] = {
     "vl15_dropped": (("PortCounters.VL15Dropped", _MAX64),),
     "transmit_wait": (("PortCounters.PortXmitWait", _MAX64),),
     # qp1_dropped: ibsim has no settable field for it (perfquery shows VL15Dropped's slot).
+    # The error and discard details (16-bit, saturated by the model like every narrow field).
+    **{
+        spec.name: ((f"{attr}.{ibsim_field(spec.pma)}", _MAX64),)
+        for attr, specs in DETAIL_ATTRIBUTES.items()
+        for spec in specs
+    },
 }
 #: Per catalogue index (COUNTER_NAMES order): the fields to set, empty when ibsim has none.
 _PLAN: tuple[tuple[tuple[str, int], ...], ...] = tuple(_FIELDS.get(n, ()) for n in COUNTER_NAMES)

@@ -16,7 +16,11 @@ Physics the tests rely on:
 - PortXmitWait rises with load on healthy links (a tiny baseline) and by the fault's ratio under
   congestion;
 - a down link carries nothing, both ends report Down/Polling, and each transition to Down adds
-  one to LinkDowned on both ends.
+  one to LinkDowned on both ends;
+- every receive error and transmit discard has a cause: raising PortRcvErrors or
+  PortXmitDiscards raises one of its detail counters (PortRcvErrorDetails,
+  PortXmitDiscardDetails) by the same amount, the one a fault names or ``DEFAULT_DETAIL``, and
+  raising a detail counter raises its aggregate (each saturates at its own 16 bits).
 
 Randomness (per-port load factors and per-step noise) comes from one ``random.Random(seed)``, so
 a run is reproducible for a given seed and sequence of ``advance`` calls. Hot loops use plain
@@ -30,12 +34,13 @@ import random
 from array import array
 from dataclasses import dataclass
 
-from ibmon.counters import CATALOGUE, EXTENDED
+from ibmon.counters import CATALOGUE, DETAILS, EXTENDED
 from ibmon.model import LinkInfo, PhysState, PortIdentity, PortSample, PortState
 from mocks.topology import SPEEDS, WIDTHS, Fabric, Link, link_rate_bps
 
 __all__ = [
     "COUNTER_NAMES",
+    "DEFAULT_DETAIL",
     "MTU_BYTES",
     "TICK_SECONDS",
     "WIDE_COUNTERS",
@@ -64,6 +69,15 @@ _TXD, _RXD = _IX["transmit_data"], _IX["receive_data"]
 _TXP, _RXP = _IX["transmit_packets"], _IX["receive_packets"]
 _UTX, _URX = _IX["unicast_transmit_packets"], _IX["unicast_receive_packets"]
 _MTX, _MRX = _IX["multicast_transmit_packets"], _IX["multicast_receive_packets"]
+#: Per counter: the index of the aggregate a detail counter is part of, else -1.
+_PARENT: tuple[int, ...] = tuple(_IX[c.part_of] if c.part_of else -1 for c in CATALOGUE)
+#: The cause a fault on an aggregate gets when it names none: receive errors are most often a
+#: bad cable or transceiver (local physical errors), discards a congested path downstream
+#: (head-of-queue lifetime).
+DEFAULT_DETAIL: dict[str, str] = {
+    "receive_errors": "receive_local_physical_errors",
+    "transmit_discards": "transmit_sw_hoq_lifetime_limit_discards",
+}
 _XW = _IX["transmit_wait"]
 _LD = _IX["link_downed"]
 _SYM = _IX["symbol_errors"]
@@ -259,10 +273,16 @@ class FabricModel:
             self._symbol_errors(dt)
 
     def _bump(self, i: int, ci: int, amount: int) -> None:
+        """Add to a counter (saturating); a detail counter raises its aggregate too."""
         c = self.counters[i]
         v = c[ci] + amount
         m = _MAX[ci]
         c[ci] = v if v < m else m
+        parent = _PARENT[ci]
+        if parent >= 0:
+            v = c[parent] + amount
+            m = _MAX[parent]
+            c[parent] = v if v < m else m
 
     def _errors(self, dt: float) -> None:
         carry = self._err_carry
@@ -346,26 +366,56 @@ class FabricModel:
     def clear_ber(self, key: tuple[str, int]) -> None:
         self._ber.pop(self.port_index(key), None)
 
-    def set_error_rate(self, key: tuple[str, int], counter: str, per_second: float) -> None:
-        """Increase a (narrow) error counter at ``per_second`` while the link is up."""
+    @staticmethod
+    def _cause(counter: str, detail: str | None) -> int:
+        """The counter index an error on ``counter`` really increments: for PortRcvErrors and
+        PortXmitDiscards, one of their details (``detail``, else ``DEFAULT_DETAIL``), which
+        raises the aggregate with it; any other counter itself."""
+        if counter not in _IX:
+            raise ValueError(f"unknown counter {counter!r}")
+        parts = DETAILS.get(counter)
+        if parts is None:
+            if detail is not None:
+                raise ValueError(f"{counter!r} has no detail counters")
+            return _IX[counter]
+        cause = detail or DEFAULT_DETAIL[counter]
+        if cause not in parts:
+            raise ValueError(f"{cause!r} is not a detail of {counter!r} (one of {parts})")
+        return _IX[cause]
+
+    def set_error_rate(
+        self, key: tuple[str, int], counter: str, per_second: float, *, detail: str | None = None
+    ) -> None:
+        """Increase a (narrow) error counter at ``per_second`` while the link is up.
+
+        Receive errors and transmit discards go through one of their detail counters
+        (``detail``, default ``DEFAULT_DETAIL``); naming a detail counter raises its aggregate.
+        """
         if counter not in _IX or counter in WIDE_COUNTERS:
             raise ValueError(f"{counter!r} is not an error counter")
         if per_second < 0:
             raise ValueError("per_second must be >= 0")
         i = self.port_index(key)
-        self._err_rates.setdefault(i, {})[_IX[counter]] = per_second
+        self._err_rates.setdefault(i, {})[self._cause(counter, detail)] = per_second
 
     def clear_error_rate(self, key: tuple[str, int], counter: str) -> None:
+        """Stop an error rate; for an aggregate, every cause of it."""
         i = self.port_index(key)
         rates = self._err_rates.get(i)
         if rates is not None:
-            rates.pop(_IX[counter], None)
+            drop = {_IX[counter], *(_IX[d] for d in DETAILS.get(counter, ()))}
+            for ci in drop:
+                rates.pop(ci, None)
             if not rates:
                 del self._err_rates[i]
 
-    def bump(self, key: tuple[str, int], counter: str, amount: int = 1) -> None:
-        """Add ``amount`` to a counter now (saturating), e.g. one LocalLinkIntegrity event."""
-        self._bump(self.port_index(key), _IX[counter], amount)
+    def bump(
+        self, key: tuple[str, int], counter: str, amount: int = 1, *, detail: str | None = None
+    ) -> None:
+        """Add ``amount`` to a counter now (saturating), e.g. one LocalLinkIntegrity event.
+        Receive errors and discards are added through a detail counter, as in
+        ``set_error_rate``."""
+        self._bump(self.port_index(key), self._cause(counter, detail), amount)
 
     def link_down(self, key: tuple[str, int]) -> None:
         self._set_link(self.link_index(key), False)

@@ -49,7 +49,8 @@ def snap(s):
 
 async def main(opts):
     src = MadSource(**opts["source"])
-    out = {"topologies": [], "snapshots": [], "discover_s": [], "sample_s": []}
+    out = {"topologies": [], "snapshots": [], "discover_s": [], "sample_s": [], "mads": [],
+           "detail_mads": []}
     try:
         for step in opts["steps"]:
             if step == "discover":
@@ -59,6 +60,8 @@ async def main(opts):
             elif step == "sample":
                 t = time.perf_counter(); sn = await src.sample()
                 out["sample_s"].append(time.perf_counter() - t); out["snapshots"].append(snap(sn))
+                out["mads"].append(src.last_sweep_mads)
+                out["detail_mads"].append(src.last_detail_mads)
             elif step == "wait":
                 sys.stdout.write("READY\n"); sys.stdout.flush(); sys.stdin.readline()
     finally:
@@ -107,7 +110,9 @@ def run_mad(
         try:
             for _ in range(steps.count("wait")):
                 line = proc.stdout.readline()
-                if line.strip() != "READY":
+                while line and line.strip() != "READY":  # a log line the source printed
+                    line = proc.stdout.readline()
+                if not line:
                     break
                 if on_wait is not None:
                     on_wait()

@@ -5,6 +5,13 @@ the text gives the ports and links, the libibnetdisc cache gives every port's ra
 (state, enabled/supported widths and speeds) for the max-common link rule. Counters come from
 ``perfquery -x -l <lid> <ports>``, one process per LID (a switch and all its ports, or one CA
 port), plus ``perfquery -l`` when the port has no 64-bit error counters (CapMask2 bit 1).
+Error and discard details come from ``perfquery -e -E <lid> <port>`` (PortRcvErrorDetails) and
+``-D`` (PortXmitDiscardDetails), one process per port and attribute (perfquery reads one port
+of them per run), only as ``fabric.DetailReads`` says: for a port whose PortRcvErrors or
+PortXmitDiscards moved in this poll (run right after the counters), a baseline for a port new
+to the source, a read that failed last poll. A healthy fabric's poll runs not one process more.
+``-e`` makes perfquery print the MAD status, which tells a port that does not support the
+attribute (error status: not asked again until the next discovery) from one that did not answer.
 
 Every command goes through an injectable ``CommandRunner``. The default one runs argv lists
 (never a shell) in their own session and kill scope (``ibmon.sources.procscope``: nothing a
@@ -65,7 +72,13 @@ from pydantic import field_validator, model_validator
 from ibmon.config import Duration
 from ibmon.model import PortKey, Snapshot, SourceError, Topology
 from ibmon.polltime import poll_timeout
-from ibmon.sources.fabric import FabricSource, FabricSourceConfig, FabricView
+from ibmon.sources.fabric import (
+    DETAIL_BASELINES_PER_POLL,
+    DetailRead,
+    FabricSource,
+    FabricSourceConfig,
+    FabricView,
+)
 from ibmon.sources.localport import explain_open_failure, parse_ibstat, umad_access_problem
 from ibmon.sources.parse import (
     CPI_CAP2_ADDL_EXT,
@@ -79,6 +92,7 @@ from ibmon.sources.parse import (
     parse_ibnd_cache,
     parse_ibnetdiscover_ports,
     parse_perfquery_blocks,
+    parse_perfquery_details,
 )
 from ibmon.sources.parse.errors import sample as quote
 from ibmon.sources.procscope import SCOPES, ProcStat, become_subreaper, wait_exit
@@ -404,6 +418,8 @@ class SubprocessRunner:
 
 #: what libibmad/libibnetdisc print when the local umad port does not open
 _OPEN_FAILED = re.compile(r"can't open (?:UMAD|MAD) port", re.IGNORECASE)
+#: what libibmad prints (with ``-e``) when the PMA answered with an error status
+_MAD_STATUS = re.compile(r"MAD completed with error status (0x[0-9a-fA-F]+)")
 _MAD_TIMEOUT_HINTS = ("timed out", "timeout", "_do_madrpc failed", "mad_rpc")
 _NO_LID_HINTS = (
     "can't resolve",
@@ -427,8 +443,9 @@ def classify(res: CommandResult) -> str | None:
     """None when the command succeeded, else the ``reason`` of its SourceError.
 
     timeout (we killed it), output_too_large (it printed more than is read; we stopped it),
-    tool_missing, permission, crashed (killed by a signal), mad_timeout (the tool gave up on a
-    MAD), no_such_lid, failed (any other non-zero exit).
+    tool_missing, permission, crashed (killed by a signal), mad_status (the MAD was answered
+    with an error status; printed only with ``-e``), mad_timeout (the tool gave up on a MAD),
+    no_such_lid, failed (any other non-zero exit).
     """
     if res.timed_out:
         return "timeout"
@@ -443,6 +460,8 @@ def classify(res: CommandResult) -> str | None:
     err = res.stderr.lower()
     if any(h in err for h in _PERM_HINTS):
         return "permission"
+    if _MAD_STATUS.search(res.stderr):  # before the timeout hints: libibmad's "mad_rpc: ..."
+        return "mad_status"
     if any(h in err for h in _MAD_TIMEOUT_HINTS):
         return "mad_timeout"
     if any(h in err for h in _NO_LID_HINTS):
@@ -531,6 +550,8 @@ class DiagsSource(FabricSource):
         state_interval: float = 30.0,
         topology_interval: float = 300.0,
         unreachable_discoveries: int = 3,
+        details: bool = True,
+        detail_baselines_per_poll: int = DETAIL_BASELINES_PER_POLL,
     ) -> None:
         super().__init__(
             name=name,
@@ -541,6 +562,8 @@ class DiagsSource(FabricSource):
             state_interval=state_interval,
             topology_interval=topology_interval,
             unreachable_discoveries=unreachable_discoveries,
+            details=details,
+            detail_baselines_per_poll=detail_baselines_per_poll,
         )
         self._runner: CommandRunner = runner or SubprocessRunner(concurrency=concurrency)
         # as infiniband-diags: no -P (or port 0) = libibumad picks the port (a switch: 0)
@@ -561,6 +584,8 @@ class DiagsSource(FabricSource):
         #: nodes of the last accepted discovery (before filters), and implausible ones in a row
         self._good_nodes = 0
         self._shrinks = 0
+        #: perfquery -E / -D processes run by the last poll (detail reads)
+        self.last_detail_reads = 0
 
     @classmethod
     def from_config(cls, cfg: DiagsSourceConfig) -> DiagsSource:
@@ -743,8 +768,14 @@ class DiagsSource(FabricSource):
         snap = Snapshot(source=self.name, monotonic=time.monotonic(), wall=time.time())
         snap.errors.extend(discover_errors)
         state_task = asyncio.ensure_future(self._refresh_state(view)) if refresh else None
+        details = self.details
+        # baselines and owed re-reads are known now: they run beside the counter queries
+        early = details.planned(k for g in self._groups for k in g.keys)
         try:
-            results = await asyncio.gather(*(self._poll_group(g) for g in self._groups))
+            results, early_out = await asyncio.gather(
+                asyncio.gather(*(self._poll_group(g) for g in self._groups)),
+                asyncio.gather(*(self._read_details(view, r) for r in early)),
+            )
         except BaseException:
             if state_task is not None:
                 state_task.cancel()
@@ -760,8 +791,57 @@ class DiagsSource(FabricSource):
                 port_values = by_port.get(int(key[1]))
                 if port_values is not None:
                     values[key] = port_values
+        self._record_details(early, early_out, values, snap.errors)
+        late = details.moved(values, set(early))
+        late_out = await asyncio.gather(*(self._read_details(view, r) for r in late))
+        self._record_details(late, late_out, values, snap.errors)
+        self.last_detail_reads = len(early) + len(late)
+        details.fill(values)
+        details.report_learned(self.name)
         self._fill(snap, view, values)
         return snap
+
+    async def _read_details(
+        self, view: FabricView, read: DetailRead
+    ) -> dict[str, int] | SourceError:
+        """One ``perfquery -e -E|-D <lid> <port>``: the values, or why there are none (a
+        SourceError whose reason ``mad_status`` means the PMA refused the attribute)."""
+        key, attr = read
+        lid = view.ports[key].lid
+        flag = "-E" if attr == "PortRcvErrorDetails" else "-D"
+        argv = [self._perfquery, *self._ca_args, "-t", str(int(self._timeout * 1000)), "-e",
+                flag, str(lid), key[1]]
+        where = f"lid {lid}: perfquery {flag} {lid} {key[1]}"
+        res = await self._bounded(argv)
+        reason = classify(res)
+        if reason in ("tool_missing", "permission"):
+            raise DiagsUnavailableError(f"perfquery: {reason}: {_first_line(res.stderr)}")
+        if reason == "mad_status" and f"cannot query {attr}" not in res.stdout:
+            reason = "failed"  # an error status, but not to this attribute's Get
+        if reason is not None:
+            return SourceError(reason, f"{where}: {_first_line(res.stderr)}", key)
+        try:
+            return parse_perfquery_details(res.stdout, attribute=attr, lid=lid, port=int(key[1]))
+        except ParseError as exc:
+            return SourceError("parse_error", f"{where}: {exc}", key)
+
+    def _record_details(
+        self,
+        reads: Sequence[DetailRead],
+        outcomes: Sequence[dict[str, int] | SourceError],
+        answered: Mapping[PortKey, PortCounterValues],
+        errors: list[SourceError],
+    ) -> None:
+        """Book detail reads: values, a refusal (unsupported), or a miss (owed, reported)."""
+        details = self.details
+        for read, got in zip(reads, outcomes, strict=True):
+            if not isinstance(got, SourceError):
+                details.answered(read, got)
+            elif got.reason == "mad_status":
+                details.refused(read)
+            else:
+                details.missed(read, port_answered=read[0] in answered)
+                errors.append(got)
 
     async def _refresh_state(self, view: FabricView) -> list[SourceError]:
         """One ibnetdiscover for the whole fabric; apply its PortInfo to every known port.

@@ -21,6 +21,12 @@ after 10 to 15 minutes of silence. A known node description is never replaced by
 (a lost NodeDescription MAD), nor a known link by none while the port is still up (a lost
 NodeInfo through it). A discovery that reached nothing beyond the local node while the known
 fabric has more is blind (``BlindDiscoveryError``): it is not adopted at all.
+
+Error and discard details (PortRcvErrorDetails, PortXmitDiscardDetails) are read by both sources
+under one rule, ``DetailReads``: a port's detail attribute is read only in a poll where its
+aggregate (PortRcvErrors, PortXmitDiscards) moved, plus once as a baseline for a port new to the
+source, so a healthy fabric's poll costs not one read more. Between reads a port reports the
+detail values it last read: its aggregate did not move, so neither did they.
 """
 
 from __future__ import annotations
@@ -29,12 +35,14 @@ import dataclasses
 import fnmatch
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import structlog
 from pydantic import Field, field_validator
 
 from ibmon.config import Duration, SourceConfigBase
+from ibmon.counters import BY_NAME, DETAIL_ATTRIBUTES
 from ibmon.linkspeed import active_speed, active_width, effective_rate_bps, max_common
 from ibmon.model import (
     LinkInfo,
@@ -50,7 +58,12 @@ from ibmon.sources.parse import PortCounterValues, PortInfo, load_node_name_map
 from ibmon.sources.shard import filter_topology, parse_shard
 
 __all__ = [
+    "DETAIL_BASELINES_PER_POLL",
+    "DETAIL_MISSES_TO_GIVE_UP",
+    "DETAIL_TRIGGERS",
     "BlindDiscoveryError",
+    "DetailRead",
+    "DetailReads",
     "FabricPort",
     "FabricSource",
     "FabricSourceConfig",
@@ -69,6 +82,21 @@ DISCOVERY_STATE_FRESH = 1.0
 #: ``topology_interval`` after its previous counted miss (scheduled discoveries drift a little).
 MISS_GAP_FRACTION = 0.9
 _LINK_UP = 5  # PortPhysicalState LinkUp
+
+log = structlog.get_logger("ibmon.sources.fabric")
+
+#: Detail attribute -> the aggregate counter whose movement makes it worth reading.
+DETAIL_TRIGGERS: dict[str, str] = {
+    attr: specs[0].part_of or "" for attr, specs in DETAIL_ATTRIBUTES.items()
+}
+#: First reads (baselines) of ports new to a source, at most this many (port, attribute) reads
+#: per poll: a fabric of thousands of ports gets its baselines over its first polls instead of
+#: in one (the ``diags`` source pays one perfquery process per read).
+DETAIL_BASELINES_PER_POLL = 64
+#: A detail attribute that went unanswered this many polls in a row, while the same port's
+#: counters answered, counts as unsupported (a PMA that drops what it does not know) until the
+#: next discovery.
+DETAIL_MISSES_TO_GIVE_UP = 3
 
 
 class FabricSourceConfig(SourceConfigBase):
@@ -420,6 +448,219 @@ class TopologyMemory:
         )
 
 
+#: One read: a port and a detail attribute (PortRcvErrorDetails or PortXmitDiscardDetails).
+DetailRead = tuple[PortKey, str]
+
+
+class DetailReads:
+    """Which ports' detail attributes a fabric source reads in a poll, and what they last read.
+
+    The rule both fabric sources follow (one place, so ``mad`` and ``diags`` report the same):
+
+    - **moved**: in a poll where a port's PortRcvErrors (PortXmitDiscards) differs from the
+      value it had at the port's previous answer, its PortRcvErrorDetails
+      (PortXmitDiscardDetails) is read in the same poll, right after the counters. A narrow
+      aggregate pinned at its maximum cannot move, so while it is pinned the details are read
+      every poll (a saturated error counter is an erroring port).
+    - **baseline**: a port new to the source (found by a discovery) has both attributes read
+      once, at most ``baselines_per_poll`` reads per poll, in the order the poll asks its ports.
+    - **owed**: a read that failed (no answer, unreadable) is tried again next poll whatever the
+      aggregate does, so an increase is never left unread until the next error.
+    - **unsupported**: a port whose PMA answers a detail Get with an error status, or leaves it
+      unanswered ``DETAIL_MISSES_TO_GIVE_UP`` polls in a row while its counters answer, is not
+      asked for that attribute again until the next discovery, and costs nothing else: no error,
+      no read. After the discovery it is asked again the next time its aggregate moves.
+
+    Between reads a port reports the values it last read (``fill``): its aggregate did not move,
+    so neither did they, and the tracker keeps their rates at 0 instead of losing them. A read
+    that failed leaves the attribute out of that poll's sample (stale in the tracker: no rate
+    that poll, and the next read still counts the whole increase). Nothing here decreases.
+    """
+
+    __slots__ = (
+        "_baseline",
+        "_known",
+        "_last",
+        "_learned",
+        "_misses",
+        "_owed",
+        "_unsupported",
+        "baselines_per_poll",
+        "enabled",
+        "values",
+    )
+
+    def __init__(
+        self, *, baselines_per_poll: int = DETAIL_BASELINES_PER_POLL, enabled: bool = True
+    ) -> None:
+        self.enabled = enabled
+        self.baselines_per_poll = max(0, baselines_per_poll)
+        #: per port: detail counter name -> the value last read
+        self.values: dict[PortKey, dict[str, int]] = {}
+        #: per port: (PortRcvErrors, PortXmitDiscards) at its last answer (None: not read)
+        self._last: dict[PortKey, tuple[int | None, int | None]] = {}
+        self._baseline: set[DetailRead] = set()
+        self._owed: set[DetailRead] = set()
+        self._unsupported: set[DetailRead] = set()
+        self._misses: dict[DetailRead, int] = {}
+        self._known: set[PortKey] = set()
+        self._learned: list[DetailRead] = []
+
+    @property
+    def unsupported(self) -> frozenset[DetailRead]:
+        return frozenset(self._unsupported)
+
+    @property
+    def pending_baselines(self) -> int:
+        return len(self._baseline)
+
+    def discovered(self, keys: Iterable[PortKey]) -> None:
+        """A discovery was adopted: ``keys`` are the ports the source now polls.
+
+        New ports owe a baseline; ports gone from the topology are forgotten; what was learned
+        about unsupported attributes is forgotten (firmware may have changed).
+        """
+        if not self.enabled:
+            return
+        now = set(keys)
+        gone = self._known - now
+        if gone:
+            for key in gone:
+                self.values.pop(key, None)
+                self._last.pop(key, None)
+            self._baseline = {r for r in self._baseline if r[0] in now}
+            self._owed = {r for r in self._owed if r[0] in now}
+        for key in now - self._known:
+            for attr in DETAIL_TRIGGERS:
+                self._baseline.add((key, attr))
+        self._known = now
+        self._unsupported.clear()
+        self._misses.clear()
+
+    def planned(self, keys: Iterable[PortKey]) -> list[DetailRead]:
+        """Reads known before the poll, for the ports it asks (``keys``, in asking order): every
+        owed read, then baselines up to ``baselines_per_poll``."""
+        if not self.enabled or not (self._owed or self._baseline):
+            return []
+        owed, base = self._owed, self._baseline
+        out: list[DetailRead] = []
+        budget = self.baselines_per_poll
+        for key in keys:
+            for attr in DETAIL_TRIGGERS:
+                read = (key, attr)
+                if read in owed:
+                    out.append(read)
+                elif budget > 0 and read in base:
+                    out.append(read)
+                    budget -= 1
+        return out
+
+    def moved(
+        self, values: Mapping[PortKey, PortCounterValues], done: Collection[DetailRead] = ()
+    ) -> list[DetailRead]:
+        """Reads due because an aggregate moved (class docstring), given this poll's counters;
+        records the aggregates as the new "last" values. ``done``: reads already made this poll.
+        """
+        if not self.enabled:
+            return []
+        last = self._last
+        unsupported = self._unsupported
+        rcv_max = BY_NAME["receive_errors"].max_value
+        disc_max = BY_NAME["transmit_discards"].max_value
+        out: list[DetailRead] = []
+        for key, pcv in values.items():
+            counters = pcv.counters
+            now = (counters.get("receive_errors"), counters.get("transmit_discards"))
+            prev = last.get(key)
+            last[key] = now if prev is None else (
+                prev[0] if now[0] is None else now[0], prev[1] if now[1] is None else now[1])
+            rcv, disc = now
+            if prev == now and not (
+                (rcv is not None and rcv >= rcv_max) or (disc is not None and disc >= disc_max)
+            ):
+                continue  # the usual port: nothing moved, nothing pinned
+            for attr, agg, value, top, before in (
+                ("PortRcvErrorDetails", "receive_errors", rcv, rcv_max,
+                 prev[0] if prev else None),
+                ("PortXmitDiscardDetails", "transmit_discards", disc, disc_max,
+                 prev[1] if prev else None),
+            ):
+                if value is None:
+                    continue
+                pinned = value >= top and agg not in pcv.wide
+                if not pinned and (before is None or value == before):
+                    continue
+                read = (key, attr)
+                if read not in unsupported and read not in done:
+                    out.append(read)
+        return out
+
+    def answered(self, read: DetailRead, values: Mapping[str, int]) -> None:
+        """A read came back: its values are the port's from now on."""
+        self._baseline.discard(read)
+        self._owed.discard(read)
+        self._misses.pop(read, None)
+        self.values.setdefault(read[0], {}).update(values)
+
+    def refused(self, read: DetailRead) -> None:
+        """The PMA answered with an error status: unsupported until the next discovery."""
+        self._baseline.discard(read)
+        self._owed.discard(read)
+        self._misses.pop(read, None)
+        self._forget_values(read)
+        self._unsupported.add(read)
+        self._learned.append(read)
+
+    def missed(self, read: DetailRead, *, port_answered: bool) -> bool:
+        """A read got no usable answer: it is owed. True when this gave up on the attribute
+        (``DETAIL_MISSES_TO_GIVE_UP`` misses in a row while the port's counters answered)."""
+        self._baseline.discard(read)
+        self._forget_values(read)
+        if port_answered:
+            misses = self._misses.get(read, 0) + 1
+            if misses >= DETAIL_MISSES_TO_GIVE_UP:
+                self._owed.discard(read)
+                self._misses.pop(read, None)
+                self._unsupported.add(read)
+                self._learned.append(read)
+                return True
+            self._misses[read] = misses
+        self._owed.add(read)
+        return False
+
+    def report_learned(self, source: str) -> None:
+        """One log line for the reads found unsupported since the last call (if any): on a
+        fabric whose PMAs lack the attributes that is one line per attribute and discovery,
+        never one per port."""
+        learned, self._learned = self._learned, []
+        by_attr: dict[str, list[PortKey]] = {}
+        for key, attr in learned:
+            by_attr.setdefault(attr, []).append(key)
+        for attr, keys in by_attr.items():
+            log.info(
+                "detail_counters_unsupported",
+                source=source,
+                attribute=attr,
+                ports=len(keys),
+                example=f"{keys[0][0]} port {keys[0][1]}",
+                until="the next discovery",
+            )
+
+    def _forget_values(self, read: DetailRead) -> None:
+        """This poll reports no value for the attribute (it is unknown now, not unchanged)."""
+        have = self.values.get(read[0])
+        if have:
+            for spec in DETAIL_ATTRIBUTES[read[1]]:
+                have.pop(spec.name, None)
+
+    def fill(self, values: Mapping[PortKey, PortCounterValues]) -> None:
+        """Add every port's last detail values to its counters for this poll."""
+        for key, det in self.values.items():
+            pcv = values.get(key)
+            if pcv is not None and det:
+                pcv.counters.update(det)
+
+
 class FabricSource:
     """The parts of ``MadSource`` and ``DiagsSource`` that do not depend on how they ask.
 
@@ -438,8 +679,12 @@ class FabricSource:
         state_interval: float = 0.0,
         topology_interval: float = 300.0,
         unreachable_discoveries: int = 3,
+        details: bool = True,
+        detail_baselines_per_poll: int = DETAIL_BASELINES_PER_POLL,
     ) -> None:
         self.name = name
+        #: error and discard details: which ports to read, and what they last read
+        self.details = DetailReads(baselines_per_poll=detail_baselines_per_poll, enabled=details)
         self._filter = NodeFilter(include, exclude)
         self._shard = parse_shard(shard) if shard else None
         self._names = load_node_name_map(node_name_map)
@@ -481,6 +726,7 @@ class FabricSource:
         if reached is None:
             reached = len({k[0] for k in view.ports})
         self._view = self._memory.merge(self._view, view, reached=reached)
+        self.details.discovered(self._view.ports)
         self._discover_errors = errors
         self._state.discovered(started, time.monotonic())
         topo = self._view.topology()

@@ -8,6 +8,13 @@ valid), then PortCountersExtended and, when the 64-bit error copies are missing,
 for every port. The same decoding and the same rules as the ``diags`` source (``parse`` and
 ``fabric`` modules) make both report identical topologies and snapshots.
 
+Error and discard details (PortRcvErrorDetails, PortXmitDiscardDetails) follow
+``fabric.DetailReads``: baselines of new ports and re-reads of failed reads go out in the poll's
+MAD batch; once the counters are decoded, the ports whose PortRcvErrors or PortXmitDiscards moved
+get their detail Gets in one more, small batch (sent as a one-off, so the next poll's batch is
+still the worker's ``again``). A healthy fabric's poll sends not one MAD more. A detail Get
+answered with an error status means the port does not support the attribute.
+
 Port state is refreshed on every poll (``state_interval`` 0, the default), not only at discovery:
 a LID-routed SMP PortInfo per port (attribute modifier = port number) goes out in the same MAD
 batch as the PMA Gets, so a port that goes down is seen at the next poll instead of the next
@@ -47,7 +54,7 @@ import gc
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -56,6 +63,8 @@ from pydantic import Field
 
 from ibmon.model import PortKey, Snapshot, SourceError, Topology
 from ibmon.sources.fabric import (
+    DETAIL_BASELINES_PER_POLL,
+    DetailRead,
     FabricSource,
     FabricSourceConfig,
     FabricView,
@@ -67,6 +76,8 @@ from ibmon.sources.libibmad import (
     ATTR_PORT_COUNTERS,
     ATTR_PORT_COUNTERS_EXT,
     ATTR_PORT_INFO,
+    ATTR_PORT_RCV_ERROR_DETAILS,
+    ATTR_PORT_XMIT_DISCARD_DETAILS,
     CLASS_PMA,
     CLASS_SMI,
     MadError,
@@ -80,9 +91,11 @@ from ibmon.sources.parse import (
     CPI_CAP_EXT_WIDTH_NOIETF,
     ClassPortInfo,
     NodeInfo,
+    ParseError,
     PortCounterValues,
     PortInfo,
     decode_class_port_info,
+    decode_details,
     decode_node_desc,
     decode_node_info,
     decode_port_counters,
@@ -117,6 +130,11 @@ OPEN_WAIT = 5.0
 OPEN_GIVE_UP = 60.0
 #: Delays before reopening a MAD port that failed again: first reopen at once, then these.
 REOPEN_BACKOFF = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+#: PMA attribute id of each detail attribute.
+_DETAIL_ATTR_ID = {
+    "PortRcvErrorDetails": ATTR_PORT_RCV_ERROR_DETAILS,
+    "PortXmitDiscardDetails": ATTR_PORT_XMIT_DISCARD_DETAILS,
+}
 
 
 _gc_lock = threading.Lock()
@@ -190,6 +208,8 @@ class MadSource(FabricSource):
         state_interval: float = 0.0,
         topology_interval: float = 300.0,
         unreachable_discoveries: int = 3,
+        details: bool = True,
+        detail_baselines_per_poll: int = DETAIL_BASELINES_PER_POLL,
     ) -> None:
         super().__init__(
             name=name,
@@ -200,6 +220,8 @@ class MadSource(FabricSource):
             state_interval=state_interval,
             topology_interval=topology_interval,
             unreachable_discoveries=unreachable_discoveries,
+            details=details,
+            detail_baselines_per_poll=detail_baselines_per_poll,
         )
         self._ca = ca
         self._port = port or 0
@@ -220,6 +242,8 @@ class MadSource(FabricSource):
         self._failures = 0  # consecutive reopen attempts that did not end in an answered batch
         self._cpi: dict[int, ClassPortInfo] = {}
         self.last_sweep_mads = 0
+        #: of ``last_sweep_mads``, the detail Gets (PortRcvErrorDetails, PortXmitDiscardDetails)
+        self.last_detail_mads = 0
 
     @classmethod
     def from_config(cls, cfg: MadSourceConfig) -> MadSource:
@@ -320,18 +344,19 @@ class MadSource(FabricSource):
         if self._workers:
             self._broken = why
 
-    def _run_sync(self, reqs: Sequence[MadRequest]) -> list[MadResult]:
-        """Blocking: split ``reqs`` over the workers, which work in parallel."""
+    def _run_sync(self, reqs: Sequence[MadRequest], *, keep: bool = True) -> list[MadResult]:
+        """Blocking: split ``reqs`` over the workers, which work in parallel. ``keep=False``:
+        a one-off batch, which does not replace the batch a worker repeats on ``again``."""
         workers = self._workers  # this generation: a verdict on it must not hit its successor
         if not workers or not all(w.ready for w in workers):
             raise MadError("MAD port not open")
         try:
             if len(workers) == 1 or len(reqs) < 64:
-                out = workers[0].run(reqs)
+                out = workers[0].run(reqs, keep=keep)
             else:
                 n = len(workers)
                 for i, w in enumerate(workers):
-                    w.send(reqs[i::n])
+                    w.send(reqs[i::n], keep=keep)
                 out = [MadResult(None, "timeout")] * len(reqs)
                 for i, w in enumerate(workers):
                     out[i::n] = w.receive()
@@ -518,27 +543,34 @@ class MadSource(FabricSource):
     def _counters_sync(
         self, view: FabricView, refresh_state: bool = True
     ) -> tuple[dict[PortKey, PortCounterValues], list[SourceError], int]:
-        """Every port's counters (and, with ``refresh_state``, its PortInfo) in one MAD batch.
+        """Every port's counters (and, with ``refresh_state``, its PortInfo) in one MAD batch,
+        then the detail Gets of the ports whose aggregates moved (``fabric.DetailReads``).
 
-        Returns counters by port, the errors (one per port and poll), and the MADs sent.
+        Returns counters by port (detail values included), the errors (one per port and
+        poll, plus one per failed detail read), and the MADs sent.
         """
         by_lid = view.by_lid()
         errors, mads = self._learn_class_port_info(by_lid)
         plan = self._pma_plan(by_lid)
         state = [(k, lid) for lid, keys in by_lid.items() for k in keys] if refresh_state else []
+        details = self.details
+        # baselines and owed re-reads are known now: they ride in the poll's batch
+        early = details.planned(dict.fromkeys(k for k, _kind, _r in plan))
         reqs = [req for _key, _kind, req in plan]
         reqs += [MadRequest(CLASS_SMI, ATTR_PORT_INFO, attr_mod=int(k[1]), lid=lid)
                  for k, lid in state]
+        reqs += [self._detail_request(view, read) for read in early]
         results = self._run_sync(reqs)
         mads += len(reqs)
+        n_plan, n_state = len(plan), len(state)
         raw: dict[PortKey, dict[str, bytes]] = {}
         failed: dict[PortKey, str] = {}
-        for (key, kind, _req), r in zip(plan, results[: len(plan)], strict=True):
+        for (key, kind, _req), r in zip(plan, results[:n_plan], strict=True):
             if r.data is None:
                 failed.setdefault(key, r.error or "timeout")
             else:
                 raw.setdefault(key, {})[kind] = r.data
-        for (key, _lid), r in zip(state, results[len(plan) :], strict=True):
+        for (key, _lid), r in zip(state, results[n_plan : n_plan + n_state], strict=True):
             if r.data is not None:
                 view.refresh_port(key, decode_port_info(r.data))
             elif key not in failed and key in raw:
@@ -553,7 +585,49 @@ class MadSource(FabricSource):
         out = {
             key: self._decode(view, key, parts) for key, parts in raw.items() if key not in failed
         }
+        detail_mads = len(early)
+        self._record_details(early, results[n_plan + n_state :], out, errors)
+        late = details.moved(out, set(early))
+        if late:
+            more = self._run_sync([self._detail_request(view, read) for read in late], keep=False)
+            detail_mads += len(late)
+            mads += len(late)
+            self._record_details(late, more, out, errors)
+        details.fill(out)
+        details.report_learned(self.name)
+        self.last_detail_mads = detail_mads
         return out, errors, mads
+
+    @staticmethod
+    def _detail_request(view: FabricView, read: DetailRead) -> MadRequest:
+        key, attr = read
+        lid = view.ports[key].lid
+        assert lid is not None
+        return MadRequest(CLASS_PMA, _DETAIL_ATTR_ID[attr], lid=lid, port_select=int(key[1]))
+
+    def _record_details(
+        self,
+        reads: Sequence[DetailRead],
+        results: Sequence[MadResult],
+        answered: Mapping[PortKey, PortCounterValues],
+        errors: list[SourceError],
+    ) -> None:
+        """Book detail answers: values, an error status (unsupported), or a miss (owed)."""
+        details = self.details
+        for read, r in zip(reads, results, strict=True):
+            key, attr = read
+            where = f"{key[0]} port {key[1]}: {attr}"
+            if r.data is not None:
+                try:
+                    details.answered(read, decode_details(attr, r.data, port=int(key[1])))
+                except ParseError as exc:
+                    details.missed(read, port_answered=key in answered)
+                    errors.append(SourceError("parse_error", f"{where}: {exc}", key))
+            elif r.error is not None and r.error.startswith("status_"):
+                details.refused(read)
+            else:
+                details.missed(read, port_answered=key in answered)
+                errors.append(SourceError(r.error or "timeout", where, key))
 
     def _learn_class_port_info(
         self, by_lid: dict[int, list[PortKey]]

@@ -28,7 +28,9 @@ first sends ``("ready",)`` or ``("error", message, cause)``; then for each ``("r
 [request tuple, ...])`` it answers ``("ok", [(data, error), ...])`` in request order, or
 ``("error", message, cause)`` and exits. ``("again",)`` runs the previous batch's requests once
 more: a counter poll sends the same requests every time, so they cross the pipe once per
-topology, not once per poll. End of input (or ``("close",)``) closes the port.
+topology, not once per poll. ``("once", [request tuple, ...])`` runs a batch without making it
+the one ``again`` repeats (the few detail reads that follow a poll's counters, so the next poll
+is still an ``again``). End of input (or ``("close",)``) closes the port.
 """
 
 from __future__ import annotations
@@ -203,13 +205,18 @@ class MadWorker:
         self.ready = True
         return True
 
-    def send(self, requests: Sequence[MadRequest]) -> None:
-        """Blocking: hand a batch to the worker (``receive`` collects the answers)."""
+    def send(self, requests: Sequence[MadRequest], *, keep: bool = True) -> None:
+        """Blocking: hand a batch to the worker (``receive`` collects the answers).
+
+        ``keep=False``: a one-off batch; the worker keeps the batch it held for ``again``.
+        """
         stdin = self.proc.stdin
         assert stdin is not None
-        again = self._sent is not None and self._sent == requests
+        again = keep and self._sent is not None and self._sent == requests
         try:
-            if again:
+            if not keep:
+                _write_frame(stdin.fileno(), ("once", [tuple(r) for r in requests]))
+            elif again:
                 _write_frame(stdin.fileno(), ("again",))
             else:
                 self._sent = None  # until the worker has it
@@ -227,8 +234,8 @@ class MadWorker:
             raise self._gone() from None
         return list(map(MadResult._make, msg[1]))
 
-    def run(self, requests: Sequence[MadRequest]) -> list[MadResult]:
-        self.send(requests)
+    def run(self, requests: Sequence[MadRequest], *, keep: bool = True) -> list[MadResult]:
+        self.send(requests, keep=keep)
         return self.receive()
 
     def kill(self) -> None:
@@ -291,12 +298,13 @@ def _serve(out: int, args: dict[str, Any]) -> int:
                 msg = reader.frame()
             except MadWorkerGoneError:  # end of input: the daemon closed us
                 return 0
-            if not isinstance(msg, tuple) or not msg or msg[0] not in ("run", "again"):
+            if not isinstance(msg, tuple) or not msg or msg[0] not in ("run", "again", "once"):
                 return 0
             if msg[0] == "run":
                 requests = list(map(MadRequest._make, msg[1]))
+            batch = list(map(MadRequest._make, msg[1])) if msg[0] == "once" else requests
             try:
-                results = engine.run(requests)
+                results = engine.run(batch)
             except MadError as exc:
                 _write_frame(out, ("error", str(exc), exc.cause))
                 return 0

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ibmon.counters import DETAIL_ATTRIBUTES
 from ibmon.sources.diags import (
     CommandResult,
     DiagsSource,
@@ -63,6 +64,20 @@ def _narrow(lid: int, port: int) -> str:
             + "".join(f"{name}:....1\n" for name in NARROW))
 
 
+def answer_details(argv: list[str], values: dict[str, int] | None = None) -> CommandResult:
+    """What ``perfquery -e -E|-D <lid> <port>`` prints (fields 0 unless in ``values``)."""
+    attr = "PortRcvErrorDetails" if "-E" in argv else "PortXmitDiscardDetails"
+    lid, port = argv[-2], argv[-1]
+    fields = "".join(f"{spec.pma}:....{(values or {}).get(spec.pma, 0)}\n"
+                     for spec in DETAIL_ATTRIBUTES[attr])
+    return CommandResult(0, f"# {attr} counters: Lid {lid} port {port}\n"
+                         f"PortSelect:......{port}\nCounterSelect:....0x0000\n{fields}", "")
+
+
+def is_detail_read(argv: list[str]) -> bool:
+    return "perfquery" in argv[0] and ("-E" in argv or "-D" in argv)
+
+
 def answer_discovery(argv: list[str], text: str) -> CommandResult:
     """What ibnetdiscover does: the text on stdout, the matching cache in --cache FILE."""
     if "--cache" in argv:
@@ -82,12 +97,15 @@ class FakeRunner:
         self.calls.append(argv)
         if "ibnetdiscover" in argv[0]:
             return answer_discovery(argv, TOPO)
-        lid = int(argv[argv.index("-l") + 1])
+        detail = is_detail_read(argv)
+        lid = int(argv[-2] if detail else argv[argv.index("-l") + 1])
         ports = [int(p) for p in argv[-1].split(",")]
         if lid == 3:
             await asyncio.sleep(3600)  # a perfquery that never returns
         if lid == 4:
             return CommandResult(0, "\x00\x01garbage ### \n", "")
+        if detail:
+            return answer_details(argv)
         if "-x" not in argv:
             return CommandResult(0, "".join(_narrow(lid, p) for p in ports), "")
         return CommandResult(0, "".join(_block(lid, p, 1000 * lid + p) for p in ports), "")
@@ -126,10 +144,10 @@ async def test_capmask2_learned_skips_narrow_query() -> None:
     try:
         await src.discover()
         await src.sample()
-        first = len([c for c in runner.calls if "perfquery" in c[0] and "-x" not in c])
+        first = len([c for c in runner.calls if "-l" in c and "-x" not in c])
         runner.calls.clear()
         await src.sample()
-        second = len([c for c in runner.calls if "perfquery" in c[0] and "-x" not in c])
+        second = len([c for c in runner.calls if "-l" in c and "-x" not in c])
     finally:
         await src.close()
     assert first == 4 and second == 2  # only the hung and the garbage lid still need both
@@ -228,6 +246,8 @@ class Discoveries:
         self.answers: list[tuple[str, int, str]] = []
 
     async def run(self, argv: list[str], timeout: float, max_output: int = 0) -> CommandResult:
+        if is_detail_read(argv):
+            return answer_details(argv)
         if "perfquery" in argv[0]:  # every node answers
             lid = int(argv[argv.index("-l") + 1])
             ports = [int(p) for p in argv[-1].split(",")]

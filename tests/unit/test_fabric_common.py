@@ -9,7 +9,7 @@ from ibmon.model import PortIdentity
 from ibmon.sources.diags import CommandResult, DiagsSource
 from ibmon.sources.fabric import FabricPort, FabricView, StateSchedule
 from ibmon.sources.parse import PortInfo
-from tests.unit.test_diags_runner import answer_discovery
+from tests.unit.test_diags_runner import answer_details, answer_discovery
 
 SW, H1, H2 = "0x0000000000200000", "0x0000000000100001", "0x0000000000100002"
 TOPO = f"""\
@@ -28,6 +28,8 @@ class Runner:
         self.calls.append(argv)
         if "ibnetdiscover" in argv[0]:
             return answer_discovery(argv, TOPO)
+        if "-E" in argv or "-D" in argv:  # a detail read (the first poll's baselines)
+            return answer_details(argv)
         ports = argv[-1].split(",")
         lid = argv[argv.index("-l") + 1]
         if "-x" not in argv:  # CapMask2 0: the narrow query follows the extended one

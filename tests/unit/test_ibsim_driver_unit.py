@@ -56,8 +56,9 @@ def test_first_push_sets_everything_then_only_changes() -> None:
     drv.push()
     first = parsed(sim.lines)
     n_ports = len(drv.model.keys)
-    # 4 data/packet counters x 2 copies, 4 unicast/multicast, 13 narrow (no qp1_dropped field)
-    assert len(first) == len(sim.lines) == n_ports * (8 + 4 + 13)
+    # 4 data/packet counters x 2 copies, 4 unicast/multicast, 13 narrow (no qp1_dropped field),
+    # 6 receive error and 4 transmit discard details
+    assert len(first) == len(sim.lines) == n_ports * (8 + 4 + 13 + 10)
     sim.lines.clear()
     drv.push()
     assert sim.lines == []  # nothing changed
@@ -65,6 +66,23 @@ def test_first_push_sets_everything_then_only_changes() -> None:
     drv.model.bump(key, "symbol_errors", 3)
     drv.push()
     assert len(sim.lines) == 1 and "PortCounters.SymbolErrorCounter=3" in sim.lines[0]
+
+
+def test_an_error_reaches_ibsim_with_its_cause() -> None:
+    """A receive error or discard moves the aggregate and one detail field by the same amount."""
+    sim, drv = make()
+    drv.push()
+    sim.lines.clear()
+    key = drv.model.keys[1]
+    drv.model.bump(key, "receive_errors", 5)
+    drv.model.bump(key, "transmit_discards", 2, detail="transmit_neighbor_mtu_discards")
+    drv.push()
+    assert {ln.split(" ", 2)[2] for ln in sim.lines} == {
+        "PortCounters.PortRcvErrors=5",
+        "PortRcvErrorDetails.PortLocalPhysicalErrors=5",
+        "PortCounters.PortXmitDiscards=2",
+        "PortXmitDiscardDetails.PortNeighborMTUDiscards=2",
+    }
 
 
 def test_wide_values_go_to_both_copies_and_the_narrow_one_saturates() -> None:

@@ -118,3 +118,30 @@ async def test_the_source_backs_off_before_opening_a_failing_port_again() -> Non
     finally:
         await src.close()
     assert pids == []  # every worker that failed was closed and reaped
+
+
+def test_a_one_off_batch_does_not_replace_the_batch_repeated_on_again(tmp_path: Path) -> None:
+    """A poll's counter requests cross the pipe once; the detail reads that follow some polls
+    go as a one-off, so the next poll is still an ``again``."""
+    ready = tmp_path / "ready.frame"
+    body = marshal.dumps(("ready",))
+    ready.write_bytes(struct.pack(">I", len(body)) + body)
+    got = tmp_path / "frames"
+    w = worker(fake_python(tmp_path, f"cat {ready}; exec cat > {got}"))
+    poll = [MadRequest(CLASS_SMI, ATTR_NODE_INFO, path=())]
+    details = [MadRequest(CLASS_SMI, ATTR_NODE_INFO, path=(1,))]
+    try:
+        assert w.wait_ready(10.0)
+        w.send(poll)
+        w.send(poll)
+        w.send(details, keep=False)
+        w.send(poll)
+    finally:
+        assert w.close()
+    raw, frames = got.read_bytes(), []
+    while raw:
+        (n,) = struct.unpack(">I", raw[:4])
+        frames.append(marshal.loads(raw[4 : 4 + n]))
+        raw = raw[4 + n :]
+    assert [f[0] for f in frames] == ["run", "again", "once", "again"]
+    assert frames[2][1] == [tuple(r) for r in details]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from ibmon.counters import CATALOGUE
 from ibmon.model import PortView
 from ibmon.sources.mock import ManualClock, MockSource
 from ibmon.sources.sysfs import SysfsSource
@@ -22,8 +23,8 @@ from ibmon.tracker import Tracker
 from mocks.scenario import Scenario, list_scenarios, load_scenario, resolve_port
 from mocks.sysfs import SysfsRenderer
 
-#: Counters a PMA has but sysfs has no file for.
-NOT_IN_SYSFS = {"qp1_dropped"}
+#: Counters a PMA has but sysfs has no file for (QP1Dropped, the error and discard details).
+NOT_IN_SYSFS = {c.name for c in CATALOGUE if c.sysfs is None}
 
 
 @pytest.fixture

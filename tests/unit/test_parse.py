@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ibmon.counters import DETAIL_ATTRIBUTES, DETAILS
 from ibmon.linkspeed import effective_rate_bps, is_degraded, max_common
 from ibmon.model import Topology
 from ibmon.sources.parse import (
@@ -17,6 +18,7 @@ from ibmon.sources.parse import (
     PortInfo,
     clean_node_desc,
     decode_class_port_info,
+    decode_details,
     decode_node_info,
     decode_port_counters,
     decode_port_counters_ext,
@@ -26,6 +28,7 @@ from ibmon.sources.parse import (
     parse_ibnetdiscover_ports,
     parse_node_name_map,
     parse_perfquery,
+    parse_perfquery_details,
     parse_topology_file,
     topology_from_ports,
 )
@@ -86,10 +89,10 @@ def test_perfquery_switch_errors_and_empty_file() -> None:
     assert empty == {}
 
 
-def test_perfquery_details_blocks_are_refused() -> None:
-    # ibmon never asks for PortRcvErrorDetails: such a block in its answer is not its answer
+def test_perfquery_counters_refuse_a_details_block() -> None:
+    # a PortRcvErrorDetails block where port counters were asked for is not the answer
     text = ibx("perfquery-rcv-error/0x7cfe9003009ce5b0-2.out").read_text()
-    with pytest.raises(ParseError, match="PortRcvErrorDetails counters' block is not one"):
+    with pytest.raises(ParseError, match="a PortRcvErrorDetails block where port counters"):
         parse_perfquery(text)
 
 
@@ -168,6 +171,96 @@ def test_perfquery_xmit_wait_dropped_without_capmask_bit12() -> None:
 def test_perfquery_refuses_the_whole_output(text: str, problem: str) -> None:
     with pytest.raises(ParseError, match=re.escape(problem)):
         parse_perfquery(text)
+
+
+@pytest.mark.parametrize("name", [
+    "0x506b4b03005c2740-1.out", "0x7cfe9003003b4b96-1.out", "0x7cfe9003003b4bde-1.out",
+    "0x7cfe9003009ce5b0-1.out", "0x7cfe9003009ce5b0-2.out",
+])
+def test_perfquery_rcv_error_details_real_captures(name: str) -> None:
+    text = ibx(f"perfquery-rcv-error/{name}").read_text()
+    m = re.search(r"Lid (\d+) port (\d+)", text)
+    assert m is not None
+    got = parse_perfquery_details(text, attribute="PortRcvErrorDetails", lid=int(m[1]),
+                                  port=int(m[2]))
+    assert got == dict.fromkeys(DETAILS["receive_errors"], 0)
+
+
+# What perfquery -E / -D print against ibsim (captured, values set with PerformanceSet).
+SIM_RCV_DETAILS = """# PortRcvErrorDetails counters: Lid 1 port 3
+PortSelect:......................3
+CounterSelect:...................0x0000
+PortLocalPhysicalErrors:.........7
+PortMalformedPktErrors:..........1
+PortBufferOverrunErrors:.........2
+PortDLIDMappingErrors:...........3
+PortVLMappingErrors:.............4
+PortLoopingErrors:...............65535
+"""
+SIM_XMIT_DETAILS = """# PortXmitDiscardDetails counters: Lid 1 port 1
+PortSelect:......................1
+CounterSelect:...................0x0000
+PortInactiveDiscards:............9
+PortNeighborMTUDiscards:.........0
+PortSwLifetimeLimitDiscards:.....0
+PortSwHOQLifetimeLimitDiscards:..65535
+"""
+
+
+def test_perfquery_details_values_by_catalogue_name() -> None:
+    rcv = parse_perfquery_details(SIM_RCV_DETAILS, attribute="PortRcvErrorDetails", lid=1,
+                                  port=3)
+    assert rcv == {
+        "receive_local_physical_errors": 7, "receive_malformed_packet_errors": 1,
+        "receive_buffer_overrun_errors": 2, "receive_dlid_mapping_errors": 3,
+        "receive_vl_mapping_errors": 4, "receive_looping_errors": 65535,
+    }
+    xmit = parse_perfquery_details(SIM_XMIT_DETAILS, attribute="PortXmitDiscardDetails", lid=1,
+                                   port=1)
+    assert xmit == {
+        "transmit_inactive_discards": 9, "transmit_neighbor_mtu_discards": 0,
+        "transmit_sw_lifetime_limit_discards": 0, "transmit_sw_hoq_lifetime_limit_discards": 65535,
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "attribute", "lid", "port", "problem"),
+    [
+        (SIM_RCV_DETAILS, "PortXmitDiscardDetails", 1, 3, "PortRcvErrorDetails block for port 3"),
+        (SIM_RCV_DETAILS, "PortRcvErrorDetails", 2, 3, "a block for lid 1 in the answer for lid 2"),
+        (SIM_RCV_DETAILS, "PortRcvErrorDetails", 1, 4, "missing [4], not asked [3]"),
+        (SIM_RCV_DETAILS + SIM_XMIT_DETAILS, "PortRcvErrorDetails", 1, 3,
+         "PortXmitDiscardDetails block for port 1"),
+        (SIM_RCV_DETAILS + SIM_RCV_DETAILS, "PortRcvErrorDetails", 1, 3, "port 3 printed twice"),
+        (SIM_RCV_DETAILS.replace("PortLoopingErrors:...............65535\n", ""),
+         "PortRcvErrorDetails", 1, 3, "incomplete (no PortLoopingErrors)"),
+        (SIM_RCV_DETAILS.replace("65535", "65536"), "PortRcvErrorDetails", 1, 3,
+         "PortLoopingErrors does not fit in 16 bits"),
+        (SIM_RCV_DETAILS + "PortLoopingErrors:...............1\n", "PortRcvErrorDetails", 1, 3,
+         "PortLoopingErrors repeated"),
+        (SIM_RCV_DETAILS.replace("Lid 1 port 3", "Lid 1 port 3 (CapMask: 0x1300)"),
+         "PortRcvErrorDetails", 1, 3, "with capability masks"),
+        (SIM_RCV_DETAILS.replace("PortMalformedPkt", "PortMalformedPacket"),
+         "PortRcvErrorDetails", 1, 3, "PortMalformedPacketErrors does not belong"),
+        (SIM_XMIT_DETAILS.replace("PortInactiveDiscards", "PortLocalPhysicalErrors"),
+         "PortXmitDiscardDetails", 1, 1, "PortLocalPhysicalErrors does not belong"),
+        (SIM_RCV_DETAILS.replace("PortSelect:......................3",
+                                 "PortSelect:......................4"),
+         "PortRcvErrorDetails", 1, 3, "says PortSelect 4"),
+        (SIM_CONNECT + SIM_RCV_DETAILS, "PortRcvErrorDetails", 1, 3, "not a perfquery line"),
+        ("perfquery: iberror: failed: cannot query PortRcvErrorDetails\n",
+         "PortRcvErrorDetails", 1, 3, "not a perfquery line"),
+        (SIM_RCV_DETAILS[:-4], "PortRcvErrorDetails", 1, 3, "ends in the middle of a line"),
+        ("", "PortRcvErrorDetails", 1, 3, "answered []"),
+        (SIM_EXT, "PortRcvErrorDetails", 3, 4, "extended block for port 4"),
+        (SIM_RCV_DETAILS, "PortCounters", 1, 3, "not a detail attribute"),
+    ],
+)
+def test_perfquery_details_refuse_the_whole_output(
+    text: str, attribute: str, lid: int, port: int, problem: str
+) -> None:
+    with pytest.raises(ParseError, match=re.escape(problem)):
+        parse_perfquery_details(text, attribute=attribute, lid=lid, port=port)
 
 
 # ------------------------------------------------------------------ ibnetdiscover captures
@@ -458,6 +551,28 @@ def test_counter_offsets_match_libibmad() -> None:
             assert ext[n] == _decode(lib, data, ext_ids[n]), n
         for n in err_names:
             assert ext[n] == _decode(lib, data, err_ids[n]), n
+
+
+def test_detail_offsets_match_libibmad() -> None:
+    """PortRcvErrorDetails and PortXmitDiscardDetails decode as libibmad's field tables say
+    (IB_PC_RCV_LOCAL_PHY_ERR_F ... IB_PC_RCV_LOOPING_ERR_F, IB_PC_XMT_INACT_DISC_F ...
+    IB_PC_XMT_SW_HOL_DISC_F), and the catalogue's PMA names are libibmad's spellings."""
+    lib = _libibmad()
+    rng = random.Random(13)
+    for attr, specs in DETAIL_ATTRIBUTES.items():
+        names = [spec.pma for spec in specs]
+        ids = _field_ids(lib, names[0], names)
+        assert [ids[n] for n in names] == list(range(ids[names[0]], ids[names[0]] + len(names)))
+        for _ in range(30):
+            data = bytearray(rng.randrange(256) for _ in range(192))
+            data[1] = 7
+            got = decode_details(attr, bytes(data), port=7)
+            for spec in specs:
+                assert got[spec.name] == _decode(lib, bytes(data), ids[spec.pma]), spec.pma
+        with pytest.raises(ParseError, match="reply for port 7 where port 8 was asked"):
+            decode_details(attr, bytes(data), port=8)
+        with pytest.raises(ParseError, match="shorter than"):
+            decode_details(attr, bytes(data[:6]))
 
 
 def test_class_port_info_and_node_info() -> None:

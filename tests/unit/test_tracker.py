@@ -594,6 +594,17 @@ IBA_PORT_COUNTERS_BITS: dict[str, int] = {
     "PortXmitPkts": 32,
     "PortRcvPkts": 32,
     "PortXmitWait": 32,
+    # PortRcvErrorDetails and PortXmitDiscardDetails: every field 16 bits
+    "PortLocalPhysicalErrors": 16,
+    "PortMalformedPktErrors": 16,
+    "PortBufferOverrunErrors": 16,
+    "PortDLIDMappingErrors": 16,
+    "PortVLMappingErrors": 16,
+    "PortLoopingErrors": 16,
+    "PortInactiveDiscards": 16,
+    "PortNeighborMTUDiscards": 16,
+    "PortSwLifetimeLimitDiscards": 16,
+    "PortSwHOQLifetimeLimitDiscards": 16,
 }
 #: Fields that exist only in PortCountersExtended: 64 bits, no narrow copy to saturate.
 IBA_EXTENDED_ONLY = frozenset({

@@ -1,8 +1,9 @@
 """Pure parsers for what fabric tools print and what the fabric answers, one module per format.
 
 - ``smp``: NodeInfo, NodeDescription, PortInfo payloads (the ``mad`` source's SMP replies)
-- ``pma``: ClassPortInfo, PortCounters, PortCountersExtended payloads and the capability rules
-- ``perfquery``: ``perfquery`` text (extended and plain blocks)
+- ``pma``: ClassPortInfo, PortCounters, PortCountersExtended, PortRcvErrorDetails and
+  PortXmitDiscardDetails payloads and the capability rules
+- ``perfquery``: ``perfquery`` text (extended and plain blocks; ``-E``/``-D`` detail blocks)
 - ``ibnetdiscover``: ``ibnetdiscover -p`` (ports format) and format detection
 - ``topofile``: plain ``ibnetdiscover`` output, the topology-file format
 - ``discovered``: the ports a text discovery yields, and the Topology built from them
@@ -31,6 +32,7 @@ from ibmon.sources.parse.perfquery import (
     expect_blocks,
     parse_perfquery,
     parse_perfquery_blocks,
+    parse_perfquery_details,
 )
 from ibmon.sources.parse.pma import (
     CPI_CAP2_ADDL_EXT,
@@ -40,6 +42,7 @@ from ibmon.sources.parse.pma import (
     ClassPortInfo,
     PortCounterValues,
     decode_class_port_info,
+    decode_details,
     decode_port_counters,
     decode_port_counters_ext,
     merge_counters,
@@ -71,6 +74,7 @@ __all__ = [
     "clean_node_desc",
     "counters_from_blocks",
     "decode_class_port_info",
+    "decode_details",
     "decode_node_desc",
     "decode_node_info",
     "decode_port_counters",
@@ -85,6 +89,7 @@ __all__ = [
     "parse_node_name_map",
     "parse_perfquery",
     "parse_perfquery_blocks",
+    "parse_perfquery_details",
     "parse_topology_file",
     "topology_from_ports",
 ]

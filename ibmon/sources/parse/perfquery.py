@@ -1,4 +1,6 @@
-"""``perfquery`` text: extended (``-x``) and plain blocks, one per port, possibly concatenated.
+"""``perfquery`` text: extended (``-x``) and plain blocks, one per port, possibly concatenated;
+and the detail blocks of ``perfquery -E`` (PortRcvErrorDetails) and ``-D``
+(PortXmitDiscardDetails), one port per run.
 
 What perfquery itself trusts is what ibmon trusts: the capability masks in each block header
 decide which printed fields are real (see ``counters_from_blocks``).
@@ -11,7 +13,9 @@ that fits the field's width, and every block must be complete. Anything else rai
 tables (``mad_dump_perfcounters``, ``mad_dump_perfcounters_ext``): the unicast/multicast
 group only with CapMask bit 9, the 64-bit error group (after ``CounterSelect2``) only with
 CapMask2 bit 1 in current rdma-core and always in older releases, so those groups are
-all-or-nothing rather than required.
+all-or-nothing rather than required. A detail block (``mad_dump_perfcounters_rcv_err``,
+``mad_dump_perfcounters_xmt_disc``) has no capability masks in its header and every one of its
+fields is required; a counter parse refuses it, and a detail parse refuses anything else.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import re
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
-from ibmon.counters import BY_PMA
+from ibmon.counters import BY_PMA, DETAIL_ATTRIBUTES
 from ibmon.sources.parse.errors import ParseError, require_whole_lines
 from ibmon.sources.parse.pma import (
     CPI_CAP2_ADDL_EXT,
@@ -38,6 +42,7 @@ __all__ = [
     "expect_blocks",
     "parse_perfquery",
     "parse_perfquery_blocks",
+    "parse_perfquery_details",
 ]
 
 _PQ_HEADER = re.compile(
@@ -53,7 +58,7 @@ _SELECTS = {"PortSelect": 8, "CounterSelect": 16}
 #: PortCounters as perfquery prints it: field -> width in bits. Required unless optional below.
 _NARROW = {
     **_SELECTS,
-    **{spec.pma: spec.bits for spec in BY_PMA.values() if spec.bits < 64},
+    **{spec.pma: spec.bits for spec in BY_PMA.values() if spec.bits < 64 and not spec.attribute},
     "CounterSelect2": 8,
 }
 _NARROW_OPTIONAL = frozenset({"CounterSelect2", "QP1Dropped", "PortXmitWait"})
@@ -63,13 +68,23 @@ _EXT_HEAD = {**_SELECTS, **dict.fromkeys(EXT_DATA + EXT_CASTS, 64), "CounterSele
 _EXT_TAIL = dict.fromkeys(EXT_ERRORS, 64)
 _EXT_TAIL_OPTIONAL = frozenset({"PortXmitWait", "QP1Dropped"})
 _EXT_REQUIRED = frozenset({*_SELECTS, *EXT_DATA})
+#: Detail blocks, by kind (the attribute name, which is also the header's title): every field.
+_DETAIL = {
+    attr: {**_SELECTS, **{spec.pma: spec.bits for spec in specs}}
+    for attr, specs in DETAIL_ATTRIBUTES.items()
+}
+_TITLES = {
+    "port extended counters": "extended",
+    "port counters": "counters",
+    **{f"{attr.lower()} counters": attr for attr in _DETAIL},
+}
 
 
 @dataclass(frozen=True, slots=True)
 class PerfBlock:
     """One ``# ...: Lid L port P (CapMask ...)`` block of perfquery output."""
 
-    kind: str  # extended | counters
+    kind: str  # extended | counters | PortRcvErrorDetails | PortXmitDiscardDetails
     title: str
     lid: int | None
     port: int
@@ -94,7 +109,10 @@ class _OpenBlock:
     def add(self, name: str, value: int, lineno: int, raw: str) -> None:
         kind = self.header.kind
         tail = self.after_cs2
-        table = (_EXT_TAIL if tail else _EXT_HEAD) if kind == "extended" else _NARROW
+        if kind == "extended":
+            table = _EXT_TAIL if tail else _EXT_HEAD
+        else:
+            table = _DETAIL.get(kind, _NARROW)
         bits = table.get(name)
         if bits is None:
             side = " after CounterSelect2" if self.after_cs2 else ""
@@ -121,6 +139,8 @@ class _OpenBlock:
                 missing |= set(EXT_CASTS) - casts
             if self.after_cs2:
                 missing |= set(EXT_ERRORS) - _EXT_TAIL_OPTIONAL - have
+        elif h.kind in _DETAIL:
+            missing = frozenset(_DETAIL[h.kind]) - have
         else:
             missing = _NARROW_REQUIRED - have
         if missing:
@@ -153,13 +173,12 @@ def _value(text: str) -> int:
 def _header(m: re.Match[str], lineno: int, raw: str) -> PerfBlock:
     """The block a header line opens (no fields yet); a kind ibmon does not read is refused."""
     title = m.group("title")
-    low = title.lower()
-    if low == "port extended counters":
-        kind = "extended"
-    elif low == "port counters":
-        kind = "counters"
-    else:
+    kind = _TITLES.get(title.lower())
+    if kind is None:
         raise ParseError(f"a {title!r} block is not one ibmon asks for", line=lineno, text=raw)
+    if kind in _DETAIL and m.group("cm"):
+        raise ParseError(f"a {kind} header with capability masks (perfquery prints none)",
+                         line=lineno, text=raw)
     return PerfBlock(
         kind=kind,
         title=title,
@@ -246,6 +265,8 @@ def counters_from_blocks(blocks: Iterable[PerfBlock]) -> dict[int, PortCounterVa
     narrow: dict[int, tuple[dict[str, int], int | None]] = {}
     wide: dict[int, tuple[dict[str, int], int | None]] = {}
     for b in blocks:
+        if b.kind in _DETAIL:
+            raise ParseError(f"a {b.kind} block where port counters were expected", line=b.line)
         if b.kind == "counters":
             # libibmad (rdma-core 44) decodes PortCounters.QP1Dropped from VL15Dropped's bits,
             # so perfquery's narrow QP1Dropped is VL15Dropped again: never trust it.
@@ -278,3 +299,20 @@ def parse_perfquery(text: str) -> dict[int, PortCounterValues]:
     rules are ``counters_from_blocks``'s.
     """
     return counters_from_blocks(parse_perfquery_blocks(text))
+
+
+def parse_perfquery_details(
+    text: str, *, attribute: str, lid: int | None, port: int
+) -> dict[str, int]:
+    """``perfquery -E`` (PortRcvErrorDetails) or ``-D`` (PortXmitDiscardDetails) output for
+    one port -> catalogue name -> value.
+
+    Strict: exactly one block, of ``attribute``, for ``lid`` and ``port``, with every field
+    once and 16 bits wide; anything else raises ParseError for the whole text.
+    """
+    if attribute not in _DETAIL:
+        raise ParseError(f"{attribute} is not a detail attribute")
+    blocks = parse_perfquery_blocks(text)
+    expect_blocks(blocks, kind=attribute, lid=lid, ports=[port])
+    fields = blocks[0].fields
+    return {spec.name: fields[spec.pma] for spec in DETAIL_ATTRIBUTES[attribute]}

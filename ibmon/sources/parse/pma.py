@@ -1,9 +1,16 @@
-"""Performance-management payloads: ClassPortInfo, PortCounters, PortCountersExtended.
+"""Performance-management payloads: ClassPortInfo, PortCounters, PortCountersExtended, and the
+detail attributes PortRcvErrorDetails (0x15) and PortXmitDiscardDetails (0x16).
 
 Which fields of a counter attribute are real depends on the port's ClassPortInfo capability
 masks; the rules live here once, for the ``mad`` source's binary replies and (through
 ``merge_counters``) for the ``diags`` source's perfquery text. Offsets follow libibmad
 ``fields.c``.
+
+No capability bit announces the detail attributes: rdma-core's ``iba_types.h`` defines PMA
+CapabilityMask bits 8-15 (AllPortSelect ... IsQP1DropSupported) and CapabilityMask2 bits 0-1,
+none of them for PortRcvErrorDetails or PortXmitDiscardDetails, which the IBA makes optional.
+A PMA without them answers a Get with an error status, and that answer is how the fabric
+sources learn it (``ibmon.sources.fabric.DetailReads``).
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from ibmon.counters import BY_PMA
+from ibmon.counters import BY_PMA, DETAIL_ATTRIBUTES
 from ibmon.sources.parse.errors import ParseError
 
 __all__ = [
@@ -25,6 +32,7 @@ __all__ = [
     "ClassPortInfo",
     "PortCounterValues",
     "decode_class_port_info",
+    "decode_details",
     "decode_port_counters",
     "decode_port_counters_ext",
     "merge_counters",
@@ -151,6 +159,27 @@ def decode_port_counters_ext(
     return out
 
 
+def decode_details(attribute: str, data: bytes, *, port: int | None = None) -> dict[str, int]:
+    """PortRcvErrorDetails / PortXmitDiscardDetails payload -> catalogue name -> value.
+
+    Both attributes are PortSelect (byte 1), CounterSelect (bytes 2-3), then 16-bit counters
+    from byte 4 in ``DETAIL_ATTRIBUTES`` order (libibmad ``IB_PC_RCV_LOCAL_PHY_ERR_F`` ...
+    ``IB_PC_RCV_LOOPING_ERR_F``, ``IB_PC_XMT_INACT_DISC_F`` ... ``IB_PC_XMT_SW_HOL_DISC_F``).
+    With ``port``, a reply whose PortSelect is another port raises ParseError.
+    """
+    specs = DETAIL_ATTRIBUTES.get(attribute)
+    if specs is None:
+        raise ParseError(f"{attribute} is not a detail attribute")
+    need = 4 + 2 * len(specs)
+    if len(data) < need:
+        raise ParseError(f"{attribute} payload shorter than {need} bytes")
+    _check_select(data, port, attribute)
+    return {
+        spec.name: int.from_bytes(data[4 + 2 * i : 6 + 2 * i], "big")
+        for i, spec in enumerate(specs)
+    }
+
+
 @dataclass(slots=True)
 class PortCounterValues:
     """One port's counters by catalogue name, and which of them came from a 64-bit field."""
@@ -170,13 +199,13 @@ def merge_counters(
     out = PortCounterValues()
     for name, value in (narrow or {}).items():
         spec = BY_PMA.get(name)
-        if spec is not None:
+        if spec is not None and spec.attribute is None:
             out.counters[spec.name] = value
     if extended:
         ext_ok = cap_mask is None or bool(cap_mask & (CPI_CAP_EXT_WIDTH | CPI_CAP_EXT_WIDTH_NOIETF))
         for name, value in extended.items():
             spec = BY_PMA.get(name)
-            if spec is None or (name in EXT_DATA and not ext_ok):
+            if spec is None or spec.attribute is not None or (name in EXT_DATA and not ext_ok):
                 continue
             out.counters[spec.name] = value
             out.wide.add(spec.name)
