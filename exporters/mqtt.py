@@ -1,7 +1,7 @@
 """MQTT publisher: events, retained port state and availability, over aiomqtt.
 
 Automation (ticketing, schedulers that drain nodes, chat bots) wants events pushed. The contract
-(DESIGN.md, "MQTT topics"):
+(README, "MQTT (optional)"):
 
 - ``{prefix}/{fabric}/status``: retained ``online`` while connected; the broker publishes the
   retained Last Will ``offline`` if ibmon dies, and ibmon publishes it itself on a clean stop.

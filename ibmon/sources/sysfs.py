@@ -1,6 +1,6 @@
 """Node-local source: the ports of this host's RDMA devices, read from ``/sys/class/infiniband``.
 
-Real sysfs trees are messy (see DOMAIN.md section 2), so every file costs at most its own value:
+Real sysfs trees are messy (docs/infiniband.md section 2), so every file costs at most its value:
 a bad file becomes one ``SourceError`` in the snapshot and one log line per (path, reason), never
 an exception, a lost port or a lost device. Reasons:
 
