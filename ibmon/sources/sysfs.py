@@ -7,8 +7,8 @@ an exception, a lost port or a lost device. Reasons:
 ``no_pma``      the driver has no performance-management agent (``N/A (no PMA)``, iWARP)
 ``einval``      read() failed with EINVAL (ConnectX-7 in switch mode, node_exporter#3265)
 ``eacces``      EACCES / EPERM
-``missing``     the file was listed at discovery and is gone now (ENOENT, or ENODEV from a file
-                kept open whose device was removed); or ``node_guid`` is absent
+``missing``     the file was listed at discovery and is gone now (ENOENT; ENODEV or ESTALE from
+                a file kept open whose device was removed); or ``node_guid`` is absent
 ``empty``       nothing but whitespace
 ``garbage``     not a non-negative decimal integer (or not a parsable state / lid)
 ``bad_rate``    ``rate`` text that is not ``<n> Gb/sec (<width> <speed>)``
@@ -51,9 +51,12 @@ Decisions a user can rely on:
   through an old descriptor. ``keep_open = true`` forces it for trees updated in place (the
   benchmarks), ``false`` turns it off. Descriptors are bounded by a quarter of the soft open-file
   limit (``LimitNOFILE``; 16 HCAs need about 920, the systemd unit allows 8192): files beyond the
-  budget are opened per read as before. A read that fails closes its descriptor, so the next
-  poll opens the path afresh and reports what it finds (a removed device: ``missing``); a device
-  or port that appears or vanishes re-discovers, which closes every descriptor of the old plan.
+  budget are opened per read as before, and running out of descriptors (EMFILE) closes half of
+  the kept ones and shrinks the budget. A file gone under its descriptor (ENODEV, ENOENT,
+  ESTALE) is opened afresh in the same read (a device re-added under the same name reads its new
+  files; one really gone is ``missing``); any other failing read closes its descriptor and the
+  next poll opens the path again. A device or port that appears or vanishes re-discovers, which
+  closes every descriptor of the old plan (``_KeptFiles`` has the details).
 - ``node_type`` ``2`` is a switch, ``3`` a router; every other type (CA, RNIC, usNIC) is ``ca``.
 - Directory listings are cached at discovery; each poll only lists ``class/infiniband`` and each
   device's ``ports/`` to notice a device or port that appeared or vanished, and re-discovers then.
@@ -107,6 +110,7 @@ __all__ = [
     "build",
     "has_devices",
     "on_sysfs",
+    "open_sysfs",
     "parse_enum_prefix",
     "parse_lid",
     "parse_node_type",
@@ -144,13 +148,20 @@ _ZERO_GUID = "0x" + "0" * 16
 KEEP_OPEN_SHARE = 0.25
 
 
+def open_sysfs(path: str) -> int:
+    """Open an attribute read-only (close-on-exec).
+
+    Module-level on purpose: tests replace it to simulate running out of descriptors."""
+    return os.open(path, _O_FLAGS)
+
+
 def read_sysfs(path: str) -> bytes:
     """Read an attribute with a single read(), as sysfs expects.
 
     Module-level on purpose: tests replace it to simulate EINVAL / EACCES, which plain files
     cannot produce for root.
     """
-    fd = os.open(path, _O_FLAGS)
+    fd = open_sysfs(path)
     try:
         return os.read(fd, _READ_SIZE)
     finally:
@@ -193,8 +204,26 @@ def _keep_open_budget() -> int:
     return int(soft * KEEP_OPEN_SHARE)
 
 
+#: A kept descriptor whose file is gone: the device was removed (ENODEV from sysfs), the
+#: attribute unlinked (ENOENT), or the file replaced under a network/overlay mount (ESTALE).
+_GONE = frozenset({errno.ENODEV, errno.ENOENT, errno.ESTALE})
+_NO_FDS = frozenset({errno.EMFILE, errno.ENFILE})
+
+
 class _KeptFiles:
     """Descriptors of the files read every poll, re-read with ``pread_sysfs``.
+
+    What a failing read does, so a kept descriptor never reads differently from open + read:
+
+    - the file is gone under its descriptor (``_GONE``): the path is opened afresh at once and
+      read through the new descriptor. A device removed and re-added under the same name between
+      two polls (the layout check sees nothing) reads its new files in the same poll; a device
+      really gone fails that open (``ENOENT``: ``missing``);
+    - any other error (EINVAL, EIO from the driver): the descriptor is closed and the error
+      raised; the next poll opens the path again, as open + read would;
+    - no descriptor to be had (EMFILE/ENFILE while opening one to keep): the process needs its
+      descriptors for sockets, so half of the kept ones are closed, the budget shrinks to what
+      is left, and this file is read with open + read + close. Beyond the budget every file is.
 
     Not thread-safe on its own: the source uses it under its lock.
     """
@@ -211,19 +240,34 @@ class _KeptFiles:
             if len(self.fds) >= self.budget:
                 return read_sysfs(path)
             try:
-                fd = os.open(path, _O_FLAGS)
+                fd = open_sysfs(path)
             except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE):
-                    self.budget = len(self.fds)  # the process needs the rest elsewhere
-                raise
+                if exc.errno not in _NO_FDS:
+                    raise
+                self._shrink()
+                return read_sysfs(path)
             self.fds[path] = fd
         try:
             return pread_sysfs(fd)
-        except OSError:
-            # EINVAL/EIO from the driver, ENODEV from a removed device: open it afresh next time
+        except OSError as exc:
             del self.fds[path]
             os.close(fd)
+            if exc.errno not in _GONE:
+                raise
+        fd = open_sysfs(path)  # gone under the old descriptor: the path may hold a new file
+        try:
+            raw = pread_sysfs(fd)
+        except OSError:
+            os.close(fd)
             raise
+        self.fds[path] = fd
+        return raw
+
+    def _shrink(self) -> None:
+        keep = len(self.fds) // 2
+        self.budget = keep
+        for path in list(self.fds)[keep:]:
+            os.close(self.fds.pop(path))
 
     def close(self) -> None:
         fds, self.fds = self.fds, {}
@@ -294,7 +338,7 @@ def _oserror_reason(exc: OSError) -> str:
         return "einval"
     if code in (errno.EACCES, errno.EPERM):
         return "eacces"
-    if code in (errno.ENOENT, errno.ENOTDIR, errno.ENODEV):
+    if code in (errno.ENOENT, errno.ENOTDIR, errno.ENODEV, errno.ESTALE):
         return "missing"
     if code in (errno.EOPNOTSUPP, errno.ENOTSUP):
         return "unsupported"
