@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import ctypes.util
 import itertools
 import socket
 import threading
@@ -81,12 +80,12 @@ _EMPTY = deflate_chunks((), GZIP_LEVEL)
 
 
 def _load_malloc_trim() -> Callable[[int], object] | None:
-    """glibc's ``malloc_trim``, or None elsewhere (musl, macOS): trimming is an optimisation."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
+    """glibc's ``malloc_trim``, or None elsewhere (musl, macOS): trimming is an optimisation.
+
+    Looked up among the symbols already loaded (``CDLL(None)``: libc is), not with
+    ``ctypes.util.find_library``, which runs ``ldconfig -p`` in a subprocess at every start."""
     try:
-        trim: Callable[[int], object] | None = getattr(ctypes.CDLL(name), "malloc_trim", None)
+        trim: Callable[[int], object] | None = getattr(ctypes.CDLL(None), "malloc_trim", None)
     except OSError:
         return None
     return trim

@@ -1,5 +1,5 @@
-"""``python -m ibmon``: the same entry point as the ``ibmon`` console script."""
+"""``python -m ibmon``: the same entry point as the ``ibmon`` console script (``ibmon.entry``)."""
 
-from ibmon.cli import main
+from ibmon.entry import main
 
 main()

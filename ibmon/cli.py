@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 
@@ -24,6 +23,10 @@ from ibmon.config import (
     load_settings,
     parse_listen,
 )
+from ibmon.launch import CliUsageError, run_command
+from ibmon.launch import configure_logging_for as _configure_logging
+from ibmon.launch import run_daemon as _run_daemon
+from ibmon.launch import settings_for_run as _settings_for_run
 from ibmon.log import Level
 from ibmon.sources.registry import SOURCES
 
@@ -49,15 +52,6 @@ sim_app = typer.Typer(
 app.add_typer(sim_app, name="sim")
 
 
-class CliUsageError(Exception):
-    """A user mistake detected after parsing (bad config, no devices): exit 2, one line."""
-
-    exit_code = 2
-
-    def format_message(self) -> str:
-        return str(self)
-
-
 def _die(message: str) -> NoReturn:
     raise CliUsageError(message)
 
@@ -78,13 +72,6 @@ LogLevelOption = Annotated[
     Level | None,
     typer.Option("--log-level", help="Log level (default: the config's [log] level, else info)."),
 ]
-
-
-def _configure_logging(settings: Settings, level: str | None) -> None:
-    """Logs go to stderr at the configured level: the flag, else the config, else info."""
-    from ibmon.log import configure_logging
-
-    configure_logging(level or settings.log.level, settings.log.format)
 
 
 def _source_config(name: str, **options: Any) -> SourceConfig:
@@ -114,73 +101,6 @@ def _require_devices(cfg: SourceConfig) -> None:
             _die(f"no InfiniBand devices under {cfg.root}/class/infiniband")
 
 
-def _settings_for_run(config: Path | None, listen: str | None = None) -> Settings:
-    """The settings ``run`` starts with, and every reload re-reads: the file, the environment,
-    the flags given at start (so a SIGHUP never drops ``--listen``), the default sysfs source,
-    and every check ``ibmon.preflight`` makes. ``check-config`` calls this too. ConfigError on
-    any problem."""
-    from ibmon.preflight import check_startable
-
-    overrides: dict[str, Any] = {}
-    flags: dict[tuple[str | int, ...], str] = {}
-    if listen is not None:
-        try:
-            parse_listen(listen)
-        except ValueError as exc:
-            raise ConfigError(f"--listen: {exc}") from None
-        base = load_settings(config)
-        overrides["prometheus"] = {**base.prometheus.model_dump(), "listen": listen}
-        flags[("prometheus", "listen")] = "--listen"
-    settings = load_settings(config, **overrides)
-    check_startable(settings, path=config, flags=flags)
-    if not settings.sources:
-        from ibmon.sources.sysfs import has_devices
-
-        if not has_devices(Path("/sys")):
-            raise ConfigError(
-                "no InfiniBand devices under /sys/class/infiniband; "
-                "configure a fabric source in --config, or try `ibmon demo`"
-            )
-        settings = settings.model_copy(update={"sources": [SysfsSourceConfig()]})
-    return settings
-
-
-def _run_daemon(
-    settings: Settings,
-    config: Path | None,
-    reload: Callable[[], Settings] | None,
-    banner: str | None = None,
-) -> None:
-    """Run the daemon until SIGTERM/SIGINT; a start it cannot make is one line and exit 2."""
-    from ibmon.daemon import Daemon, StartError
-
-    async def _main() -> None:
-        daemon = Daemon(settings, config_path=config, reload_settings=reload)
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(daemon.run(), name="daemon")
-            if banner:
-                await daemon.ready.wait()
-                exporter = daemon.exporter
-                port = exporter.port if exporter else 0
-                print(banner.format(port=port), file=sys.stderr, flush=True)
-
-    try:
-        asyncio.run(_main())
-    except* StartError as group:  # e.g. the listen address is taken: an operator problem
-        _die(str(_first(group)))
-    except* OSError as group:
-        exc = _first(group)
-        where = f" {exc.filename}" if isinstance(exc, OSError) and exc.filename else ""
-        _die(f"cannot start:{where} {getattr(exc, 'strerror', None) or exc}")
-
-
-def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc
-
-
 @app.command()
 def run(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file.")] = None,
@@ -190,13 +110,7 @@ def run(
     log_level: LogLevelOption = None,
 ) -> None:
     """Run the daemon (default: the sysfs source on this host)."""
-    try:
-        settings = _settings_for_run(config, listen)
-    except ConfigError as exc:
-        _die(str(exc))
-    _configure_logging(settings, log_level)
-    reload = (lambda: _settings_for_run(config, listen)) if config is not None else None
-    _run_daemon(settings, config, reload)
+    run_command(config, listen, log_level)
 
 
 Format = Literal["table", "json", "prom"]

@@ -7,7 +7,8 @@ an exception, a lost port or a lost device. Reasons:
 ``no_pma``      the driver has no performance-management agent (``N/A (no PMA)``, iWARP)
 ``einval``      read() failed with EINVAL (ConnectX-7 in switch mode, node_exporter#3265)
 ``eacces``      EACCES / EPERM
-``missing``     the file was listed at discovery and is gone now; or ``node_guid`` is absent
+``missing``     the file was listed at discovery and is gone now (ENOENT; ENODEV or ESTALE from
+                a file kept open whose device was removed); or ``node_guid`` is absent
 ``empty``       nothing but whitespace
 ``garbage``     not a non-negative decimal integer (or not a parsable state / lid)
 ``bad_rate``    ``rate`` text that is not ``<n> Gb/sec (<width> <speed>)``
@@ -41,6 +42,21 @@ Decisions a user can rely on:
   driver levels such as bnxt_re's ``active_*``/``watermark_*``: ``ibmon.counters.is_hw_gauge``)
   go to ``PortSample.hw_gauges``, the rest to ``hw_counters``. Device-level ``hw_counters/``
   are not read yet (``PortSample`` has no place for them).
+- Files read on every poll are kept open and re-read with one ``pread`` at offset 0 (sysfs
+  regenerates an attribute's text on a read from the start; ``Documentation/filesystems/sysfs.rst``
+  tells readers to seek to 0 and re-read), instead of open + read + close: a third of the system
+  calls, which is most of a node-local poll's CPU. Only on a real sysfs mount (``keep_open``
+  unset: ``/proc/self/mountinfo`` says the tree is ``sysfs``): a copied or simulated tree whose
+  files are *replaced* (``ibmon sim sysfs`` renames new files into place) would be read stale
+  through an old descriptor. ``keep_open = true`` forces it for trees updated in place (the
+  benchmarks), ``false`` turns it off. Descriptors are bounded by a quarter of the soft open-file
+  limit (``LimitNOFILE``; 16 HCAs need about 920, the systemd unit allows 8192): files beyond the
+  budget are opened per read as before, and running out of descriptors (EMFILE) closes half of
+  the kept ones and shrinks the budget. A file gone under its descriptor (ENODEV, ENOENT,
+  ESTALE) is opened afresh in the same read (a device re-added under the same name reads its new
+  files; one really gone is ``missing``); any other failing read closes its descriptor and the
+  next poll opens the path again. A device or port that appears or vanishes re-discovers, which
+  closes every descriptor of the old plan (``_KeptFiles`` has the details).
 - ``node_type`` ``2`` is a switch, ``3`` a router; every other type (CA, RNIC, usNIC) is ``ca``.
 - Directory listings are cached at discovery; each poll only lists ``class/infiniband`` and each
   device's ``ports/`` to notice a device or port that appeared or vanished, and re-discovers then.
@@ -62,6 +78,7 @@ import fnmatch
 import hashlib
 import os
 import re
+import resource
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -92,10 +109,13 @@ __all__ = [
     "SysfsSourceConfig",
     "build",
     "has_devices",
+    "on_sysfs",
+    "open_sysfs",
     "parse_enum_prefix",
     "parse_lid",
     "parse_node_type",
     "parse_rate",
+    "pread_sysfs",
     "read_sysfs",
     "synthetic_guid",
 ]
@@ -124,6 +144,15 @@ _RATE_RE = re.compile(
 )
 _WIDTH_RE = re.compile(r"^\d+X$")
 _ZERO_GUID = "0x" + "0" * 16
+#: Kept-open descriptors stay below this fraction of the soft open-file limit.
+KEEP_OPEN_SHARE = 0.25
+
+
+def open_sysfs(path: str) -> int:
+    """Open an attribute read-only (close-on-exec).
+
+    Module-level on purpose: tests replace it to simulate running out of descriptors."""
+    return os.open(path, _O_FLAGS)
 
 
 def read_sysfs(path: str) -> bytes:
@@ -132,11 +161,118 @@ def read_sysfs(path: str) -> bytes:
     Module-level on purpose: tests replace it to simulate EINVAL / EACCES, which plain files
     cannot produce for root.
     """
-    fd = os.open(path, _O_FLAGS)
+    fd = open_sysfs(path)
     try:
         return os.read(fd, _READ_SIZE)
     finally:
         os.close(fd)
+
+
+def pread_sysfs(fd: int) -> bytes:
+    """Re-read an attribute kept open: one ``pread`` at offset 0, which regenerates its text.
+
+    Module-level on purpose, like ``read_sysfs``: tests replace it to fail a kept file.
+    """
+    return os.pread(fd, _READ_SIZE, 0)
+
+
+def on_sysfs(path: str) -> bool:
+    """Whether ``path`` lies on a ``sysfs`` mount (the longest mount point above it in
+    ``/proc/self/mountinfo``); False when that cannot be told."""
+    try:
+        real = os.path.realpath(path)
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return False
+    best, fstype = "", ""
+    for line in lines:
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        point = fields[4].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, fstype = point, line.split(" - ", 1)[1].split()[0]
+    return fstype == "sysfs"
+
+
+def _keep_open_budget() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 16
+    return int(soft * KEEP_OPEN_SHARE)
+
+
+#: A kept descriptor whose file is gone: the device was removed (ENODEV from sysfs), the
+#: attribute unlinked (ENOENT), or the file replaced under a network/overlay mount (ESTALE).
+_GONE = frozenset({errno.ENODEV, errno.ENOENT, errno.ESTALE})
+_NO_FDS = frozenset({errno.EMFILE, errno.ENFILE})
+
+
+class _KeptFiles:
+    """Descriptors of the files read every poll, re-read with ``pread_sysfs``.
+
+    What a failing read does, so a kept descriptor never reads differently from open + read:
+
+    - the file is gone under its descriptor (``_GONE``): the path is opened afresh at once and
+      read through the new descriptor. A device removed and re-added under the same name between
+      two polls (the layout check sees nothing) reads its new files in the same poll; a device
+      really gone fails that open (``ENOENT``: ``missing``);
+    - any other error (EINVAL, EIO from the driver): the descriptor is closed and the error
+      raised; the next poll opens the path again, as open + read would;
+    - no descriptor to be had (EMFILE/ENFILE while opening one to keep): the process needs its
+      descriptors for sockets, so half of the kept ones are closed, the budget shrinks to what
+      is left, and this file is read with open + read + close. Beyond the budget every file is.
+
+    Not thread-safe on its own: the source uses it under its lock.
+    """
+
+    __slots__ = ("budget", "fds")
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.fds: dict[str, int] = {}
+
+    def read(self, path: str) -> bytes:
+        fd = self.fds.get(path)
+        if fd is None:
+            if len(self.fds) >= self.budget:
+                return read_sysfs(path)
+            try:
+                fd = open_sysfs(path)
+            except OSError as exc:
+                if exc.errno not in _NO_FDS:
+                    raise
+                self._shrink()
+                return read_sysfs(path)
+            self.fds[path] = fd
+        try:
+            return pread_sysfs(fd)
+        except OSError as exc:
+            del self.fds[path]
+            os.close(fd)
+            if exc.errno not in _GONE:
+                raise
+        fd = open_sysfs(path)  # gone under the old descriptor: the path may hold a new file
+        try:
+            raw = pread_sysfs(fd)
+        except OSError:
+            os.close(fd)
+            raise
+        self.fds[path] = fd
+        return raw
+
+    def _shrink(self) -> None:
+        keep = len(self.fds) // 2
+        self.budget = keep
+        for path in list(self.fds)[keep:]:
+            os.close(self.fds.pop(path))
+
+    def close(self) -> None:
+        fds, self.fds = self.fds, {}
+        for fd in fds.values():
+            os.close(fd)
 
 
 def has_devices(root: str | Path = "/sys") -> bool:
@@ -202,7 +338,7 @@ def _oserror_reason(exc: OSError) -> str:
         return "einval"
     if code in (errno.EACCES, errno.EPERM):
         return "eacces"
-    if code in (errno.ENOENT, errno.ENOTDIR):
+    if code in (errno.ENOENT, errno.ENOTDIR, errno.ENODEV, errno.ESTALE):
         return "missing"
     if code in (errno.EOPNOTSUPP, errno.ENOTSUP):
         return "unsupported"
@@ -277,13 +413,16 @@ class SysfsSourceConfig(SourceConfigBase):
     root: Path = Path("/sys")
     include: list[str] = Field(default_factory=list)
     exclude: list[str] = Field(default_factory=list)
+    #: Re-read per-poll files through descriptors kept open; unset: only on a sysfs mount.
+    keep_open: bool | None = None
 
 
 Config = SysfsSourceConfig
 
 
 def build(cfg: SysfsSourceConfig) -> SysfsSource:
-    return SysfsSource(root=cfg.root, include=cfg.include, exclude=cfg.exclude, name=cfg.label)
+    return SysfsSource(root=cfg.root, include=cfg.include, exclude=cfg.exclude, name=cfg.label,
+                       keep_open=cfg.keep_open)
 
 
 class SysfsSource:
@@ -296,7 +435,9 @@ class SysfsSource:
         include: Sequence[str] = (),
         exclude: Sequence[str] = (),
         name: str = "sysfs",
+        keep_open: bool | None = None,
     ) -> None:
+        """``keep_open``: see the module docstring (None: only when the tree is on sysfs)."""
         self.name = name
         self.root = Path(root)
         self.include = tuple(include)
@@ -307,6 +448,8 @@ class SysfsSource:
         self._logged: set[tuple[str, str]] = set()
         self._unknown_logged: set[str] = set()
         self._lock = threading.Lock()
+        self._keep_open = keep_open
+        self._kept: _KeptFiles | None = None
 
     # -- Source protocol -------------------------------------------------------------------
 
@@ -320,6 +463,16 @@ class SysfsSource:
         with self._lock:
             self._plan = None
             self._pending = []
+            self._close_kept()
+
+    def _close_kept(self) -> None:
+        if self._kept is not None:
+            self._kept.close()
+            self._kept = None
+
+    def _reader(self) -> Callable[[str], bytes]:
+        """How this poll reads a file: through the kept descriptors, or open-read-close."""
+        return self._kept.read if self._kept is not None else read_sysfs
 
     # -- discovery ---------------------------------------------------------------------------
 
@@ -344,6 +497,12 @@ class SysfsSource:
 
     def _build_plan(self) -> _Plan:
         self._pending = []  # only the latest discovery's problems are reported
+        self._close_kept()  # a new plan reads new files (a device may have come back)
+        keep = self._keep_open
+        if keep is None:
+            keep = on_sysfs(self._class_dir)
+        if keep:
+            self._kept = _KeptFiles(_keep_open_budget())
         names = self._device_names()
         devices: list[_Device] = []
         used: set[str] = set()
@@ -491,18 +650,20 @@ class SysfsSource:
             errors, self._pending = self._pending, []
             snap = Snapshot(source=self.name, monotonic=time.monotonic(), wall=time.time(),
                             errors=errors)
+            read = self._reader()
             for dev in plan.devices:
                 if dev.node_desc_path is not None:
-                    raw = self._read(dev.node_desc_path, None, errors, True)
+                    raw = self._read(dev.node_desc_path, None, errors, True, read)
                     if raw is not None:
                         dev.node_desc = raw.decode("utf-8", "replace").strip()
                 for p in dev.ports:
-                    snap.ports[p.key] = self._sample_port(p, dev.node_desc, errors)
+                    snap.ports[p.key] = self._sample_port(p, dev.node_desc, errors, read)
             return snap
 
-    def _sample_port(self, p: _Port, node_desc: str, errors: list[SourceError]) -> PortSample:
+    def _sample_port(
+        self, p: _Port, node_desc: str, errors: list[SourceError], rd: Callable[[str], bytes]
+    ) -> PortSample:
         key = p.key
-        rd = read_sysfs
         values: dict[str, int] = {}
         wide: set[str] = set()
         for cname, path, narrow_max, always_wide in p.counters:
@@ -518,11 +679,11 @@ class SysfsSource:
                     wide.add(cname)
             else:
                 self._fail(errors, _text_reason(raw.strip()), path, key)
-        hw = self._read_hw(p.hw, key, errors)
-        hw_gauges = self._read_hw(p.hw_gauges, key, errors) if p.hw_gauges else {}
+        hw = self._read_hw(p.hw, key, errors, rd)
+        hw_gauges = self._read_hw(p.hw_gauges, key, errors, rd) if p.hw_gauges else {}
 
-        lid = self._parsed(p.lid, key, errors, parse_lid)
-        sm_lid = self._parsed(p.sm_lid, key, errors, parse_lid)
+        lid = self._parsed(p.lid, key, errors, parse_lid, rd)
+        sm_lid = self._parsed(p.sm_lid, key, errors, parse_lid, rd)
         ident = p.identity
         if ident.lid != lid or ident.sm_lid != sm_lid or ident.node_desc != node_desc:
             ident = p.identity = PortIdentity(
@@ -533,15 +694,15 @@ class SysfsSource:
             )
         sample = PortSample(
             identity=ident,
-            state=self._parsed(p.state, key, errors, parse_enum_prefix),
-            phys_state=self._parsed(p.phys_state, key, errors, parse_enum_prefix),
+            state=self._parsed(p.state, key, errors, parse_enum_prefix, rd),
+            phys_state=self._parsed(p.phys_state, key, errors, parse_enum_prefix, rd),
             counters=values,
             wide=frozenset(wide),
             hw_counters=hw,
             hw_gauges=hw_gauges,
         )
         if p.rate is not None:
-            rate_raw = self._read(p.rate, key, errors, True)
+            rate_raw = self._read(p.rate, key, errors, True, rd)
             if rate_raw is not None:
                 rate = parse_rate(rate_raw.decode("ascii", "replace"))
                 if rate is None:
@@ -559,25 +720,36 @@ class SysfsSource:
     # -- file helpers ---------------------------------------------------------------------------
 
     def _read(
-        self, path: str, key: PortKey | None, errors: list[SourceError], listed: bool
+        self,
+        path: str,
+        key: PortKey | None,
+        errors: list[SourceError],
+        listed: bool,
+        read: Callable[[str], bytes] | None = None,
     ) -> bytes | None:
-        """The raw bytes, or None after recording why not. Unlisted files are simply absent."""
+        """The raw bytes, or None after recording why not. Unlisted files are simply absent.
+
+        ``read`` is the poll's reader (``_reader``); discovery reads with ``read_sysfs``."""
         if not listed:
             return None
         try:
-            return read_sysfs(path)
+            return (read or read_sysfs)(path)
         except OSError as exc:
             self._fail(errors, _oserror_reason(exc), path, key)
             return None
 
     def _read_hw(
-        self, files: list[tuple[str, str]], key: PortKey, errors: list[SourceError]
+        self,
+        files: list[tuple[str, str]],
+        key: PortKey,
+        errors: list[SourceError],
+        read: Callable[[str], bytes],
     ) -> dict[str, int]:
         """``hw_counters/`` entries as name -> int; a bad file costs only its own value."""
         out: dict[str, int] = {}
         for name, path in files:
             try:
-                raw = read_sysfs(path)
+                raw = read(path)
             except OSError as exc:
                 self._fail(errors, _oserror_reason(exc), path, key)
                 continue
@@ -594,10 +766,11 @@ class SysfsSource:
         key: PortKey,
         errors: list[SourceError],
         parse: Callable[[str], int | None],
+        read: Callable[[str], bytes],
     ) -> int | None:
         if path is None:
             return None
-        raw = self._read(path, key, errors, True)
+        raw = self._read(path, key, errors, True, read)
         if raw is None:
             return None
         text = raw.decode("ascii", "replace")
