@@ -1,16 +1,16 @@
 """The composition root: pipelines, outputs and housekeeping, all in one ``asyncio.TaskGroup``.
 
 Inside the group: one named task per source poll loop, one per event consumer (log, event file,
-MQTT), the exporters' own background tasks (MQTT's connection), the state saver and the systemd
-watchdog. The main task waits for SIGTERM/SIGINT (stop) or SIGHUP (reload). A reload re-reads
-the config the way the daemon was started (file, environment, the command line's flags) and runs
-every start check on it; a listener whose address or TLS changed is opened before the old one is
-closed (on the same address the listening socket is handed over, so no connection is refused).
-Any failure, a config that does not validate or one that cannot start, is logged and counted
-(``ibmon_config_reloads_total{result}``) and the running config stays, untouched: a reload never
-stops the daemon. An applied reload replaces the source objects and any output whose
-configuration changed, and keeps every ``Pipeline``: accumulated totals and firing conditions
-survive, so nothing is re-announced.
+MQTT), the exporters' own background tasks (MQTT's connection), the state saver, the loop-lag probe
+(``ibmon.looplag``) and the systemd watchdog. The main task waits for SIGTERM/SIGINT (stop) or
+SIGHUP (reload). A reload re-reads the config the way the daemon was started (file, environment,
+the command line's flags) and runs every start check on it; a listener whose address or TLS changed
+is opened before the old one is closed (on the same address the listening socket is handed over, so
+no connection is refused). Any failure, a config that does not validate or one that cannot start,
+is logged and counted (``ibmon_config_reloads_total{result}``) and the running config stays,
+untouched: a reload never stops the daemon. An applied reload replaces the source objects and any
+output whose configuration changed, and keeps every ``Pipeline``: accumulated totals and firing
+conditions survive, so nothing is re-announced.
 
 Each poll goes through the source's ``Pipeline`` (``ibmon.pipeline``): events go to the bounded
 event bus, whose consumers can never slow polling down, and the merged ``FabricState`` is
@@ -43,6 +43,7 @@ from exporters.prometheus import PrometheusExporter
 from ibmon.config import ConfigError, Settings, SourceConfig, load_settings
 from ibmon.detect.engine import ActiveCondition
 from ibmon.events import Event, EventBus, EventFileWriter, EventLog, Subscription
+from ibmon.looplag import LoopLagProbe
 from ibmon.persist import LoadResult, StateFile
 from ibmon.pipeline import Pipeline, build_state
 from ibmon.sdnotify import notify, watchdog_interval
@@ -157,6 +158,7 @@ class Daemon:
             registry=self.metrics.registry,
         )
         self.reload_ok.set(1)
+        self.loop_lag = LoopLagProbe(self.metrics.registry)
         self.events_dropped = Counter(
             "ibmon_events_dropped",
             "Events a slow consumer's full queue refused (the consumer missed them).",
@@ -230,6 +232,7 @@ class Daemon:
         for consumer in self._event_consumers():
             self._consumers.append(self._feed(tg, consumer))
         self._chores.append(tg.create_task(self._saver(), name="state-saver"))
+        self._chores.append(tg.create_task(self.loop_lag.run(), name="loop-lag"))
         await self._sync_exporters(tg)  # a StartError here ends the start: exit 2, one line
         self._polls = self._start_polls(tg)
         await self._publish()
