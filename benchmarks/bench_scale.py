@@ -121,7 +121,7 @@ def daemon(hosts: int, scenario: str, interval: float) -> Iterator[Daemon]:
                     port = int(json.loads(line)["port"])
             time.sleep(0.2)
         d = Daemon(proc.pid, f"http://127.0.0.1:{port}")
-        while _polls(d) < 1:
+        while _polls(d) < 1 or "ibmon_port_info{" not in d.metrics():  # ports published
             time.sleep(0.5)
         yield d
     finally:

@@ -296,6 +296,7 @@ class Daemon:
         tables = new.detect.tables()
         if tables != self._engine_tables:
             self._engine_tables = tables
+            await self._settled()
             for pipeline in self._pipelines.values():
                 pipeline.retune(tables)
         if new.state.path != old.state.path:
@@ -584,6 +585,12 @@ class Daemon:
         else:
             self._state_problem(result.problem, result.detail, _load_consequence(result))
 
+    async def _settled(self) -> None:
+        """Return when no pipeline is ingesting in a worker thread; until its next await the
+        caller may read and change every tracker and engine."""
+        while busy := [p for p in self._pipelines.values() if p.ingesting]:
+            await busy[0].settled()
+
     def _persistent(self, label: str) -> bool:
         """Simulated fabrics restart their clock with the process: their state means nothing."""
         return not any(c.label == label and c.type == "mock" for c in self.settings.sources)
@@ -627,6 +634,7 @@ class Daemon:
         if not self._persistence:
             return
         async with self._save_lock:
+            await self._settled()
             data = self._snapshot_state()
             try:
                 await asyncio.to_thread(self._statefile.save, data, fabric=self.settings.fabric)
