@@ -117,9 +117,10 @@ class Pipeline:
         self._discovered: Source | None = None
         self._next_discover = 0.0
         self._stage = {s: metrics.stage_seconds.labels(self.label, s) for s in STAGES}
-        #: Set while no worker thread runs ``ingest`` (see ``_ingest_off_loop``).
-        self._settled = asyncio.Event()
-        self._settled.set()
+        #: Held while a poll's ``ingest`` runs (``_ingest_off_loop``); whoever reads or changes
+        #: the tracker or engine from a worker thread, or across an await, holds it too.
+        self.lock = asyncio.Lock()
+        self._ingesting = False
         self._active_before: list[ActiveCondition] = []
 
     # -- configuration ---------------------------------------------------------------------------
@@ -190,31 +191,32 @@ class Pipeline:
         The thread still needs the GIL, but the loop gets it back every switch interval
         (5 ms) instead of waiting out tracking and detection of the whole fabric (seconds at
         100,000 ports). A small sample (a node's HCAs) is ingested inline: a thread hand-off
-        would cost more than it saves. While the thread runs, ``active()`` answers with the
-        conditions from before this poll, and ``settled()`` lets the daemon wait before it
-        reads or changes the tracker and engine (saving, retuning). A cancellation while the
-        thread runs waits for it and returns the poll's events first, so a poll is ingested
-        and its events emitted together or not at all, as when it ran on the loop; the
-        cancellation is delivered at the caller's next await.
+        would cost more than it saves. Ingesting holds ``lock``, which the daemon also holds
+        while it saves (``dump`` in a thread) or retunes, so those never overlap. While the
+        thread runs, ``active()`` answers with the conditions from before this poll. A
+        cancellation while the thread runs waits for it and returns the poll's events first,
+        so a poll is ingested and its events emitted together or not at all, as when it ran on
+        the loop; the cancellation is delivered at the caller's next await.
         """
-        if len(snap.ports) < OFFLOAD_PORTS:
-            return self.ingest(snap, failure)
-        self._active_before = self.engine.active()
-        self._settled.clear()
-        work = asyncio.ensure_future(asyncio.to_thread(self.ingest, snap, failure))
-        cancelled = False
-        try:
-            while True:
-                try:
-                    events = await asyncio.shield(work)
-                    break
-                except asyncio.CancelledError:
-                    if work.done():  # the thread itself was cancelled: nothing ran
-                        raise
-                    cancelled = True
-        finally:
-            if work.done():
-                self._settled.set()
+        async with self.lock:
+            if len(snap.ports) < OFFLOAD_PORTS:
+                return self.ingest(snap, failure)
+            self._active_before = self.engine.active()
+            self._ingesting = True
+            work = asyncio.ensure_future(asyncio.to_thread(self.ingest, snap, failure))
+            cancelled = False
+            try:
+                while True:
+                    try:
+                        events = await asyncio.shield(work)
+                        break
+                    except asyncio.CancelledError:
+                        if work.done():  # the thread itself was cancelled: nothing ran
+                            raise
+                        cancelled = True
+            finally:
+                if work.done():
+                    self._ingesting = False
         if cancelled:
             task = asyncio.current_task()
             assert task is not None
@@ -224,13 +226,7 @@ class Pipeline:
     @property
     def ingesting(self) -> bool:
         """True while a poll's tracking and detection run in a worker thread."""
-        return not self._settled.is_set()
-
-    async def settled(self) -> None:
-        """Return once no worker thread is tracking or detecting for this pipeline (at once
-        when none is); the caller may then read or change its tracker and engine until its
-        next await."""
-        await self._settled.wait()
+        return self._ingesting
 
     async def _discover_if_due(self, source: Source, now: float) -> None:
         if source is self._discovered and now < self._next_discover:
