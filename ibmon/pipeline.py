@@ -9,8 +9,9 @@ several pipelines into the one ``FabricState`` exporters read.
 
 A poll: discovery when due (on a source object's first poll, then every
 ``topology_interval``, and on the poll after a failed one), sample, track, detect, then health
-bookkeeping. Only reading the source is awaited. Tracking and detection are one synchronous step
-on plain data (``ingest``), so they could move to a worker thread without touching anything else.
+bookkeeping. Tracking and detection are one synchronous step on plain data (``ingest``); for a
+large sample it runs in a worker thread (``OFFLOAD_PORTS``), so the event loop stays responsive
+(issue 12: scrapes never wait behind a poll).
 
 Source health is decided here, in one place, for every source (``_judge``): a monitor must say
 when it is blind. A poll fails when the source raised or hung, and also when its sample came back
@@ -51,6 +52,7 @@ from ibmon.tracker import Tracker
 
 __all__ = [
     "MIN_POLL_TIMEOUT",
+    "OFFLOAD_PORTS",
     "POLL_TIMEOUT_INTERVALS",
     "SILENT_FRACTION",
     "STAGES",
@@ -65,6 +67,9 @@ STAGES: Final = ("sample", "track", "detect", "publish")
 #: A poll in which more than this fraction of the ports the source knows (answered before, still
 #: asked about) did not answer is a failed poll: mostly blind even though something came back.
 SILENT_FRACTION: Final = 0.5
+#: Samples with at least this many ports are tracked and detected in a worker thread
+#: (``Pipeline._ingest_off_loop``); a node's few HCAs stay on the loop.
+OFFLOAD_PORTS: Final = 200
 
 _NO_VIEWS: Mapping[PortKey, PortView] = MappingProxyType({})
 
@@ -112,6 +117,11 @@ class Pipeline:
         self._discovered: Source | None = None
         self._next_discover = 0.0
         self._stage = {s: metrics.stage_seconds.labels(self.label, s) for s in STAGES}
+        #: Held while a poll's ``ingest`` runs (``_ingest_off_loop``); whoever reads or changes
+        #: the tracker or engine from a worker thread, or across an await, holds it too.
+        self.lock = asyncio.Lock()
+        self._ingesting = False
+        self._active_before: list[ActiveCondition] = []
 
     # -- configuration ---------------------------------------------------------------------------
 
@@ -167,12 +177,58 @@ class Pipeline:
             failure = ("poll_failed", exc)
         self._stage["sample"].observe(self._clock() - started)
         if snap is not None and failure is None:
-            events = self.ingest(snap, self._judge(snap))
+            events = await self._ingest_off_loop(snap, self._judge(snap))
         else:
             assert failure is not None
             events = self.fail(*failure)
         self.metrics.poll_duration.labels(self.label).observe(self._clock() - started)
         return events
+
+    async def _ingest_off_loop(
+        self, snap: Snapshot, failure: tuple[str, str] | None
+    ) -> list[Event]:
+        """``ingest`` in a worker thread when the sample is large, so the event loop (scrapes,
+        API requests, other sources' timers) is not held for the whole of it.
+
+        The thread still needs the GIL, but the loop gets it back every switch interval
+        (5 ms) instead of waiting out tracking and detection of the whole fabric (seconds at
+        100,000 ports). A small sample (a node's HCAs) is ingested inline: a thread hand-off
+        would cost more than it saves. Ingesting holds ``lock``, which the daemon also holds
+        while it saves (``dump`` in a thread) or retunes, so those never overlap. While the
+        thread runs, ``active()`` answers with the conditions from before this poll. A
+        cancellation while the thread runs waits for it and returns the poll's events first,
+        so a poll is ingested and its events emitted together or not at all, as when it ran on
+        the loop; the cancellation is delivered at the caller's next await.
+        """
+        async with self.lock:
+            if len(snap.ports) < OFFLOAD_PORTS:
+                return self.ingest(snap, failure)
+            self._active_before = self.engine.active()
+            self._ingesting = True
+            work = asyncio.ensure_future(asyncio.to_thread(self.ingest, snap, failure))
+            cancelled = False
+            try:
+                while True:
+                    try:
+                        events = await asyncio.shield(work)
+                        break
+                    except asyncio.CancelledError:
+                        if work.done():  # the thread itself was cancelled: nothing ran
+                            raise
+                        cancelled = True
+            finally:
+                if work.done():
+                    self._ingesting = False
+        if cancelled:
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+        return events
+
+    @property
+    def ingesting(self) -> bool:
+        """True while a poll's tracking and detection run in a worker thread."""
+        return self._ingesting
 
     async def _discover_if_due(self, source: Source, now: float) -> None:
         if source is self._discovered and now < self._next_discover:
@@ -321,7 +377,10 @@ class Pipeline:
         return self._views
 
     def active(self) -> list[ActiveCondition]:
-        """Every condition firing on this source's ports."""
+        """Every condition firing on this source's ports (while a poll is being ingested in a
+        worker thread: as they were before that poll)."""
+        if self.ingesting:
+            return list(self._active_before)
         return self.engine.active()
 
     def forget_views(self) -> None:

@@ -29,14 +29,16 @@ def play(
     interval: float | None = None,
     coarse_after: float | None = None,
     coarse_interval: float = 30.0,
+    hosts: int | None = None,
 ) -> tuple[Scenario, MockSource, list[Seen]]:
     """Poll every ``interval`` (default: the scenario's) simulated seconds from t=0; after
     ``coarse_after`` poll every ``coarse_interval`` instead (hours of quiet fabric, fast).
+    ``hosts``: on the bigger tree ``ibmon demo --hosts`` builds instead of the scenario's own.
 
     Each poll is ``Pipeline.poll``, exactly as in the daemon, ``scan`` and ``top``."""
     sc = load_scenario(name)
     clock = ManualClock()
-    source = MockSource.from_scenario(name, clock=clock)
+    source = MockSource.from_scenario(name, clock=clock, hosts=hosts)
     step = interval or sc.poll_interval
     pipeline = Pipeline(MockSourceConfig(name="mock", interval=step), metrics=SelfMetrics(),
                         tables=tables, fabric="test", tick_seconds=sc.tick_seconds)

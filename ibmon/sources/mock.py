@@ -12,9 +12,11 @@ are what both ends support, the active ones what the link runs at now.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import Field
 
@@ -24,6 +26,10 @@ from ibmon.model import Snapshot, Topology
 if TYPE_CHECKING:  # the simulator (and YAML) load only when a mock source is built
     from mocks.scenario import ManualClock, ScenarioPlayer, SimClock
     from mocks.traffic import FabricModel
+
+_T = TypeVar("_T")
+#: Simulated fabrics with at least this many ports step in a worker thread.
+THREAD_PORTS = 200
 
 __all__ = ["Config", "ManualClock", "MockSource", "MockSourceConfig", "SimClock", "build"]
 
@@ -78,6 +84,8 @@ class MockSource:
             clock = SimClock(1.0)
         self.clock: Callable[[], float] = clock
         self.epoch = time.time() if epoch is None else epoch
+        #: One model step at a time: a sample abandoned by a poll timeout keeps its thread.
+        self._lock = threading.Lock()
 
     @classmethod
     def from_scenario(
@@ -110,22 +118,37 @@ class MockSource:
         return self.model.now
 
     async def discover(self) -> Topology:
-        model = self.model
-        topo = Topology(source=self.name)
-        for sample in model.samples(self.name):
-            key = sample.key
-            topo.ports[key] = sample.identity
-            if sample.link is not None:
-                topo.links[key] = sample.link
-        return topo
+        return await self._run(self._discover_sync)
 
     async def sample(self) -> Snapshot:
-        now = self._advance()
-        snap = Snapshot(source=self.name, monotonic=now, wall=self.epoch + now)
-        ports = snap.ports
-        for sample in self.model.samples(self.name):
-            ports[sample.key] = sample
-        return snap
+        return await self._run(self._sample_sync)
+
+    async def _run(self, step: Callable[[], _T]) -> _T:
+        """A large simulated fabric steps in a worker thread, like a real fabric's sweep in
+        its MAD worker, so the simulator does not hold the event loop (``ibmon demo`` at
+        100,000 ports); a small one inline."""
+        if len(self.model.keys) < THREAD_PORTS:
+            return step()
+        return await asyncio.to_thread(step)
+
+    def _discover_sync(self) -> Topology:
+        with self._lock:
+            topo = Topology(source=self.name)
+            for sample in self.model.samples(self.name):
+                key = sample.key
+                topo.ports[key] = sample.identity
+                if sample.link is not None:
+                    topo.links[key] = sample.link
+            return topo
+
+    def _sample_sync(self) -> Snapshot:
+        with self._lock:
+            now = self._advance()
+            snap = Snapshot(source=self.name, monotonic=now, wall=self.epoch + now)
+            ports = snap.ports
+            for sample in self.model.samples(self.name):
+                ports[sample.key] = sample
+            return snap
 
     async def close(self) -> None:
         return None

@@ -164,7 +164,7 @@ async def test_every_task_is_owned_and_named_and_close_errors_are_logged(
     await until(lambda: daemon.bus.history)
     ours = {asyncio.current_task(), task}
     names = sorted(t.get_name() for t in asyncio.all_tasks() if t not in ours)
-    assert names == ["events:file", "events:log", "poll:fabric", "state-saver"], names
+    assert names == ["events:file", "events:log", "loop-lag", "poll:fabric", "state-saver"], names
     with capture_logs() as logs:
         daemon.stop()
         await task
