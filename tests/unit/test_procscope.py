@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from structlog.testing import capture_logs
 
 from ibmon.sources.diags import SubprocessRunner, classify
@@ -39,8 +40,25 @@ def _gone(pid: int) -> bool:
     return st is None or st.zombie
 
 
+def _all_zombie_children() -> set[int]:
+    return {c for c in children(os.getpid()) if (st := read_stat(c)) and st.zombie}
+
+
+#: Zombies this process had before the test: once an earlier test in the same pytest process ran
+#: a tool through the kill scopes, this process is a subreaper and adopts (and never reaps) the
+#: orphans other tests' killed daemons leave. They are not what these tests are about.
+_FOREIGN: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def _foreign_zombies() -> None:
+    _FOREIGN.clear()
+    _FOREIGN.update(_all_zombie_children())
+
+
 def _zombie_children() -> list[int]:
-    return [c for c in children(os.getpid()) if (st := read_stat(c)) and st.zombie]
+    """This test's zombies: children left unreaped since the test began."""
+    return sorted(_all_zombie_children() - _FOREIGN)
 
 
 async def _settle(pred: object, timeout: float = 5.0) -> None:
