@@ -14,13 +14,6 @@ exactly, so such an error shows.
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,8 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from ibmon.sources.sysfs import SysfsSource
 from ibmon.tracker import Tracker
 from tests.fixtures import real_fixture
+from tests.node_exporter import http_get, running_node_exporter
 from tests.sysfs_tree import FULL_COUNTERS, write_device, write_port
-from tests.syspkg import require_binary
 
 pytestmark = pytest.mark.system
 
@@ -67,58 +60,13 @@ NE_LEGACY = {
 Values = dict[tuple[str, str], dict[str, int]]  # (device, port) -> ibmon counter -> value
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        body: bytes = resp.read()
-    return body.decode()
-
-
 @contextmanager
 def node_exporter(sysfs: Path, log: Path) -> Iterator[str]:
     """A node_exporter with only the infiniband collector; yields its /metrics URL."""
-    binary = require_binary("prometheus-node-exporter")
-    url = ""
-    with log.open("wb") as err:
-        for _attempt in range(3):  # the free port may be taken between probe and bind
-            port = _free_port()
-            proc = subprocess.Popen(
-                [binary, f"--path.sysfs={sysfs}", "--collector.disable-defaults",
-                 "--collector.infiniband", f"--web.listen-address=127.0.0.1:{port}"],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                start_new_session=True,
-            )
-            try:
-                url = f"http://127.0.0.1:{port}/metrics"
-                deadline = time.monotonic() + 15
-                while proc.poll() is None and time.monotonic() < deadline:
-                    try:
-                        _get(url)
-                        break
-                    except (urllib.error.URLError, ConnectionError):
-                        time.sleep(0.05)
-                if proc.poll() is None:
-                    yield url
-                    return
-            finally:
-                _stop(proc)
-    pytest.fail(f"node_exporter did not start: {log.read_text()[-2000:]}")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=5)
+    with running_node_exporter(
+        [f"--path.sysfs={sysfs}", "--collector.disable-defaults", "--collector.infiniband"], log
+    ) as url:
+        yield url
 
 
 def _exact(value: float) -> int:
@@ -164,7 +112,7 @@ async def ibmon_values(sysfs: Path) -> Values:
 
 async def assert_same_totals(sysfs: Path, log: Path) -> int:
     with node_exporter(sysfs, log) as url:
-        expected = node_exporter_values(_get(url))
+        expected = node_exporter_values(http_get(url))
     got = await ibmon_values(sysfs)
     assert expected, "node_exporter exported no infiniband byte/packet counters"
     assert got.keys() == expected.keys()

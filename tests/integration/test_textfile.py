@@ -13,14 +13,10 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import socket
 import stat
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +24,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.node_exporter import http_get, running_node_exporter, stop_group
 from tests.sysfs_tree import class_dir, write_device, write_port
 from tests.syspkg import require_binary
 
@@ -37,57 +34,15 @@ IBMON = [sys.executable, "-m", "ibmon"]
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("IBMON_")}
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        body: bytes = resp.read()
-    return body.decode()
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=5)
-
-
 @contextmanager
 def node_exporter(textfiles: Path, sysfs: Path, log: Path) -> Iterator[str]:
     """node_exporter with its default collectors plus the textfile collector; yields /metrics."""
-    binary = require_binary("prometheus-node-exporter")
-    with log.open("wb") as err:
-        for _attempt in range(3):  # the free port may be taken between probe and bind
-            port = _free_port()
-            proc = subprocess.Popen(
-                [binary, f"--collector.textfile.directory={textfiles}", "--collector.infiniband",
-                 f"--path.sysfs={sysfs}", f"--web.listen-address=127.0.0.1:{port}"],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                start_new_session=True,
-            )
-            try:
-                url = f"http://127.0.0.1:{port}/metrics"
-                deadline = time.monotonic() + 15
-                while proc.poll() is None and time.monotonic() < deadline:
-                    try:
-                        _get(url)
-                        break
-                    except (urllib.error.URLError, ConnectionError):
-                        time.sleep(0.05)
-                if proc.poll() is None:
-                    yield url
-                    return
-            finally:
-                _stop(proc)
-    pytest.fail(f"node_exporter did not start: {log.read_text()[-2000:]}")
+    with running_node_exporter(
+        [f"--collector.textfile.directory={textfiles}", "--collector.infiniband",
+         f"--path.sysfs={sysfs}"],
+        log,
+    ) as url:
+        yield url
 
 
 @pytest.fixture
@@ -107,7 +62,7 @@ def live_tree(tmp_path: Path) -> Iterator[Path]:
         time.sleep(0.5)  # every device written once
         yield root
     finally:
-        _stop(proc)
+        stop_group(proc)
         log.close()
 
 
@@ -144,7 +99,7 @@ def test_node_exporter_serves_the_scan_next_to_its_own_series(
     assert sorted(p.name for p in textfiles.iterdir()) == ["ibmon.prom"]  # no temporary left
 
     with node_exporter(textfiles, live_tree, tmp_path / "node_exporter.log") as url:
-        body = _get(url)
+        body = http_get(url)
     got = families(body)
     assert got["node_textfile_scrape_error"] == [({}, 0.0)]
     assert got["ibmon_source_up"] == [({"source": "sysfs"}, 1.0)]
