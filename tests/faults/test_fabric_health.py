@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from mocks.ibsim import IbSim
+from mocks.ibsim_driver import ibsim_node_id
 from mocks.topology import Fabric, fat_tree, to_ibsim_netfile
 from tests.faults.promise import Scrape, TotalsWatch
 from tests.ibsim_fixtures import REPO, require_ibsim
@@ -41,7 +42,7 @@ MATRIX: dict[str, dict[str, Any]] = {}
 
 
 def node_id(guid: str) -> str:
-    return ("S-" if FAB.nodes[guid].kind == "switch" else "H-") + guid[2:]
+    return ibsim_node_id(FAB, guid)
 
 
 class Daemon:

@@ -21,6 +21,7 @@ from ibmon.counters import DETAIL_ATTRIBUTES, DETAILS
 from ibmon.sources.diags import CommandResult, DiagsSource, SubprocessRunner
 from ibmon.sources.fabric import DETAIL_BASELINES_PER_POLL, DETAIL_MISSES_TO_GIVE_UP
 from mocks.ibsim import IbSim
+from mocks.ibsim_driver import ibsim_node_id
 from mocks.topology import Fabric, fabric_for_ports, to_ibsim_netfile
 from tests.ibsim_fixtures import require_ibsim, run_mad, snapshot_json
 
@@ -46,7 +47,7 @@ def _free_client_slots(sim: IbSim) -> Iterator[None]:
 
 
 def node_id(guid: str) -> str:
-    return ("S-" if FAB.nodes[guid].kind == "switch" else "H-") + guid[2:]
+    return ibsim_node_id(FAB, guid)
 
 
 HOST = next(n for n in FAB.nodes.values() if n.kind == "ca").guid

@@ -15,6 +15,7 @@ import pytest
 
 from ibmon.tracker import Tracker
 from mocks.ibsim import IbSim
+from mocks.ibsim_driver import ibsim_node_id
 from mocks.topology import Fabric, fabric_for_ports, to_ibsim_netfile
 from tests.ibsim_fixtures import require_ibsim, run_diags, run_mad, snapshot_json
 
@@ -39,8 +40,7 @@ def _free_client_slots(sim: IbSim) -> Iterator[None]:
 
 
 def _node_id(guid: str) -> str:
-    node = FAB.nodes[guid]
-    return ("S-" if node.kind == "switch" else "H-") + guid[2:]
+    return ibsim_node_id(FAB, guid)
 
 
 def _strip(ports: dict[str, Any]) -> dict[str, Any]:
