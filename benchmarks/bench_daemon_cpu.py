@@ -19,32 +19,22 @@ from the start-up phase and amortised separately. Exits 1 when the window is ove
 from __future__ import annotations
 
 import argparse
-import gzip
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.procstat import cpu_seconds, free_port, memory_mb, scrape
 from mocks.ibsim import IbSim
 from mocks.topology import fabric_for_ports, to_ibsim_netfile
 
 CPU_LIMIT_PCT = 5.0
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of every thread of ``pid`` (fields 14 and 15 of /proc/<pid>/stat)."""
-    text = Path(f"/proc/{pid}/stat").read_text()
-    fields = text[text.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
 
 
 def tree_cpu_seconds(pid: int) -> float:
@@ -60,31 +50,6 @@ def tree_cpu_seconds(pid: int) -> float:
         if int(text[text.rindex(")") + 2 :].split()[1]) == pid:
             total += cpu_seconds(int(entry))
     return total
-
-
-def memory_mb(pid: int) -> tuple[float, float]:
-    """(VmRSS, VmHWM) in MB."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    rss = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
-    hwm = re.search(r"^VmHWM:\s+(\d+) kB", status, re.M)
-    return (int(rss.group(1)) / 1024 if rss else 0.0, int(hwm.group(1)) / 1024 if hwm else 0.0)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def scrape(port: int) -> str:
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/metrics", headers={"Accept-Encoding": "gzip"}
-    )
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        body: bytes = resp.read()
-    if body[:2] == b"\x1f\x8b":
-        body = gzip.decompress(body)
-    return body.decode("utf-8", "replace")
 
 
 def metric(text: str, name: str, source: str = "fabric") -> float | None:

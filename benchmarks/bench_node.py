@@ -39,24 +39,22 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.procstat import cpu_seconds, free_port, memory_mb, scrape
 from tests.sysfs_tree import FULL_COUNTERS, class_dir, write_device, write_port
 
 REPO = Path(__file__).resolve().parents[1]
 
 RSS_LIMIT_MB = 40.0
-_TICK = os.sysconf("SC_CLK_TCK")
 
 #: hw_counters/ of the mlx5 port in the procfs capture (26 files), plus RoCE congestion counters.
 HW_COUNTERS = (
@@ -145,38 +143,6 @@ def unit_environment() -> dict[str, str]:
                 key, _, value = item.strip('"').partition("=")
                 env[key] = value
     return env
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of every thread of ``pid`` (fields 14 and 15 of /proc/<pid>/stat)."""
-    text = Path(f"/proc/{pid}/stat").read_text()
-    fields = text[text.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
-
-
-def memory_mb(pid: int) -> tuple[float, float]:
-    """(VmRSS, VmHWM) in MB."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    rss = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
-    hwm = re.search(r"^VmHWM:\s+(\d+) kB", status, re.M)
-    return (int(rss.group(1)) / 1024 if rss else 0.0, int(hwm.group(1)) / 1024 if hwm else 0.0)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def scrape(port: int) -> str:
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/metrics", headers={"Accept-Encoding": "gzip"}
-    )
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        body: bytes = resp.read()
-    if body[:2] == b"\x1f\x8b":
-        body = gzip.decompress(body)
-    return body.decode("utf-8", "replace")
 
 
 def metric(text: str, name: str) -> float | None:
@@ -328,7 +294,7 @@ def main() -> None:
                 for p in (ibmon, ne):
                     p.alive()
                     try:
-                        text = scrape(p.port)
+                        text = scrape(p.port, timeout=10)
                     except OSError:
                         continue
                     if p is ne or metric(text, "ibmon_source_up") == 1.0:
