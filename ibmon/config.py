@@ -13,7 +13,6 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
-from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -31,14 +30,8 @@ from pydantic import (
 )
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import core_schema
-from pydantic_settings import (
-    BaseSettings,
-    InitSettingsSource,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    SettingsError,
-)
 
+from ibmon.config_env import ENV_NESTING, ENV_PREFIX, EnvJsonError, deep_merge, environment_tree
 from ibmon.detect.engine import parse_detect_tables
 
 if TYPE_CHECKING:  # the models live with their sources; see __getattr__ below
@@ -338,15 +331,14 @@ class MqttConfig(_Section):
         return v
 
 
-_toml_data: ContextVar[dict[str, Any] | None] = ContextVar("_toml_data", default=None)
+class Settings(BaseModel):
+    """The whole daemon configuration. See deploy/ibmon.toml for an annotated example.
 
+    Built by ``load_settings`` from the file, the ``IBMON_*`` environment and flags; the class
+    itself reads nothing, so ``Settings()`` is the defaults.
+    """
 
-class Settings(BaseSettings):
-    """The whole daemon configuration. See deploy/ibmon.toml for an annotated example."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="IBMON_", env_nested_delimiter="__", extra="forbid", frozen=True
-    )
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     fabric: str = Field(default="main", pattern=r"^[a-zA-Z0-9_-]{1,64}$")
     prometheus: PrometheusConfig = PrometheusConfig()
@@ -366,17 +358,6 @@ class Settings(BaseSettings):
             raise ValueError(f"two sources share the name {dupes[0]!r}; give each a unique name")
         return v
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        toml = InitSettingsSource(settings_cls, init_kwargs=_toml_data.get() or {})
-        return (init_settings, env_settings, toml)
 
 
 #: A config file larger than this is refused unread: real ones are a few kB, and the TOML
@@ -384,8 +365,6 @@ class Settings(BaseSettings):
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 #: Deepest key nesting a config may use; real configs use three (``[detect.high_ber]``).
 MAX_KEY_DEPTH = 32
-ENV_PREFIX = "IBMON_"
-_ENV_NESTING = "__"
 
 
 def _too_deep(text: str) -> int | None:
@@ -417,7 +396,7 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
     for name in sorted(env):
         if not name.upper().startswith(ENV_PREFIX):
             continue
-        top = name[len(ENV_PREFIX):].split(_ENV_NESTING, 1)[0].lower()
+        top = name[len(ENV_PREFIX):].split(ENV_NESTING, 1)[0].lower()
         if top not in known:
             raise ConfigError(
                 f"environment variable {name}: no such setting (use IBMON_<key> or "
@@ -427,15 +406,19 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
 
 
 def _env_origin(loc: tuple[int | str, ...], environ: Mapping[str, str]) -> str | None:
-    """The ``IBMON_*`` variable a failing field came from, if one did (env beats the file)."""
+    """The ``IBMON_*`` variable a failing field came from, if one did (env beats the file).
+
+    The most specific one: ``IBMON_PROMETHEUS__MAX_CONNECTIONS`` overrides the same key in
+    ``IBMON_PROMETHEUS``'s JSON, so it is the one that set a bad value there."""
     want = [str(p).lower() for p in loc]
+    best: tuple[int, str] | None = None
     for name in sorted(environ):
         if not name.upper().startswith(ENV_PREFIX):
             continue
-        parts = name[len(ENV_PREFIX):].lower().split(_ENV_NESTING)
-        if parts == want[: len(parts)]:
-            return name
-    return None
+        parts = name[len(ENV_PREFIX):].lower().split(ENV_NESTING)
+        if parts == want[: len(parts)] and (best is None or len(parts) > best[0]):
+            best = (len(parts), name)
+    return None if best is None else best[1]
 
 
 def field_origin(loc: tuple[int | str, ...], path: Path | None) -> str:
@@ -499,21 +482,16 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
     data = _read_toml(path) if path is not None else {}
     environ = dict(os.environ)
     check_environment(environ)
-    token = _toml_data.set(data)
     try:
-        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+        data = deep_merge(data, environment_tree(Settings, environ))
+        data = deep_merge(data, {k: v for k, v in overrides.items() if v is not None})
+        return Settings.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_validation_error(exc, path, environ)) from None
-    except SettingsError as exc:
-        # pydantic-settings parses complex values (sources, prometheus, ...) from JSON.
-        name = re.search(r'field "([^"]+)"', str(exc))
-        var = f"{ENV_PREFIX}{name.group(1).upper()}" if name else "an IBMON_* variable"
-        cause = exc.__cause__ or exc.__context__
+    except EnvJsonError as exc:
         raise ConfigError(
-            f"environment variable {var}: not valid JSON ({cause or exc}); sections and lists "
+            f"environment variable {exc.name}: not valid JSON ({exc.cause}); sections and lists "
             f"take JSON, or set single keys with IBMON_<SECTION>__<KEY>"
         ) from None
     except RecursionError:
         raise ConfigError(f"{path or 'config'}: values nested too deeply") from None
-    finally:
-        _toml_data.reset(token)

@@ -10,6 +10,7 @@ from ibmon.config import (
     MAX_CONFIG_BYTES,
     ConfigError,
     MadSourceConfig,
+    Settings,
     SysfsSourceConfig,
     check_environment,
     load_settings,
@@ -175,3 +176,54 @@ def test_shard_must_name_one_of_n(tmp_path: Path) -> None:
         load_settings(cfg)
     cfg.write_text('[[sources]]\ntype = "diags"\nshard = "2/3"\n')
     assert load_settings(cfg).sources[0].shard == "2/3"  # type: ignore[attr-defined]
+
+
+def test_environment_merges_key_by_key_between_file_and_flags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """File, then environment, then flags, merged per key: a variable that sets one key of a
+    section keeps the file's other keys, and a flag beats both."""
+    cfg = tmp_path / "ibmon.toml"
+    cfg.write_text('fabric = "filefab"\n[prometheus]\nlisten = "127.0.0.1:1"\n'
+                   'max_connections = 7\n[mqtt]\nhost = "file-broker"\nport = 1884\n')
+    monkeypatch.setenv("IBMON_PROMETHEUS__LISTEN", "127.0.0.1:2")
+    monkeypatch.setenv("ibmon_mqtt__port", "8883")
+    s = load_settings(cfg)
+    assert (s.fabric, s.prometheus.listen, s.prometheus.max_connections) == (
+        "filefab", "127.0.0.1:2", 7)
+    assert s.mqtt is not None and (s.mqtt.host, s.mqtt.port) == ("file-broker", 8883)
+    s = load_settings(cfg, prometheus={"listen": "127.0.0.1:3"})
+    assert (s.prometheus.listen, s.prometheus.max_connections) == ("127.0.0.1:3", 7)
+
+
+def test_json_sections_lists_and_tables_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sections, lists and nested tables take JSON; the single keys of a section beat the
+    section's JSON; plain keys stay strings that the model checks as it checks the file."""
+    monkeypatch.setenv("IBMON_SOURCES", '[{"type": "sysfs", "interval": "2s"}]')
+    monkeypatch.setenv("IBMON_PROMETHEUS", '{"listen": "127.0.0.1:5", "max_connections": 9}')
+    monkeypatch.setenv("IBMON_PROMETHEUS__MAX_CONNECTIONS", "11")
+    monkeypatch.setenv("IBMON_MQTT__TLS", '{"verify": false}')
+    s = load_settings(None)
+    assert isinstance(s.sources[0], SysfsSourceConfig) and s.sources[0].interval == 2.0
+    assert (s.prometheus.listen, s.prometheus.max_connections) == ("127.0.0.1:5", 11)
+    assert s.mqtt is not None and s.mqtt.tls is not None and s.mqtt.tls.verify is False
+    monkeypatch.setenv("IBMON_MQTT__TLS", "{verify")
+    with pytest.raises(ConfigError, match=r"^environment variable IBMON_MQTT__TLS: not valid JSON"):
+        load_settings(None)
+    monkeypatch.delenv("IBMON_MQTT__TLS")
+    monkeypatch.setenv("IBMON_PROMETHEUS__MAX_CONNECTIONS", "many")
+    with pytest.raises(ConfigError, match=r"^environment variable IBMON_PROMETHEUS__MAX_CONN"):
+        load_settings(None)
+    monkeypatch.setenv("IBMON_PROMETHEUS__MAX_CONNECTIONS", "11")
+    monkeypatch.setenv("IBMON_PROMETHEUS__NOPE", "1")
+    with pytest.raises(ConfigError, match=r"^environment variable IBMON_PROMETHEUS__NOPE: "):
+        load_settings(None)
+
+
+def test_settings_class_alone_is_the_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only ``load_settings`` reads the environment: a bare ``Settings()`` is the defaults."""
+    monkeypatch.setenv("IBMON_FABRIC", "envfab")
+    assert Settings().fabric == "main"
+    assert load_settings(None).fabric == "envfab"
