@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_fabric.py [--ports 2200] [--loop-sample 40] [--repeat 5]
     .venv/bin/python benchmarks/bench_fabric.py --only details [--erroring 0.05]
+    .venv/bin/python benchmarks/bench_fabric.py --only cold [--repeat 9]
 
 Measures, on one simulator:
 
@@ -14,6 +15,12 @@ Measures, on one simulator:
 - the ``diags`` source (discover + one sample);
 - a naive perfquery-per-port loop (timed on ``--loop-sample`` ports, median extrapolated to the
   fabric; said so).
+
+- ``--only cold``: just ``ibqueryerrors`` against ``mad`` cold and every poll (issue 12, target
+  6), with the MADs of each phase, the machine's load average, every run, and ``ibqueryerrors``
+  once more with ibsim pinned to one CPU and the tool on that CPU or the other one: under ibsim
+  a tool is 3-4x faster when it shares ibsim's CPU (no cross-CPU wake-up per MAD), and which
+  one the scheduler picks decides a best-of-N ``ibqueryerrors`` figure.
 
 - the cost of the error and discard details (issue 11): the steady ``mad`` poll with detail
   reads on and off, on the healthy fabric, and with ``--erroring`` of the ports' PortRcvErrors
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import statistics
 import subprocess
@@ -47,10 +55,11 @@ SWEEP_RATIO_MAX = 1.5
 PERFQUERY_RATIO_MIN = 20.0
 
 
-def _ibqueryerrors(sim: IbSim) -> float:
+def _ibqueryerrors(sim: IbSim, cpu: int | None = None) -> float:
+    pin = ["taskset", "-c", str(cpu)] if cpu is not None else []
     t = time.perf_counter()
     subprocess.run(
-        ["ibqueryerrors", "--data", "--counters"],
+        [*pin, "ibqueryerrors", "--data", "--counters"],
         env=sim.tool_env(),
         cwd=sim.workdir,
         capture_output=True,
@@ -58,6 +67,70 @@ def _ibqueryerrors(sim: IbSim) -> float:
         timeout=120,
     )
     return time.perf_counter() - t
+
+
+def _runs(xs: list[float]) -> str:
+    return " ".join(f"{x:.3f}" for x in xs)
+
+
+def _spread(xs: list[float]) -> str:
+    return f"best {min(xs):.3f}, median {statistics.median(xs):.3f}, worst {max(xs):.3f}"
+
+
+def cold_start(sim: IbSim, repeat: int) -> bool:
+    """Target 6: ``mad`` discovery + first sweep, and the per-poll sweep, against
+    ``ibqueryerrors``, interleaved; then ``ibqueryerrors`` with ibsim pinned (see the module
+    docstring). Returns whether the per-poll sweep is within 1.0x."""
+    load0 = os.getloadavg()
+    iqe: list[float] = []
+    disc: list[float] = []
+    first: list[float] = []
+    coldr: list[float] = []
+    steady: list[float] = []
+    mads: set[tuple[int, ...]] = set()
+    for _ in range(repeat):
+        iqe.append(_ibqueryerrors(sim))
+        m = run_mad(sim, ["discover", "sample", "sample", "sample"])
+        disc.append(m["discover_s"][0])
+        first.append(m["sample_s"][0])
+        coldr.append(m["discover_s"][0] + m["sample_s"][0])
+        steady.append(min(m["sample_s"][1:]))
+        mads.add((m["discover_mads"][0], *m["mads"]))
+    load1 = os.getloadavg()
+    pinned: dict[str, list[float]] = {"same": [], "other": []}
+    ibsim_pid: int = sim._ibsim.pid  # type: ignore[union-attr]
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) >= 2:
+        before = os.sched_getaffinity(ibsim_pid)
+        os.sched_setaffinity(ibsim_pid, {cpus[0]})
+        try:
+            for _ in range(3):
+                pinned["same"].append(_ibqueryerrors(sim, cpus[0]))
+                pinned["other"].append(_ibqueryerrors(sim, cpus[1]))
+        finally:
+            os.sched_setaffinity(ibsim_pid, before)
+    iqe_s, cold_s, steady_s = min(iqe), min(coldr), min(steady)
+    print(f"load average {load0[0]:.2f} before, {load1[0]:.2f} after; best of {repeat}, "
+          "interleaved")
+    for m_ in sorted(mads):
+        print(f"MADs: discovery {m_[0]}, first sweep {m_[1]}, later polls {list(m_[2:])}")
+    print(f"ibqueryerrors --data --counters      {iqe_s:7.3f} s   ({_spread(iqe)})")
+    print(f"mad discovery (DR sweep)             {min(disc):7.3f} s   ({_spread(disc)})")
+    print(f"mad first sweep                      {min(first):7.3f} s   ({_spread(first)})")
+    medians = statistics.median(coldr) / statistics.median(iqe)
+    print(f"mad discovery + first sweep          {cold_s:7.3f} s   = {cold_s / iqe_s:.2f}x "
+          f"ibqueryerrors ({_spread(coldr)}; medians {medians:.2f}x)")
+    print(f"mad every poll                       {steady_s:7.3f} s   = {steady_s / iqe_s:.2f}x "
+          f"ibqueryerrors ({_spread(steady)})")
+    if pinned["same"]:
+        print(f"ibqueryerrors on ibsim's CPU         {min(pinned['same']):7.3f} s   "
+              f"(runs {_runs(pinned['same'])}): mad cold = {cold_s / min(pinned['same']):.2f}x")
+        print(f"ibqueryerrors on the other CPU       {min(pinned['other']):7.3f} s   "
+              f"(runs {_runs(pinned['other'])}): mad cold = {cold_s / min(pinned['other']):.2f}x")
+    print("all runs (s): ibqueryerrors " + _runs(iqe))
+    print("              mad cold      " + _runs(coldr))
+    print("              mad steady    " + _runs(steady))
+    return steady_s <= iqe_s
 
 
 def _node_id(fab: Fabric, guid: str) -> str:
@@ -124,8 +197,8 @@ def main() -> None:
     ap.add_argument("--ports", type=int, default=2200)
     ap.add_argument("--loop-sample", type=int, default=40)
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--only", choices=["details"], default=None,
-                    help="run only this part (details: the detail reads' cost)")
+    ap.add_argument("--only", choices=["details", "cold"], default=None,
+                    help="run only this part (details: the detail reads' cost; cold: target 6)")
     ap.add_argument("--erroring", type=float, default=0.05,
                     help="share of ports whose receive errors move before every poll")
     args = ap.parse_args()
@@ -133,6 +206,9 @@ def main() -> None:
     if args.only == "details":
         with IbSim(to_ibsim_netfile(fab)) as sim:
             sys.exit(0 if details(fab, sim, args.repeat, args.erroring) else 1)
+    if args.only == "cold":
+        with IbSim(to_ibsim_netfile(fab)) as sim:
+            sys.exit(0 if cold_start(sim, args.repeat) else 1)
     cold: list[float] = []
     disc: list[float] = []
     steady: list[float] = []

@@ -50,13 +50,13 @@ def snap(s):
 async def main(opts):
     src = MadSource(**opts["source"])
     out = {"topologies": [], "snapshots": [], "discover_s": [], "sample_s": [], "mads": [],
-           "detail_mads": []}
+           "detail_mads": [], "discover_mads": []}
     try:
         for step in opts["steps"]:
             if step == "discover":
                 t = time.perf_counter(); tp = await src.discover()
                 out["discover_s"].append(time.perf_counter() - t)
-                out["topologies"].append(topo(tp))
+                out["topologies"].append(topo(tp)); out["discover_mads"].append(src.last_sweep_mads)
             elif step == "sample":
                 t = time.perf_counter(); sn = await src.sample()
                 out["sample_s"].append(time.perf_counter() - t); out["snapshots"].append(snap(sn))
