@@ -7,9 +7,10 @@ the small ``Source`` protocol, and is listed on one line of the ``SOURCES`` regi
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from ibmon.model import Snapshot, Topology
+if TYPE_CHECKING:  # not at run time: the MAD worker process imports this package on every start
+    from ibmon.model import Snapshot, Topology
 
 __all__ = ["Source"]
 

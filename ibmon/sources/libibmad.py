@@ -18,20 +18,18 @@ No compiled extension: only the stable C ABI (``umad_*``, ``mad_rpc_*``) is used
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
-from ibmon.sources.localport import (
-    LocalCA,
-    LocalPort,
-    explain_open_failure,
-    umad_access_problem,
-)
+if TYPE_CHECKING:
+    from ibmon.sources.localport import LocalCA
+
+# Imported where used: the MAD worker process imports this module on every start, and only
+# needs ``localport`` (dataclasses and all) to explain a port that would not open.
 
 __all__ = [
     "ATTR_CLASS_PORT_INFO",
@@ -154,6 +152,21 @@ class _UmadCA(ctypes.Structure):
     )
 
 
+def _cdll(soname: str, name: str) -> ctypes.CDLL:
+    """The library by the soname whose ABI the prototypes here are for; ``find_library`` only
+    when the loader does not know that name (it runs ``ldconfig -p``: a few ms on every start
+    of the MAD worker, plus importing ``ctypes.util``)."""
+    try:
+        return ctypes.CDLL(soname, use_errno=True)
+    except OSError:
+        from ctypes.util import find_library  # the fallback only
+
+        found = find_library(name)
+        if not found:
+            raise
+        return ctypes.CDLL(found, use_errno=True)
+
+
 _libs: tuple[ctypes.CDLL, ctypes.CDLL] | None = None
 _libs_lock = threading.Lock()
 
@@ -165,12 +178,8 @@ def load_libraries() -> tuple[ctypes.CDLL, ctypes.CDLL]:
         if _libs is not None:
             return _libs
         try:
-            mad = ctypes.CDLL(
-                ctypes.util.find_library("ibmad") or "libibmad.so.5", use_errno=True
-            )
-            umad = ctypes.CDLL(
-                ctypes.util.find_library("ibumad") or "libibumad.so.3", use_errno=True
-            )
+            mad = _cdll("libibmad.so.5", "ibmad")
+            umad = _cdll("libibumad.so.3", "ibumad")
         except OSError as exc:
             raise MadError(
                 f"libibmad/libibumad not loadable (apt package libibmad5): {exc}", "absent"
@@ -215,6 +224,8 @@ def local_cas() -> list[LocalCA]:
     Read through the library rather than sysfs directly, so the answer is the one the MAD
     layer acts on (and, under ibsim's umad2sim shim, the simulated CA).
     """
+    from ibmon.sources.localport import LocalCA, LocalPort  # see the imports
+
     _mad, umad = load_libraries()
     names = (ctypes.c_char * (_CA_NAME_LEN * _MAX_CAS))()
     n = umad.umad_get_cas_names(names, _MAX_CAS)
@@ -245,6 +256,11 @@ def local_cas() -> list[LocalCA]:
 
 def _open_failure(ca: str | None, port: int, os_errno: int) -> MadError:
     """The MadError for a port that would not open: what was tried and what the host has."""
+    from ibmon.sources.localport import (  # see the imports
+        explain_open_failure,
+        umad_access_problem,
+    )
+
     try:
         cas = local_cas()
     except (OSError, MadError):
@@ -362,11 +378,24 @@ class MadEngine:
         self.sent += 1
         return bool(rc >= 0)
 
-    def run(self, requests: Sequence[MadRequest]) -> list[MadResult]:
-        """Send every request (``window`` at a time) and return results in request order."""
+    def run(
+        self,
+        requests: Sequence[MadRequest],
+        emit: Callable[[list[MadResult]], None] | None = None,
+        chunk: int = 512,
+    ) -> list[MadResult]:
+        """Send every request (``window`` at a time) and return results in request order.
+
+        With ``emit``, every time the answered prefix of the batch has grown by ``chunk``
+        results, that part goes to ``emit`` (in request order) and is left out of the returned
+        list, which then holds only the rest: the caller can decode the first answers while
+        later MADs are still in flight.
+        """
         if not self._handle:
             raise MadError("MAD port closed")
-        results: list[MadResult | None] = [None] * len(requests)
+        n = len(requests)
+        results: list[MadResult | None] = [None] * n
+        done = emitted = 0  # results[:done] are all in; results[:emitted] went to ``emit``
         tries = [0] * len(requests)
         todo: deque[int] = deque(range(len(requests)))
         pending: dict[int, int] = {}  # tid -> request index
@@ -421,4 +450,11 @@ class MadEngine:
                 idx = pending.pop(deadlines.popleft()[1], -1)
                 if idx >= 0:
                     retry_or_fail(idx)
-        return [r if r is not None else MadResult(None, "timeout") for r in results]
+            if emit is not None and done < n and results[done] is not None:
+                done += 1
+                while done < n and results[done] is not None:
+                    done += 1
+                if done - emitted >= chunk:
+                    emit(results[emitted:done])  # type: ignore[arg-type]  # all answered
+                    emitted = done
+        return [r if r is not None else MadResult(None, "timeout") for r in results[emitted:]]

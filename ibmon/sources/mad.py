@@ -51,6 +51,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import gc
+import itertools
 import os
 import threading
 import time
@@ -347,12 +348,24 @@ class MadSource(FabricSource):
     def _run_sync(self, reqs: Sequence[MadRequest], *, keep: bool = True) -> list[MadResult]:
         """Blocking: split ``reqs`` over the workers, which work in parallel. ``keep=False``:
         a one-off batch, which does not replace the batch a worker repeats on ``again``."""
+        return list(self._results(reqs, keep=keep))
+
+    def _results(self, reqs: Sequence[MadRequest], *, keep: bool = True) -> Iterator[MadResult]:
+        """Blocking: the results of ``reqs`` in request order, each as soon as the worker has
+        sent the part it is in, so the caller decodes the first answers while later MADs are
+        still in flight (a cold start's batches are bound by the worker's send loop on one CPU
+        and this thread's decoding on the other). Read to the end: a caller that stops early
+        (it raised) leaves answers in the worker's pipe, so the workers are replaced."""
         workers = self._workers  # this generation: a verdict on it must not hit its successor
         if not workers or not all(w.ready for w in workers):
             raise MadError("MAD port not open")
+        answered = False
+        failed = total = 0
+        finished = False
         try:
             if len(workers) == 1 or len(reqs) < 64:
-                out = workers[0].run(reqs, keep=keep)
+                workers[0].send(reqs, keep=keep)
+                parts: Iterator[list[MadResult]] = workers[0].stream()
             else:
                 n = len(workers)
                 for i, w in enumerate(workers):
@@ -360,16 +373,27 @@ class MadSource(FabricSource):
                 out = [MadResult(None, "timeout")] * len(reqs)
                 for i, w in enumerate(workers):
                     out[i::n] = w.receive()
+                parts = iter((out,))
+            for part in parts:
+                total += len(part)
+                for r in part:
+                    if r.data is not None:
+                        answered = True
+                    elif r.error == "send_failed":
+                        failed += 1
+                yield from part
+            finished = True
         except MadError as exc:
             if self._workers is workers:
                 self._broken = str(exc)
             raise
-        if any(r.data is not None for r in out):
+        finally:
+            if not finished and self._workers is workers and self._broken is None:
+                self._broken = "a batch was not read to its end"
+        if answered:
             self._failures = 0
-        failed = sum(1 for r in out if r.error == "send_failed")
         if failed and self._workers is workers:
-            self._broken = f"{failed} of {len(out)} MADs could not be sent"
-        return out
+            self._broken = f"{failed} of {total} MADs could not be sent"
 
     async def _in_thread(
         self, fn: Callable[..., object], *args: object, kill_on_cancel: bool = True
@@ -425,7 +449,7 @@ class MadSource(FabricSource):
             for p in ports:
                 reqs.append(MadRequest(CLASS_SMI, ATTR_PORT_INFO, attr_mod=p, path=path))
                 targets.append((info.node_guid, p))
-        results = self._run_sync(reqs)
+        results = self._results(reqs)  # decoded as they arrive
         res.mads += len(reqs)
         for (guid, pnum), r in zip(targets, results, strict=True):
             node = res.nodes[guid]
@@ -460,7 +484,7 @@ class MadSource(FabricSource):
                     continue
                 reqs.append(MadRequest(CLASS_SMI, ATTR_NODE_INFO, path=(*path, p)))
                 hops.append((info.node_guid, p, (*path, p)))
-        results = self._run_sync(reqs)
+        results = self._results(reqs)  # decoded as they arrive
         res.mads += len(reqs)
         arrivals: list[_Arrival] = []
         queued: set[tuple[str, int]] = set()  # (guid, entry port) already in ``arrivals``
@@ -560,33 +584,38 @@ class MadSource(FabricSource):
         reqs += [MadRequest(CLASS_SMI, ATTR_PORT_INFO, attr_mod=int(k[1]), lid=lid)
                  for k, lid in state]
         reqs += [self._detail_request(view, read) for read in early]
-        results = self._run_sync(reqs)
+        results = self._results(reqs)  # decoded as they arrive, while later MADs are out
         mads += len(reqs)
         n_plan, n_state = len(plan), len(state)
-        raw: dict[PortKey, dict[str, bytes]] = {}
+        out: dict[PortKey, PortCounterValues] = {}
         failed: dict[PortKey, str] = {}
-        for (key, kind, _req), r in zip(plan, results[:n_plan], strict=True):
+        # a port's counter Gets are adjacent in the plan: decode it once its last one is in
+        key: PortKey | None = None
+        parts: dict[str, bytes] = {}
+        for (k, kind, _req), r in zip(plan, itertools.islice(results, n_plan), strict=True):
+            if k != key:
+                if key is not None and key not in failed:
+                    out[key] = self._decode(view, key, parts)
+                key, parts = k, {}
             if r.data is None:
-                failed.setdefault(key, r.error or "timeout")
+                failed.setdefault(k, r.error or "timeout")
             else:
-                raw.setdefault(key, {})[kind] = r.data
-        for (key, _lid), r in zip(state, results[n_plan : n_plan + n_state], strict=True):
+                parts[kind] = r.data
+        if key is not None and key not in failed:
+            out[key] = self._decode(view, key, parts)
+        for (k, _lid), r in zip(state, itertools.islice(results, n_state), strict=True):
             if r.data is not None:
-                view.refresh_port(key, decode_port_info(r.data))
-            elif key not in failed and key in raw:
+                view.refresh_port(k, decode_port_info(r.data))
+            elif k in out:
                 # one error per port and poll: report the state miss only when the PMA answered
                 errors.append(
-                    SourceError(r.error or "timeout", f"{key[0]} port {key[1]}: PortInfo", key)
+                    SourceError(r.error or "timeout", f"{k[0]} port {k[1]}: PortInfo", k)
                 )
         errors.extend(
-            SourceError(reason, f"{key[0]} port {key[1]}: PMA", key)
-            for key, reason in failed.items()
+            SourceError(reason, f"{k[0]} port {k[1]}: PMA", k) for k, reason in failed.items()
         )
-        out = {
-            key: self._decode(view, key, parts) for key, parts in raw.items() if key not in failed
-        }
         detail_mads = len(early)
-        self._record_details(early, results[n_plan + n_state :], out, errors)
+        self._record_details(early, list(results), out, errors)
         late = details.moved(out, set(early))
         if late:
             more = self._run_sync([self._detail_request(view, read) for read in late], keep=False)

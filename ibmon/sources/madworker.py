@@ -26,11 +26,15 @@ Protocol, on the child's stdin/stdout: frames of a 4-byte big-endian length and 
 payload (plain tuples, bytes, ints and strings only; both ends are this module). The child
 first sends ``("ready",)`` or ``("error", message, cause)``; then for each ``("run",
 [request tuple, ...])`` it answers ``("ok", [(data, error), ...])`` in request order, or
-``("error", message, cause)`` and exits. ``("again",)`` runs the previous batch's requests once
-more: a counter poll sends the same requests every time, so they cross the pipe once per
-topology, not once per poll. ``("once", [request tuple, ...])`` runs a batch without making it
-the one ``again`` repeats (the few detail reads that follow a poll's counters, so the next poll
-is still an ``again``). End of input (or ``("close",)``) closes the port.
+``("error", message, cause)`` and exits. A big batch's answers come in parts: zero or more
+``("part", [(data, error), ...])`` frames, each the next ``STREAM_CHUNK`` answers in request
+order as soon as they are all in, then ``("ok", [...])`` with the rest, so that the daemon
+decodes the first answers while the worker is still sending (``MadWorker.stream``).
+``("again",)`` runs the previous batch's requests once more: a counter poll sends the same
+requests every time, so they cross the pipe once per topology, not once per poll.
+``("once", [request tuple, ...])`` runs a batch without making it the one ``again`` repeats
+(the few detail reads that follow a poll's counters, so the next poll is still an ``again``).
+End of input (or ``("close",)``) closes the port.
 """
 
 from __future__ import annotations
@@ -39,20 +43,23 @@ import contextlib
 import ctypes
 import fcntl
 import gc
-import json
 import marshal
 import os
 import select
 import signal
 import struct
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ibmon.sources.libibmad import MadEngine, MadError, MadRequest, MadResult
+
+if TYPE_CHECKING:
+    import subprocess
+# ``subprocess`` is imported where the daemon's side uses it: the child, which starts on every
+# (re)open of the MAD port and before the first MAD of a cold start, never needs it.
 
 __all__ = ["MadWorker", "MadWorkerGoneError", "main"]
 
@@ -63,6 +70,17 @@ _READ_SLICE = 0.25
 _PR_SET_PDEATHSIG = 1
 #: A counter poll's answers are about 200 bytes a MAD: a bigger pipe means fewer wake-ups.
 _PIPE_SIZE = 1 << 20
+#: The child's command: ``python -S`` (no ``site``: the child needs only the standard library and
+#: this package, and skipping it halves the interpreter's start, which a cold start waits for),
+#: with the directory holding the ``ibmon`` package appended to its path.
+_CHILD = (
+    "import sys; sys.path.append(sys.argv[1]); "
+    "from ibmon.sources.madworker import main; sys.exit(main(sys.argv[1:]))"
+)
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+#: Answers per ``part`` frame: big enough that a frame costs little per MAD, small enough that
+#: the daemon's decoding overlaps most of a batch (a cold start's batches are 600-5,000 MADs).
+STREAM_CHUNK = 256
 
 
 class MadWorkerGoneError(MadError):
@@ -142,8 +160,10 @@ class MadWorker:
     ) -> None:
         args = {"ca": ca, "port": port, "timeout": timeout, "retries": retries,
                 "window": window, "parent": os.getpid()}
-        self.proc = subprocess.Popen(  # fixed argv: this interpreter, this module
-            [python, "-m", "ibmon.sources.madworker", json.dumps(args)],
+        import subprocess  # see the imports
+
+        self.proc: subprocess.Popen[bytes] = subprocess.Popen(  # fixed argv: this interpreter
+            [python, "-S", "-c", _CHILD, _PACKAGE_ROOT, marshal.dumps(args).hex()],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,
@@ -171,6 +191,8 @@ class MadWorker:
         return self.proc.poll() is None
 
     def _gone(self) -> MadWorkerGoneError:
+        import subprocess  # see the imports
+
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=1.0)  # a killed worker exits at once: say how it ended
         code = self.proc.poll()
@@ -225,14 +247,26 @@ class MadWorker:
         except OSError:
             raise self._gone() from None
 
+    def stream(self) -> Iterator[list[MadResult]]:
+        """Blocking: the answers to the batch last sent, in request order, part by part as the
+        worker sends them (see the module docstring). Read it to the end before the next batch:
+        a reader that stops early leaves the rest in the pipe (the source then retires us)."""
+        while True:
+            try:
+                with self._reading:
+                    msg = self._answer(self._reader.frame())
+            except MadWorkerGoneError:
+                raise self._gone() from None
+            yield list(map(MadResult._make, msg[1]))
+            if msg[0] != "part":
+                return
+
     def receive(self) -> list[MadResult]:
         """Blocking: the answers to the batch last sent, in request order."""
-        try:
-            with self._reading:
-                msg = self._answer(self._reader.frame())
-        except MadWorkerGoneError:
-            raise self._gone() from None
-        return list(map(MadResult._make, msg[1]))
+        out: list[MadResult] = []
+        for part in self.stream():
+            out += part
+        return out
 
     def run(self, requests: Sequence[MadRequest], *, keep: bool = True) -> list[MadResult]:
         self.send(requests, keep=keep)
@@ -247,6 +281,8 @@ class MadWorker:
     def close(self, grace: float = 0.5, reap: float = 2.0) -> bool:
         """Blocking: end of input (the worker closes its port and exits), SIGKILL after
         ``grace`` seconds; True once the process is gone and reaped (its pipes closed)."""
+        import subprocess  # see the imports
+
         stdin = self.proc.stdin
         if stdin is not None:
             with contextlib.suppress(OSError):
@@ -292,6 +328,10 @@ def _serve(out: int, args: dict[str, Any]) -> int:
     _write_frame(out, ("ready",))
     reader = _Reader(0, threading.Event())
     requests: list[MadRequest] = []
+
+    def part(results: list[MadResult]) -> None:
+        _write_frame(out, ("part", [(r.data, r.error) for r in results]))
+
     with engine:
         while True:
             try:
@@ -304,7 +344,7 @@ def _serve(out: int, args: dict[str, Any]) -> int:
                 requests = list(map(MadRequest._make, msg[1]))
             batch = list(map(MadRequest._make, msg[1])) if msg[0] == "once" else requests
             try:
-                results = engine.run(batch)
+                results = engine.run(batch, part, STREAM_CHUNK)
             except MadError as exc:
                 _write_frame(out, ("error", str(exc), exc.cause))
                 return 0
@@ -312,8 +352,8 @@ def _serve(out: int, args: dict[str, Any]) -> int:
 
 
 def main(argv: Sequence[str]) -> int:
-    """The worker process (``python -m ibmon.sources.madworker '<json args>'``)."""
-    args = json.loads(argv[1])
+    """The worker process: ``argv[1]`` is its arguments, ``marshal``-ed, in hex (``_CHILD``)."""
+    args = marshal.loads(bytes.fromhex(argv[1]))  # noqa: S302 - our own parent, plain types
     _die_with_parent(int(args["parent"]))
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # the daemon decides
         signal.signal(sig, signal.SIG_IGN)

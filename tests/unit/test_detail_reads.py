@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from ibmon.counters import DETAIL_ATTRIBUTES, DETAILS
 from ibmon.model import PortIdentity, PortKey, PortSample, Snapshot
@@ -286,9 +286,9 @@ class PmaSource(MadSource):
     async def _ensure_workers(self) -> None:
         return None
 
-    def _run_sync(self, reqs: Sequence[MadRequest], *, keep: bool = True) -> list[MadResult]:
+    def _results(self, reqs: Sequence[MadRequest], *, keep: bool = True) -> Iterator[MadResult]:
         self.sent += reqs
-        return [self._answer(r) for r in reqs]
+        return iter([self._answer(r) for r in reqs])
 
     def _answer(self, r: MadRequest) -> MadResult:
         data = bytearray(192)

@@ -145,3 +145,56 @@ def test_a_one_off_batch_does_not_replace_the_batch_repeated_on_again(tmp_path: 
         raw = raw[4 + n :]
     assert [f[0] for f in frames] == ["run", "again", "once", "again"]
     assert frames[2][1] == [tuple(r) for r in details]
+
+
+def frames_file(path: Path, *frames: object) -> Path:
+    """``frames`` as the worker writes them (length-prefixed ``marshal``), in one file."""
+    raw = b""
+    for f in frames:
+        body = marshal.dumps(f)
+        raw += struct.pack(">I", len(body)) + body
+    path.write_bytes(raw)
+    return path
+
+
+def streaming_worker(tmp_path: Path) -> MadWorker:
+    """A worker that answers one batch of five MADs in three frames: two parts and the rest."""
+    answers = frames_file(
+        tmp_path / "answers",
+        ("ready",),
+        ("part", [(b"a", None), (None, "timeout")]),
+        ("part", [(b"c", None), (None, "status_0x000c")]),
+        ("ok", [(b"e", None)]),
+    )
+    return worker(fake_python(tmp_path, f"cat {answers}; exec cat > /dev/null"))
+
+
+def test_a_batch_answered_in_parts_comes_back_whole_and_in_request_order(tmp_path: Path) -> None:
+    """The worker streams a big batch's answers as they complete, so the daemon decodes the first
+    ones while later MADs are in flight; whoever reads the batch sees one ordered list."""
+    w = streaming_worker(tmp_path)
+    try:
+        assert w.wait_ready(10.0)
+        out = w.run([MadRequest(CLASS_SMI, ATTR_NODE_INFO, path=(p,)) for p in range(5)])
+    finally:
+        assert w.close()
+    assert [(r.data, r.error) for r in out] == [
+        (b"a", None), (None, "timeout"), (b"c", None), (None, "status_0x000c"), (b"e", None)
+    ]
+
+
+async def test_a_batch_not_read_to_its_end_retires_the_worker(tmp_path: Path) -> None:
+    """A caller that stops reading a streamed batch (its decoding raised) leaves answers in the
+    pipe, where the next batch would read them as its own: the workers are replaced first."""
+    src = MadSource()
+    w = streaming_worker(tmp_path)
+    try:
+        assert w.wait_ready(10.0)
+        src._workers = [w]
+        results = src._results([MadRequest(CLASS_SMI, ATTR_NODE_INFO, path=(p,)) for p in range(5)])
+        assert next(results).data == b"a"
+        assert src._broken is None
+        results.close()  # what a raise in the caller's loop does to the generator
+        assert src._broken == "a batch was not read to its end"
+    finally:
+        await src.close()

@@ -108,26 +108,34 @@ class PortInfo:
     speed_ext_enabled: int
 
 
+#: PortInfo bytes 16-63 in one unpack (a sweep decodes one per port, thousands per discovery
+#: and, with the per-poll state refresh, per poll): LID, SMLID, CapabilityMask, then bytes 28-35
+#: one by one, then CapabilityMask2 and the two extended-speed bytes at 60-63.
+_PORT_INFO = struct.Struct(">16xHHI4xBBBBBBBB24xHBB")
+
+
 def decode_port_info(data: bytes) -> PortInfo:
     if len(data) < 64:
         raise ParseError("PortInfo payload shorter than 64 bytes")
-    lid, smlid, capmask = struct.unpack_from(">HHI", data, 16)
+    lid, smlid, capmask, lport, w_en, w_sup, w_act, b32, b33, b34, b35, cap2, b62, b63 = (
+        _PORT_INFO.unpack_from(data)
+    )
     return PortInfo(
-        lid=lid,
-        sm_lid=smlid,
-        cap_mask=capmask,
-        local_port=data[28],
-        width_enabled=data[29],
-        width_supported=data[30],
-        width_active=data[31],
-        speed_supported=data[32] >> 4,
-        state=data[32] & 0x0F,
-        phys_state=data[33] >> 4,
-        lmc=data[34] & 0x07,
-        speed_active=data[35] >> 4,
-        speed_enabled=data[35] & 0x0F,
-        cap_mask2=struct.unpack_from(">H", data, 60)[0],
-        speed_ext_active=data[62] >> 4,
-        speed_ext_supported=data[62] & 0x0F,
-        speed_ext_enabled=data[63] & 0x1F,
+        lid,  # lid
+        smlid,  # sm_lid
+        capmask,  # cap_mask
+        lport,  # local_port
+        w_en,  # width_enabled
+        w_sup,  # width_supported
+        w_act,  # width_active
+        b32 >> 4,  # speed_supported
+        b32 & 0x0F,  # state
+        b33 >> 4,  # phys_state
+        b34 & 0x07,  # lmc
+        b35 >> 4,  # speed_active
+        b35 & 0x0F,  # speed_enabled
+        cap2,  # cap_mask2
+        b62 >> 4,  # speed_ext_active
+        b62 & 0x0F,  # speed_ext_supported
+        b63 & 0x1F,  # speed_ext_enabled
     )
