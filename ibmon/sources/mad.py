@@ -359,6 +359,8 @@ class MadSource(FabricSource):
         workers = self._workers  # this generation: a verdict on it must not hit its successor
         if not workers or not all(w.ready for w in workers):
             raise MadError("MAD port not open")
+        if not reqs:  # nothing to ask (the sweep's last round): no round trip to the worker
+            return
         answered = False
         failed = total = 0
         finished = False
