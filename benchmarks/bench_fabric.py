@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_fabric.py [--ports 2200] [--loop-sample 40] [--repeat 5]
     .venv/bin/python benchmarks/bench_fabric.py --only details [--erroring 0.05]
-    .venv/bin/python benchmarks/bench_fabric.py --only cold [--repeat 9]
+    .venv/bin/python benchmarks/bench_fabric.py --only cold [--repeat 9] [--before DIR]
 
 Measures, on one simulator:
 
@@ -77,10 +77,11 @@ def _spread(xs: list[float]) -> str:
     return f"best {min(xs):.3f}, median {statistics.median(xs):.3f}, worst {max(xs):.3f}"
 
 
-def cold_start(sim: IbSim, repeat: int) -> bool:
+def cold_start(sim: IbSim, repeat: int, before: str | None = None) -> bool:
     """Target 6: ``mad`` discovery + first sweep, and the per-poll sweep, against
     ``ibqueryerrors``, interleaved; then ``ibqueryerrors`` with ibsim pinned (see the module
-    docstring). Returns whether the per-poll sweep is within 1.0x."""
+    docstring). ``before``: a directory holding another tree's ``ibmon`` (e.g. ``git archive
+    main``), run interleaved the same way. Returns whether the per-poll sweep is within 1.0x."""
     load0 = os.getloadavg()
     iqe: list[float] = []
     disc: list[float] = []
@@ -88,8 +89,15 @@ def cold_start(sim: IbSim, repeat: int) -> bool:
     coldr: list[float] = []
     steady: list[float] = []
     mads: set[tuple[int, ...]] = set()
+    old_cold: list[float] = []
+    old_steady: list[float] = []
     for _ in range(repeat):
         iqe.append(_ibqueryerrors(sim))
+        if before is not None:
+            m = run_mad(sim, ["discover", "sample", "sample", "sample"],
+                        extra_env={"PYTHONPATH": before})
+            old_cold.append(m["discover_s"][0] + m["sample_s"][0])
+            old_steady.append(min(m["sample_s"][1:]))
         m = run_mad(sim, ["discover", "sample", "sample", "sample"])
         disc.append(m["discover_s"][0])
         first.append(m["sample_s"][0])
@@ -127,6 +135,11 @@ def cold_start(sim: IbSim, repeat: int) -> bool:
               f"(runs {_runs(pinned['same'])}): mad cold = {cold_s / min(pinned['same']):.2f}x")
         print(f"ibqueryerrors on the other CPU       {min(pinned['other']):7.3f} s   "
               f"(runs {_runs(pinned['other'])}): mad cold = {cold_s / min(pinned['other']):.2f}x")
+    if old_cold:
+        print(f"before ({before}): cold {min(old_cold):.3f} s (median "
+              f"{statistics.median(old_cold):.3f}), every poll {min(old_steady):.3f} s (median "
+              f"{statistics.median(old_steady):.3f})")
+        print("              before cold   " + _runs(old_cold))
     print("all runs (s): ibqueryerrors " + _runs(iqe))
     print("              mad cold      " + _runs(coldr))
     print("              mad steady    " + _runs(steady))
@@ -199,6 +212,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--only", choices=["details", "cold"], default=None,
                     help="run only this part (details: the detail reads' cost; cold: target 6)")
+    ap.add_argument("--before", default=None,
+                    help="with --only cold: also run the ibmon found in this directory")
     ap.add_argument("--erroring", type=float, default=0.05,
                     help="share of ports whose receive errors move before every poll")
     args = ap.parse_args()
@@ -208,7 +223,7 @@ def main() -> None:
             sys.exit(0 if details(fab, sim, args.repeat, args.erroring) else 1)
     if args.only == "cold":
         with IbSim(to_ibsim_netfile(fab)) as sim:
-            sys.exit(0 if cold_start(sim, args.repeat) else 1)
+            sys.exit(0 if cold_start(sim, args.repeat, args.before) else 1)
     cold: list[float] = []
     disc: list[float] = []
     steady: list[float] = []

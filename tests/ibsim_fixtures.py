@@ -89,9 +89,11 @@ def run_mad(
     steps: list[str],
     child_timeout: float = 120.0,
     on_wait: Callable[[], None] | None = None,
+    extra_env: dict[str, str] | None = None,
     **source: Any,
 ) -> dict[str, Any]:
-    """Run MadSource steps ("discover", "sample", "wait") in a child with the simulator's env.
+    """Run MadSource steps ("discover", "sample", "wait") in a child with the simulator's env
+    (plus ``extra_env``: a benchmark runs another tree's ibmon with ``PYTHONPATH``).
 
     At a "wait" step the child pauses and ``on_wait`` runs here (e.g. to inject a fault between
     discovery and sampling).
@@ -99,7 +101,7 @@ def run_mad(
     opts = {"source": source, "steps": steps}
     with subprocess.Popen(
         [sys.executable, "-c", _CHILD, json.dumps(opts)],
-        env=sim.tool_env(),
+        env={**sim.tool_env(), **(extra_env or {})},
         cwd=sim.workdir,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
