@@ -109,14 +109,14 @@ def cold_start(sim: IbSim, repeat: int, before: str | None = None) -> bool:
     ibsim_pid: int = sim._ibsim.pid  # type: ignore[union-attr]
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) >= 2:
-        before = os.sched_getaffinity(ibsim_pid)
+        affinity = os.sched_getaffinity(ibsim_pid)
         os.sched_setaffinity(ibsim_pid, {cpus[0]})
         try:
             for _ in range(3):
                 pinned["same"].append(_ibqueryerrors(sim, cpus[0]))
                 pinned["other"].append(_ibqueryerrors(sim, cpus[1]))
         finally:
-            os.sched_setaffinity(ibsim_pid, before)
+            os.sched_setaffinity(ibsim_pid, affinity)
     iqe_s, cold_s, steady_s = min(iqe), min(coldr), min(steady)
     print(f"load average {load0[0]:.2f} before, {load1[0]:.2f} after; best of {repeat}, "
           "interleaved")
