@@ -123,7 +123,7 @@ def cold_start(sim: IbSim, repeat: int, before: str | None = None) -> bool:
     for m_ in sorted(mads):
         print(f"MADs: discovery {m_[0]}, first sweep {m_[1]}, later polls {list(m_[2:])}")
     print(f"ibqueryerrors --data --counters      {iqe_s:7.3f} s   ({_spread(iqe)})")
-    print(f"mad discovery (DR sweep)             {min(disc):7.3f} s   ({_spread(disc)})")
+    print(f"mad discovery (+ ClassPortInfo)      {min(disc):7.3f} s   ({_spread(disc)})")
     print(f"mad first sweep                      {min(first):7.3f} s   ({_spread(first)})")
     medians = statistics.median(coldr) / statistics.median(iqe)
     print(f"mad discovery + first sweep          {cold_s:7.3f} s   = {cold_s / iqe_s:.2f}x "
