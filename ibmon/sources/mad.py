@@ -30,10 +30,9 @@ The umad port lives in a worker process (``madworker``: one ``MadEngine`` = one 
 the answers happens here, on one thread bridged to asyncio with ``run_in_executor``. The worker
 streams a big batch's answers in parts, and this thread decodes each part while the worker is
 still sending the rest (``_results``), so a sweep costs about the MADs' time, not that plus
-the decoding. A MAD that
-is not answered within ``timeout`` is retried ``retries`` times and then reported as a
-SourceError with reason "timeout" for that port only: a dead switch costs its own ports one
-timeout, never the sweep.
+the decoding. A MAD that is not answered within ``timeout`` is retried ``retries`` times and
+then reported as a SourceError with reason "timeout" for that port only: a dead switch costs
+its own ports one timeout, never the sweep.
 
 The source heals its own MAD port, without a reload: when a poll is cancelled (the daemon's poll
 timeout: a frozen fabric) its worker is killed at once, so the thread waiting on it is free and
