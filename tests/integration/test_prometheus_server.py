@@ -15,11 +15,11 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from exporters.http import hash_password
 from exporters.prometheus import CONTENT_TYPE, PrometheusExporter
 from exporters.render import render_ports
+from exporters.server import Request, Response, Route
 from ibmon.counters import CATALOGUE
 from ibmon.model import LinkInfo, PortIdentity, PortView
 from ibmon.selfmetrics import SelfMetrics
@@ -166,13 +166,13 @@ async def test_an_older_render_never_replaces_a_newer_one(exporter: PrometheusEx
 async def test_index_head_and_extra_routes(metrics: SelfMetrics) -> None:
     exp = PrometheusExporter(listen="127.0.0.1:0", self_metrics=metrics)
 
-    async def healthz(request: web.Request) -> web.Response:
-        return web.Response(text="ok")
+    async def healthz(request: Request) -> Response:
+        return Response(b"ok")
 
-    exp.add_routes([web.get("/healthz", healthz)])
+    exp.add_routes([Route("/healthz", healthz)])
     async with exp, aiohttp.ClientSession() as session:
         with pytest.raises(RuntimeError, match="before start"):
-            exp.add_routes([web.get("/late", healthz)])
+            exp.add_routes([Route("/late", healthz)])
         async with session.get(_url(exp, "/")) as resp:
             assert resp.status == 200
             assert 'href="metrics"' in await resp.text()
