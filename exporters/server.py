@@ -354,8 +354,11 @@ class HttpConnection(asyncio.Protocol):
                 self._request(event)
             elif isinstance(event, h11.Data):
                 self._body += len(event.data)
-                if self._body > MAX_BODY:
-                    self._close()  # a GET does not need a body this big
+                if self._body > MAX_BODY:  # a GET does not need a body this big: no more
+                    self._close_after = True  # reading; the answer (if any) ends with close
+                    self._pause_reading()
+                    if self._task is None:
+                        self._close()
                     return
             elif isinstance(event, h11.EndOfMessage):
                 if self._task is None and conn.our_state is h11.DONE:
@@ -369,6 +372,11 @@ class HttpConnection(asyncio.Protocol):
     def _request(self, event: h11.Request) -> None:
         if event.http_version not in (b"1.1", b"1.0"):
             self._bad(400, f"unsupported HTTP version {event.http_version!r}")
+            return
+        size = len(event.method) + len(event.target) + 12
+        size += sum(len(name) + len(value) + 4 for name, value in event.headers)
+        if size > MAX_HEAD:  # h11 only bounds a head that arrives in several pieces
+            self._bad(431, f"request head of {size} bytes")
             return
         headers: dict[str, str] = {}
         for name, value in event.headers:
@@ -414,7 +422,8 @@ class HttpConnection(asyncio.Protocol):
 
     async def _send(self, request: Request, response: Response) -> None:
         transport = self._transport
-        assert transport is not None
+        if transport is None:
+            raise ConnectionResetError("closed before the answer")
         conn = self._h11
         headers = [*response.headers, ("content-length", str(response.length)),
                    ("date", _date())]
