@@ -275,6 +275,7 @@ class HttpConnection(asyncio.Protocol):
         self._reading = True
         self._closing = False
         self._close_after = False  # the listener stops: close once this answer is sent
+        self._eof = False  # the client closed its side
         self.lost = False
 
     # -- asyncio.Protocol ------------------------------------------------------------------
@@ -296,6 +297,7 @@ class HttpConnection(asyncio.Protocol):
     def eof_received(self) -> bool | None:
         """The client closed its side: an answer in progress is still sent (HTTP/1.0 clients
         and ``shutdown(SHUT_WR)`` do this), then the connection closes."""
+        self._eof = True
         self._h11.receive_data(b"")
         if self._task is None:
             self._process()
@@ -340,7 +342,10 @@ class HttpConnection(asyncio.Protocol):
             try:
                 event = conn.next_event()
             except h11.RemoteProtocolError as exc:
-                self._bad(exc.error_status_hint, str(exc))
+                if self._eof:  # went away mid-request: not a malformed request
+                    self._close()
+                else:
+                    self._bad(exc.error_status_hint, str(exc))
                 return
             if event is h11.NEED_DATA:
                 if not self._reading and conn.their_state is h11.SEND_BODY:

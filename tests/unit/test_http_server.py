@@ -294,3 +294,12 @@ async def test_stop_lets_the_answer_in_progress_finish(served: Served) -> None:
                 got += len(chunk)
             await stopping
     assert got == PIECE * PIECES
+
+
+async def test_a_client_leaving_mid_request_is_not_a_bad_request(served: Served) -> None:
+    async with _client(served.port) as (reader, writer):
+        writer.write(b"GET /echo HTTP/1.1\r\nHost: x\r\n")
+        writer.write_eof()
+        assert await _eof(reader)
+    assert served.bad_requests() == 0
+    assert served.exporter._guard.open == 0
