@@ -66,6 +66,14 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 GZIP_LEVEL = 1
 #: Plain scrapes are decompressed and sent in pieces of this size, yielding to the loop in between.
 PLAIN_PIECE = 256 * 1024
+#: Free heap pages are handed back after a publish only when the port series (or those they
+#: replace) are at least this big (uncompressed). Measured (``benchmarks/README.md``,
+#: "malloc_trim threshold"): below ~1 MB (about 300 ports) a publish leaves under 0.5 MB of
+#: holes, which the next poll reuses, while ``malloc_trim`` costs a fixed 0.1-0.7 ms (it walks
+#: every arena, and the pages it returns fault back in on the next poll): a node-local daemon
+#: (16 HCAs, ~30 kB) paid that on every poll for nothing. At 2,000 ports it saves 1.5 MB, at
+#: 20,000 about 10 MB.
+TRIM_MIN_BODY = 1 << 20
 #: On stop, answers in progress get this long to finish before their connections are closed.
 SHUTDOWN_TIMEOUT = 5.0
 
@@ -94,7 +102,7 @@ _MALLOC_TRIM = _load_malloc_trim()
 
 
 def release_free_memory() -> None:
-    """Hand free heap pages back to the OS after a publish (about 1 ms at 20,000 ports).
+    """Hand free heap pages back to the OS after a big publish (``TRIM_MIN_BODY``).
 
     Each publish allocates and frees family texts of a few MB; glibc raises its mmap threshold
     after the first such free and then serves them from the heap, where the holes they leave stay
@@ -208,9 +216,11 @@ class PrometheusExporter:
         if seq > self._installed_seq:  # a slower, older render never replaces a newer one
             self._installed_seq = seq
             self._state = state
-            self._exposition = body
-            # The previous body is released just above unless a scrape still streams it.
-            release_free_memory()
+            previous, self._exposition = self._exposition, body
+            big = max(body.size, previous.size) >= TRIM_MIN_BODY
+            del previous  # released here unless a scrape still streams it
+            if big:
+                release_free_memory()
 
     def publish_now(self, state: FabricState) -> None:
         """Render ``state``'s ports now, in the calling thread, and serve them from the next
