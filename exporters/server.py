@@ -276,6 +276,7 @@ class HttpConnection(asyncio.Protocol):
         self._closing = False
         self._close_after = False  # the listener stops: close once this answer is sent
         self._eof = False  # the client closed its side
+        self._tls = False
         self.lost = False
 
     # -- asyncio.Protocol ------------------------------------------------------------------
@@ -284,6 +285,7 @@ class HttpConnection(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
         self._peer = peer_address(transport)
+        self._tls = transport.get_extra_info("ssl_object") is not None
 
     def data_received(self, data: bytes) -> None:
         if self._closing:
@@ -299,9 +301,9 @@ class HttpConnection(asyncio.Protocol):
         and ``shutdown(SHUT_WR)`` do this), then the connection closes."""
         self._eof = True
         self._h11.receive_data(b"")
-        if self._task is None:
+        if self._task is None or self._tls:
             self._process()
-            return None
+            return None  # (a TLS transport cannot stay half-open)
         return True  # keep the transport open for the answer
 
     def pause_writing(self) -> None:
@@ -369,7 +371,6 @@ class HttpConnection(asyncio.Protocol):
                 if self._task is None and conn.our_state is h11.DONE:
                     self._next_cycle()  # the body ended after the answer (lingering)
                     return
-                self._pause_reading()
             elif isinstance(event, h11.ConnectionClosed):
                 self._close()
                 return
