@@ -11,6 +11,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import functools
 import hashlib
 import hmac
 import resource
@@ -194,8 +195,13 @@ def _x2n_table() -> tuple[int, ...]:
 _X2N = _x2n_table()
 
 
-def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
-    """CRC-32 of A+B from crc32(A), crc32(B) and len(B) (zlib's crc32_combine, pure Python)."""
+@functools.lru_cache(maxsize=16)
+def _shift(len2: int) -> int:
+    """x^(8 * len2) modulo the polynomial: the operator that moves a CRC past len2 bytes.
+
+    Cached because every scrape splices its head before the same tail (a publish's length):
+    computing it is most of a combine (50 us of Python per scrape; the multiply alone is 3 us).
+    """
     p = 1 << 31  # x^0
     n, k = len2, 3  # multiply by x^(8 * len2)
     while n:
@@ -203,7 +209,12 @@ def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
             p = _multmodp(_X2N[k & 31], p)
         n >>= 1
         k += 1
-    return _multmodp(p, crc1) ^ crc2
+    return p
+
+
+def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
+    """CRC-32 of A+B from crc32(A), crc32(B) and len(B) (zlib's crc32_combine, pure Python)."""
+    return _multmodp(_shift(len2), crc1) ^ crc2
 
 
 @dataclass(frozen=True, slots=True)
