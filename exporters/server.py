@@ -54,6 +54,8 @@ __all__ = [
 MAX_HEAD = 16 * 1024
 #: Bytes of request body read and dropped before the connection is closed instead.
 MAX_BODY = 64 * 1024
+#: A body in pieces up to this size is joined and sent with its head in one write.
+ONE_WRITE = 256 * 1024
 #: Characters a method token may hold (RFC 9110 ``tchar``): anything else is not HTTP.
 _TCHAR = frozenset(b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 #: A request's first bytes are checked once this many have arrived without a space.
@@ -436,21 +438,30 @@ class HttpConnection(asyncio.Protocol):
         if self._close_after or (conn.their_state is h11.SEND_BODY
                                  and self._unbounded_body(request)):
             headers.append(("connection", "close"))  # stopping, or a body not worth draining
-        transport.write(conn.send(h11.Response(status_code=response.status, headers=headers,
-                                               reason=_REASONS.get(response.status, ""))))
-        if request.method != "HEAD":
-            body = response.body
-            pieces: Iterable[bytes] = (body,) if isinstance(body, bytes) else body
-            for piece in pieces:
-                if self.lost or self._transport is None:
-                    raise ConnectionResetError("client went away")
-                if piece:
-                    transport.writelines(conn.send_with_data_passthrough(h11.Data(data=piece))
-                                         or ())
-                if not self._writable.is_set():
-                    await self._writable.wait()  # the client reads slower than we write
-                elif response.stream:
-                    await asyncio.sleep(0)  # a big body never holds the loop for long
+        head = conn.send(h11.Response(status_code=response.status, headers=headers,
+                                      reason=_REASONS.get(response.status, "")))
+        body = response.body
+        if request.method == "HEAD" or not response.length:
+            transport.write(head + conn.send(h11.EndOfMessage()))
+            return
+        if not response.stream and (isinstance(body, bytes) or response.length <= ONE_WRITE):
+            # Head, body and end in one write: one send() for the typical scrape, not six.
+            data = body if isinstance(body, bytes) else b"".join(body)
+            transport.writelines([head, *(conn.send_with_data_passthrough(h11.Data(data=data))
+                                          or ()), conn.send(h11.EndOfMessage())])
+            if not self._writable.is_set():
+                await self._writable.wait()  # the next request waits for this answer's room
+            return
+        transport.write(head)
+        for piece in (body,) if isinstance(body, bytes) else body:
+            if self.lost or self._transport is None:
+                raise ConnectionResetError("client went away")
+            if piece:
+                transport.writelines(conn.send_with_data_passthrough(h11.Data(data=piece)) or ())
+            if not self._writable.is_set():
+                await self._writable.wait()  # the client reads slower than we write
+            elif response.stream:
+                await asyncio.sleep(0)  # a big body never holds the loop for long
         if self.lost or self._transport is None:
             raise ConnectionResetError("client went away")
         transport.write(conn.send(h11.EndOfMessage()))
