@@ -444,8 +444,9 @@ class HttpConnection(asyncio.Protocol):
         if request.method == "HEAD" or not response.length:
             transport.write(head + conn.send(h11.EndOfMessage()))
             return
-        if not response.stream and (isinstance(body, bytes) or response.length <= ONE_WRITE):
+        if not response.stream and response.length <= ONE_WRITE:
             # Head, body and end in one write: one send() for the typical scrape, not six.
+            # (Bigger bodies are not joined: that would copy megabytes per answer.)
             data = body if isinstance(body, bytes) else b"".join(body)
             transport.writelines([head, *(conn.send_with_data_passthrough(h11.Data(data=data))
                                           or ()), conn.send(h11.EndOfMessage())])
