@@ -46,7 +46,6 @@ __all__ = [
     "Request",
     "Response",
     "Route",
-    "get",
     "peer_address",
 ]
 
@@ -145,10 +144,6 @@ class Route:
 
     path: str
     handler: Handler
-
-
-def get(path: str, handler: Handler) -> Route:
-    return Route(path, handler)
 
 
 class _Log(Protocol):
