@@ -35,10 +35,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from aiohttp import web
-
-from exporters.http import ANONYMOUS
 from exporters.ports import port_detail_json, port_json
+from exporters.server import HttpError, Request, Response, Route
 from ibmon.detect.engine import ActiveCondition
 from ibmon.events import Event, severity_rank
 from ibmon.model import PortKey, PortView, normalize_guid
@@ -74,6 +72,7 @@ MAX_CURSOR = 512
 #: The order and JSON of a state no client asked about for this long are let go (they hold
 #: that state's port views, which the daemon itself has already replaced).
 INDEX_TTL = 30.0
+JSON = "application/json"
 
 T = TypeVar("T")
 SortKey = tuple[float, float, float, float, float, str, int, str]
@@ -304,9 +303,8 @@ class ApiWorker:
 # --- query parameters ----------------------------------------------------------------------------
 
 
-def _bad_request(message: str) -> web.HTTPBadRequest:
-    return web.HTTPBadRequest(text=_dumps({"error": message}).decode(),
-                              content_type="application/json")
+def _bad_request(message: str) -> HttpError:
+    return HttpError(400, _dumps({"error": message}), content_type=JSON)
 
 
 def query_count(query: Mapping[str, str], name: str, *, default: int, maximum: int) -> int:
@@ -327,8 +325,8 @@ def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), allow_nan=False, default=str).encode()
 
 
-def _json(body: bytes, status: int = 200) -> web.Response:
-    return web.Response(body=body, status=status, content_type="application/json")
+def _json(body: bytes, status: int = 200) -> Response:
+    return Response(body, status=status, content_type=JSON)
 
 
 # --- routes --------------------------------------------------------------------------------------
@@ -370,7 +368,7 @@ class _Api:
             index = self.index = PortsIndex(state, conditions)
         return index
 
-    async def ports(self, request: web.Request) -> web.StreamResponse:
+    async def ports(self, request: Request) -> Response:
         query = request.query
         limit = query_count(query, "limit", default=DEFAULT_PAGE, maximum=MAX_PAGE)
         condition = query.get("condition") or None
@@ -390,7 +388,7 @@ class _Api:
         self._keep_index()
         return _json(body)
 
-    async def port(self, request: web.Request) -> web.StreamResponse:
+    async def port(self, request: Request) -> Response:
         """One port with both ends of its link, its conditions, breakdown and recent events;
         encoded once per state (and event history) however many clients ask."""
         try:
@@ -403,8 +401,8 @@ class _Api:
         key = (guid, str(int(number)))
         state = self.provider.state()
         if key not in state.ports:
-            raise web.HTTPNotFound(text=_dumps({"error": f"no port {guid}/{key[1]}"}).decode(),
-                                   content_type="application/json")
+            raise HttpError(404, _dumps({"error": f"no port {guid}/{key[1]}"}),
+                            content_type=JSON)
         events = self.provider.events()
         last = events[-1].id if events else None
         basis = (id(state), len(events), last)
@@ -425,7 +423,7 @@ class _Api:
             self._keep_index()
         return _json(body)
 
-    async def topology_page(self, request: web.Request) -> web.StreamResponse:
+    async def topology_page(self, request: Request) -> Response:
         """``/api/v1/topology``: nodes in GUID order with their ports and links, a bounded page
         at a time (``limit``, ``cursor``), each node's JSON encoded once per state."""
         query = request.query
@@ -449,7 +447,7 @@ class _Api:
         self._keep_index()
         return _json(body)
 
-    async def events(self, request: web.Request) -> web.StreamResponse:
+    async def events(self, request: Request) -> Response:
         limit = query_count(request.query, "limit", default=MAX_EVENTS, maximum=MAX_EVENTS)
         kind = request.query.get("type")
         since = request.query.get("since")
@@ -473,14 +471,14 @@ class _Api:
             await self.worker.run(encode)
         return _json(b'{"events":[' + b",".join(memo[e.id] for e in items) + b"]}")
 
-    async def healthz(self, request: web.Request) -> web.StreamResponse:
+    async def healthz(self, request: Request) -> Response:
         return _json(b'{"ok":true}')
 
-    async def readyz(self, request: web.Request) -> web.StreamResponse:
+    async def readyz(self, request: Request) -> Response:
         state = self.provider.state()
         up = sorted(name for name, s in state.sources.items() if s.up)
         ok = self.provider.ready() and bool(up)
-        if request.get(ANONYMOUS):
+        if request.anonymous:
             body = _dumps({"ready": ok})
         else:
             down = {name: s.last_error for name, s in state.sources.items() if not s.up}
@@ -488,14 +486,14 @@ class _Api:
         return _json(body, status=200 if ok else 503)
 
 
-def api_routes(provider: ApiProvider, *, worker: ApiWorker | None = None) -> list[web.RouteDef]:
+def api_routes(provider: ApiProvider, *, worker: ApiWorker | None = None) -> list[Route]:
     """The routes, for ``PrometheusExporter.add_routes``."""
     api = _Api(provider, worker or ApiWorker())
     return [
-        web.get("/api/v1/ports", api.ports),
-        web.get("/api/v1/ports/{guid}/{port}", api.port),
-        web.get("/api/v1/topology", api.topology_page),
-        web.get("/api/v1/events", api.events),
-        web.get("/healthz", api.healthz),
-        web.get("/readyz", api.readyz),
+        Route("/api/v1/ports", api.ports),
+        Route("/api/v1/ports/{guid}/{port}", api.port),
+        Route("/api/v1/topology", api.topology_page),
+        Route("/api/v1/events", api.events),
+        Route("/healthz", api.healthz),
+        Route("/readyz", api.readyz),
     ]

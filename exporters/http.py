@@ -1,7 +1,7 @@
 """HTTP plumbing of the exporter: listen addresses, basic auth, TLS, spliced gzip and limits.
 
 Kept apart from ``exporters.prometheus`` so each piece is small and testable without a server.
-The limits (``ConnectionGuard``, ``GuardedSite``, ``ServerLog``) keep the listener answering
+The limits (``ConnectionGuard``, ``ServerLog``) keep the listener answering
 while clients misbehave: see "connection limits" below.
 """
 
@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
+import functools
 import hashlib
 import hmac
 import resource
-import socket
 import ssl
 import struct
 import time
@@ -26,15 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from aiohttp import web
-from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError
-from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry, Counter
 
+from exporters.server import HttpConnection, peer_address
 from ibmon.config import parse_listen  # the one listen-address rule, shared with config checks
 
 __all__ = [
-    "ANONYMOUS",
     "KEEPALIVE_TIMEOUT",
     "LINGER_TIME",
     "MAX_CONNECTIONS",
@@ -43,7 +41,6 @@ __all__ = [
     "BasicAuth",
     "ConnectionGuard",
     "Deflated",
-    "GuardedSite",
     "HttpMetrics",
     "RateLimitedLog",
     "ServerLog",
@@ -198,8 +195,13 @@ def _x2n_table() -> tuple[int, ...]:
 _X2N = _x2n_table()
 
 
-def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
-    """CRC-32 of A+B from crc32(A), crc32(B) and len(B) (zlib's crc32_combine, pure Python)."""
+@functools.lru_cache(maxsize=16)
+def _shift(len2: int) -> int:
+    """x^(8 * len2) modulo the polynomial: the operator that moves a CRC past len2 bytes.
+
+    Cached because every scrape splices its head before the same tail (a publish's length):
+    computing it is most of a combine (50 us of Python per scrape; the multiply alone is 3 us).
+    """
     p = 1 << 31  # x^0
     n, k = len2, 3  # multiply by x^(8 * len2)
     while n:
@@ -207,7 +209,12 @@ def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
             p = _multmodp(_X2N[k & 31], p)
         n >>= 1
         k += 1
-    return _multmodp(p, crc1) ^ crc2
+    return p
+
+
+def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
+    """CRC-32 of A+B from crc32(A), crc32(B) and len(B) (zlib's crc32_combine, pure Python)."""
+    return _multmodp(_shift(len2), crc1) ^ crc2
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,10 +299,11 @@ def gzip_parts(head: bytes, tail: Deflated, level: int) -> list[bytes]:
 
 
 # --- connection limits ---------------------------------------------------------------------------
-# aiohttp reads request headers without a deadline of its own and accepts every connection the
-# kernel hands it. 1,100 clients that each trickle a header line every few seconds then held
-# every descriptor of a 1024-fd process: /metrics stopped answering, state saves failed, and
-# asyncio logged a traceback for every refused accept (36,000 lines in 12 s). So each listener:
+# An HTTP server without limits (aiohttp, as ibmon used it) reads request headers without a
+# deadline and accepts every connection the kernel hands it. 1,100 clients that each trickle a
+# header line every few seconds then held every descriptor of a 1024-fd process: /metrics
+# stopped answering, state saves failed, and asyncio logged a traceback for every refused
+# accept (36,000 lines in 12 s). So each listener:
 #
 # - caps its open connections (``max_connections``, lowered to fit RLIMIT_NOFILE), so the
 #   process never runs out of descriptors;
@@ -314,7 +322,7 @@ READ_TIMEOUT = 10.0
 MAX_CONNECTIONS = 256
 #: Descriptors left for everything else (state file, tool pipes, MQTT, umad) under the cap.
 FD_RESERVE = 128
-#: An idle keep-alive connection is closed after this long (aiohttp's default is an hour).
+#: An idle keep-alive connection is closed after this long (Prometheus scrapes far more often).
 KEEPALIVE_TIMEOUT = 75.0
 #: After answering, how long an unread request body is drained before the connection closes.
 LINGER_TIME = 2.0
@@ -324,9 +332,6 @@ EARLY_BYTES = 64 * 1024
 LOG_INTERVAL = 60.0
 #: Answer without basic auth (Kubernetes probes cannot send credentials); see ``exporters.api``.
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
-#: Request key set on a request to a public path that came without valid credentials while
-#: basic auth is on: such answers leave out anything descriptive (source names, errors).
-ANONYMOUS = "ibmon.anonymous"
 
 log = structlog.get_logger("ibmon.http")
 
@@ -410,58 +415,32 @@ def _one_line(text: str, limit: int = 200) -> str:
 
 
 class ServerLog:
-    """Stands in for the ``aiohttp.server`` logger of one listener.
+    """Reports of one listener's clients: malformed requests and handler bugs.
 
-    aiohttp logs every malformed request with its traceback (550 bytes of log per 26-byte
-    request). Here a request that is not valid HTTP is counted and logged as one structured
-    line, rate-limited; a client that went away mid-answer is not an error; anything else is a
-    bug in a handler and keeps its traceback (rate-limited too).
+    A request that is not valid HTTP is counted (``ibmon_http_bad_requests_total``) and logged
+    as one structured line, rate-limited, without a traceback (aiohttp logged 550 bytes of
+    traceback per 26-byte malformed request); a bug in a handler keeps its traceback
+    (rate-limited too). A client that went away mid-answer is not an error and is not reported.
     """
 
     def __init__(self, metrics: HttpMetrics, limited: RateLimitedLog) -> None:
         self._metrics = metrics
         self._limited = limited
 
-    def _report(self, msg: str, args: tuple[Any, ...], exc: Any) -> None:
-        peer = str(args[0]) if args and "%s" in str(msg) else None
-        if isinstance(exc, HttpProcessingError):
-            self._metrics.bad_requests.inc()
-            fields: dict[str, Any] = {"peer": peer, "error": _one_line(exc.message)}
-            if isinstance(exc, BadHttpMethod) and "\\x16\\x03" in str(exc.message):
-                fields["hint"] = "a TLS client on a plain HTTP listener (https:// vs http://)?"
-            self._limited("warning", "http_bad_request", **fields)
-        elif isinstance(exc, ConnectionError | asyncio.CancelledError):
+    def bad_request(self, peer: str | None, error: str, *, tls: bool = False) -> None:
+        """A request that was not valid HTTP (answered 400 or 431, connection closed)."""
+        self._metrics.bad_requests.inc()
+        fields: dict[str, Any] = {"peer": peer, "error": _one_line(error)}
+        if tls:
+            fields["hint"] = "a TLS client on a plain HTTP listener (https:// vs http://)?"
+        self._limited("warning", "http_bad_request", **fields)
+
+    def handler_error(self, peer: str | None, exc: BaseException) -> None:
+        """A handler raised: a bug in ibmon (the client got a 500)."""
+        if isinstance(exc, ConnectionError | asyncio.CancelledError):
             return  # the client went away; nothing is wrong with ibmon or its config
-        elif isinstance(exc, BaseException):
-            self._limited("error", "http_handler_error", peer=peer,
-                          error=f"{type(exc).__name__}: {_one_line(str(exc))}", exc_info=exc)
-        else:
-            try:
-                text = str(msg) % args if args else str(msg)
-            except (TypeError, ValueError):
-                text = f"{msg} {args}"
-            self._limited("error", "http_server_error", error=_one_line(text))
-
-    def exception(self, msg: str, *args: Any, exc_info: Any = None, **_: Any) -> None:
-        self._report(msg, args, exc_info)
-
-    def error(self, msg: str, *args: Any, exc_info: Any = None, **_: Any) -> None:
-        self._report(msg, args, exc_info)
-
-    def warning(self, msg: str, *args: Any, exc_info: Any = None, **_: Any) -> None:
-        self._report(msg, args, exc_info)
-
-    def debug(self, msg: str, *args: Any, exc_info: Any = None, **_: Any) -> None:
-        # aiohttp reports a bad method on a connection's first request at debug level (port
-        # scanners, TLS to a plain listener); it is still a malformed request to count.
-        if isinstance(exc_info, HttpProcessingError):
-            self._report(msg, args, exc_info)
-
-    def info(self, msg: str, *args: Any, **_: Any) -> None:
-        return None
-
-    def isEnabledFor(self, level: int) -> bool:  # noqa: N802 - the logging.Logger API
-        return True
+        self._limited("error", "http_handler_error", peer=peer,
+                      error=f"{type(exc).__name__}: {_one_line(str(exc))}", exc_info=exc)
 
 
 def _abort(transport: asyncio.BaseTransport) -> None:
@@ -472,25 +451,18 @@ def _abort(transport: asyncio.BaseTransport) -> None:
         transport.close()
 
 
-def _peer(transport: asyncio.BaseTransport) -> str | None:
-    peer = transport.get_extra_info("peername")
-    if isinstance(peer, tuple) and peer:
-        return str(peer[0])
-    return None if peer is None else str(peer)
-
-
 class _GuardedConnection(asyncio.Protocol):
-    """Wraps aiohttp's protocol for one connection: admission, the read deadline, eviction.
+    """Wraps the HTTP protocol of one connection: admission, the read deadline, eviction.
 
     With TLS the guard does the handshake itself (``loop.start_tls``) after admitting the TCP
     connection, so a client that never completes the handshake holds a counted, evictable
     place under the same deadline instead of an uncounted descriptor.
     """
 
-    def __init__(self, guard: ConnectionGuard, make_inner: Callable[[], asyncio.Protocol]) -> None:
+    def __init__(self, guard: ConnectionGuard, make_inner: InnerFactory) -> None:
         self._guard = guard
         self._make_inner = make_inner
-        self.inner: asyncio.Protocol | None = None
+        self.inner: HttpConnection | None = None
         self.transport: asyncio.BaseTransport | None = None  # TCP: what ``close`` aborts
         self.peer: str | None = None
         self.busy = 0
@@ -506,7 +478,7 @@ class _GuardedConnection(asyncio.Protocol):
             self._start_inner(transport)
             return
         self.transport = transport
-        self.peer = _peer(transport)
+        self.peer = peer_address(transport)
         if not self._guard._admit(self):
             self.closed = True
             _abort(transport)
@@ -544,8 +516,7 @@ class _GuardedConnection(asyncio.Protocol):
     def _start_inner(self, transport: asyncio.BaseTransport) -> None:
         if self.closed or self.inner is not None:
             return
-        self.inner = self._make_inner()
-        self._guard._handlers[self.inner] = self
+        self.inner = self._make_inner(self)
         self.inner.connection_made(transport)
         early, self._early = self._early, []
         for data in early:
@@ -609,6 +580,19 @@ class _GuardedConnection(asyncio.Protocol):
         self._drop()
         _abort(self.transport)
 
+    def close_when_idle(self) -> None:
+        """The listener stops: close now unless a request is being answered (then after it)."""
+        if self.inner is not None:
+            self.inner.close_when_idle()
+        elif self.transport is not None and not self.closed:
+            self._drop()
+            _abort(self.transport)
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self._drop()
+            _abort(self.transport)
+
     def begin(self) -> None:
         """A complete request reached the application: no read deadline while it is answered."""
         self.busy += 1
@@ -619,6 +603,10 @@ class _GuardedConnection(asyncio.Protocol):
         self.busy -= 1
         if not self.busy and not self.closed:
             self._guard._idle[self] = None  # the most recently active idle connection
+
+
+#: Makes the HTTP protocol of a connection, given the guard's side of it (``begin``/``end``).
+InnerFactory = Callable[[_GuardedConnection], HttpConnection]
 
 
 class ConnectionGuard:
@@ -637,16 +625,26 @@ class ConnectionGuard:
         self._open: set[_GuardedConnection] = set()
         #: Connections without a request in progress, the longest waiting first.
         self._idle: OrderedDict[_GuardedConnection, None] = OrderedDict()
-        #: aiohttp's protocol object of each connection, for the middleware.
-        self._handlers: dict[asyncio.Protocol, _GuardedConnection] = {}
+        self._all_closed: asyncio.Event | None = None
 
     @property
     def open(self) -> int:
         return len(self._open)
 
-    def factory(self, inner: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
-        """The protocol factory for ``loop.create_server`` (plain TCP), wrapping aiohttp's."""
+    def factory(self, inner: InnerFactory) -> Callable[[], asyncio.Protocol]:
+        """The protocol factory for ``loop.create_server`` (plain TCP: the guard does TLS)."""
         return lambda: _GuardedConnection(self, inner)
+
+    async def shutdown(self, timeout: float) -> None:
+        """Close idle connections now, the others after their answer or after ``timeout``."""
+        self._all_closed = asyncio.Event()
+        for conn in list(self._open):
+            conn.close_when_idle()
+        if self._open:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._all_closed.wait(), timeout)
+        for conn in list(self._open):
+            conn.abort()
 
     def _admit(self, conn: _GuardedConnection) -> bool:
         if len(self._open) >= self.max_connections:
@@ -662,8 +660,8 @@ class ConnectionGuard:
     def _forget(self, conn: _GuardedConnection) -> None:
         self._idle.pop(conn, None)
         self._open.discard(conn)
-        if conn.inner is not None and self._handlers.get(conn.inner) is conn:
-            del self._handlers[conn.inner]
+        if not self._open and self._all_closed is not None:
+            self._all_closed.set()
 
     def _closed(self, reason: str, conn: _GuardedConnection) -> None:
         self._idle.pop(conn, None)
@@ -671,56 +669,3 @@ class ConnectionGuard:
         self._limited("warning", "http_connection_closed", key=f"closed:{reason}",
                       reason=reason, peer=conn.peer, open=len(self._open),
                       max_connections=self.max_connections, read_timeout=self.read_timeout)
-
-    @web.middleware
-    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Marks the connection busy while its request is handled (outermost middleware)."""
-        conn = self._handlers.get(request.protocol)
-        if conn is None:
-            return await handler(request)
-        conn.begin()
-        try:
-            return await handler(request)
-        finally:
-            conn.end()
-
-
-class GuardedSite(web.BaseSite):
-    """A TCP site whose connections pass through a ``ConnectionGuard`` (which does TLS).
-
-    aiohttp's ``TCPSite`` has no hook for the protocol factory, so this one calls
-    ``loop.create_server`` itself, as ``TCPSite`` does, without TLS: the guard admits each TCP
-    connection first, then runs the handshake under its deadline.
-    """
-
-    __slots__ = ("_guard", "_host", "_port", "_sock")
-
-    def __init__(self, runner: web.BaseRunner, host: str, port: int, *, guard: ConnectionGuard,
-                 backlog: int = 128, sock: socket.socket | None = None) -> None:
-        super().__init__(runner, ssl_context=guard.ssl_context, backlog=backlog)
-        self._host = host
-        self._port = port
-        self._guard = guard
-        # A listening socket handed over by the exporter this one replaces (a reload on the
-        # same address): served as is, so the port never closes in between.
-        self._sock = sock
-
-    @property
-    def name(self) -> str:
-        scheme = "https" if self._ssl_context else "http"
-        host = f"[{self._host}]" if ":" in self._host else self._host
-        return f"{scheme}://{host}:{self._port}"
-
-    async def start(self) -> None:
-        await super().start()
-        server = self._runner.server
-        assert server is not None
-        loop = asyncio.get_running_loop()
-        if self._sock is not None:
-            self._server = await loop.create_server(
-                self._guard.factory(server), sock=self._sock, backlog=self._backlog
-            )
-        else:
-            self._server = await loop.create_server(
-                self._guard.factory(server), self._host, self._port, backlog=self._backlog,
-            )

@@ -12,8 +12,8 @@ separately compressed segment and reused. Gzip scrapes (Prometheus always asks f
 stream spliced behind the per-scrape self-metrics head (see ``exporters.http``); the rare plain
 scrape is decompressed piece by piece as it is sent.
 
-The aiohttp application is exposed (``app``, ``add_routes``) so the JSON API and health checks
-can share the listener, its TLS and its basic auth.
+``add_routes`` lets the JSON API and health checks share the listener (``exporters.server``),
+its TLS and its basic auth.
 """
 
 from __future__ import annotations
@@ -28,11 +28,8 @@ from pathlib import Path
 from types import TracebackType
 
 import structlog
-from aiohttp import hdrs, web
-from aiohttp.typedefs import Handler
 
 from exporters.http import (
-    ANONYMOUS,
     KEEPALIVE_TIMEOUT,
     LINGER_TIME,
     MAX_CONNECTIONS,
@@ -41,7 +38,6 @@ from exporters.http import (
     BasicAuth,
     ConnectionGuard,
     Deflated,
-    GuardedSite,
     RateLimitedLog,
     ServerLog,
     accepts_gzip,
@@ -55,6 +51,7 @@ from exporters.http import (
     tls_context,
 )
 from exporters.render import PortRenderer
+from exporters.server import HttpApp, HttpConnection, HttpError, Request, Response, Route
 from ibmon.model import PortView
 from ibmon.selfmetrics import SelfMetrics
 from ibmon.state import FabricState, in_port_order
@@ -69,6 +66,16 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 GZIP_LEVEL = 1
 #: Plain scrapes are decompressed and sent in pieces of this size, yielding to the loop in between.
 PLAIN_PIECE = 256 * 1024
+#: Free heap pages are handed back after a publish only when the port series (or those they
+#: replace) are at least this big (uncompressed). Measured (``benchmarks/README.md``,
+#: "malloc_trim threshold"): below ~1 MB (about 300 ports) a publish leaves under 0.5 MB of
+#: holes, which the next poll reuses, while ``malloc_trim`` costs a fixed 0.1-0.7 ms (it walks
+#: every arena, and the pages it returns fault back in on the next poll): a node-local daemon
+#: (16 HCAs, ~30 kB) paid that on every poll for nothing. At 2,000 ports it saves 1.5 MB, at
+#: 20,000 about 10 MB.
+TRIM_MIN_BODY = 1 << 20
+#: On stop, answers in progress get this long to finish before their connections are closed.
+SHUTDOWN_TIMEOUT = 5.0
 
 _INDEX = b"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>ibmon</title></head>
@@ -95,7 +102,7 @@ _MALLOC_TRIM = _load_malloc_trim()
 
 
 def release_free_memory() -> None:
-    """Hand free heap pages back to the OS after a publish (about 1 ms at 20,000 ports).
+    """Hand free heap pages back to the OS after a big publish (``TRIM_MIN_BODY``).
 
     Each publish allocates and frees family texts of a few MB; glibc raises its mmap threshold
     after the first such free and then serves them from the heap, where the holes they leave stay
@@ -165,7 +172,7 @@ class PrometheusExporter:
         self._state: FabricState | None = None
         self._seq = itertools.count(1)
         self._installed_seq = 0
-        self._runner: web.AppRunner | None = None
+        self._servers: list[asyncio.Server] = []
         self._http_metrics = http_metrics(self_metrics.registry)
         self._limited_log = RateLimitedLog()
         cap = connection_cap(max_connections)
@@ -176,25 +183,18 @@ class PrometheusExporter:
         self._guard = ConnectionGuard(metrics=self._http_metrics, max_connections=cap,
                                       read_timeout=read_timeout, limited=self._limited_log,
                                       ssl_context=self._ssl)
-        middlewares = [self._guard.middleware]
-        if self._auth:
-            middlewares.append(self._basic_auth)
-        self._app = web.Application(middlewares=middlewares)
-        self._app.router.add_get("/", self._index)
-        self._app.router.add_get("/metrics", self._metrics)
+        self._app = HttpApp(ServerLog(self._http_metrics, self._limited_log),
+                            keepalive_timeout=KEEPALIVE_TIMEOUT, linger_time=LINGER_TIME,
+                            authorize=self._basic_auth if self._auth else None)
+        self._app.add(Route("/", self._index))
+        self._app.add(Route("/metrics", self._metrics))
 
     # --- application ----------------------------------------------------------------------------
 
-    @property
-    def app(self) -> web.Application:
-        """The aiohttp application; routes can be added until ``start``."""
-        return self._app
-
-    def add_routes(self, routes: Iterable[web.AbstractRouteDef]) -> None:
+    def add_routes(self, routes: Iterable[Route]) -> None:
         """Serve more routes (JSON API, health checks) behind the same listener, TLS and auth."""
-        if self._runner is not None:
-            raise RuntimeError("add routes before start()")
-        self._app.add_routes(routes)
+        for route in routes:
+            self._app.add(route)
 
     # --- publishing -----------------------------------------------------------------------------
 
@@ -216,9 +216,11 @@ class PrometheusExporter:
         if seq > self._installed_seq:  # a slower, older render never replaces a newer one
             self._installed_seq = seq
             self._state = state
-            self._exposition = body
-            # The previous body is released just above unless a scrape still streams it.
-            release_free_memory()
+            previous, self._exposition = self._exposition, body
+            big = max(body.size, previous.size) >= TRIM_MIN_BODY
+            del previous  # released here unless a scrape still streams it
+            if big:
+                release_free_memory()
 
     def publish_now(self, state: FabricState) -> None:
         """Render ``state``'s ports now, in the calling thread, and serve them from the next
@@ -248,82 +250,71 @@ class PrometheusExporter:
 
     # --- serving --------------------------------------------------------------------------------
 
-    @web.middleware
-    async def _basic_auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+    def _basic_auth(self, request: Request) -> Response | None:
         assert self._auth is not None
-        if not self._auth.check(request.headers.get(hdrs.AUTHORIZATION)):
-            if request.path in PUBLIC_PATHS:
-                request[ANONYMOUS] = True
-                return await handler(request)
-            raise web.HTTPUnauthorized(
-                headers={hdrs.WWW_AUTHENTICATE: 'Basic realm="ibmon", charset="UTF-8"'}
-            )
-        return await handler(request)
+        if self._auth.check(request.headers.get("authorization")):
+            return None
+        if request.path in PUBLIC_PATHS:
+            request.anonymous = True
+            return None
+        return HttpError(401, headers=[(
+            "www-authenticate", 'Basic realm="ibmon", charset="UTF-8"')]).response()
 
-    async def _index(self, request: web.Request) -> web.StreamResponse:
-        return web.Response(body=_INDEX, content_type="text/html", charset="utf-8")
+    async def _index(self, request: Request) -> Response:
+        return Response(_INDEX, content_type="text/html; charset=utf-8")
 
-    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+    async def _metrics(self, request: Request) -> Response:
         body = self._exposition  # the one state this whole response is made of
         head = self._self_metrics.render()
-        response = web.StreamResponse(
-            headers={hdrs.CONTENT_TYPE: CONTENT_TYPE, hdrs.VARY: hdrs.ACCEPT_ENCODING}
-        )
-        send = request.method != hdrs.METH_HEAD
-        if accepts_gzip(request.headers.get(hdrs.ACCEPT_ENCODING)):
+        headers = [("vary", "Accept-Encoding")]
+        if accepts_gzip(request.headers.get("accept-encoding")):
             parts = gzip_parts(head, body, GZIP_LEVEL)
-            response.headers[hdrs.CONTENT_ENCODING] = "gzip"
-            response.content_length = sum(len(p) for p in parts)
-            await response.prepare(request)
-            if send:
-                for part in parts:
-                    await response.write(part)
-        else:
-            response.content_length = len(head) + body.size
-            await response.prepare(request)
-            if send:
-                await response.write(head)
-                for piece in inflate(body, PLAIN_PIECE):
-                    await response.write(piece)
-                    # write() returns without suspending while the socket takes data: yield
-                    # anyway, so decompressing 60 MB never holds the loop for more than a piece.
-                    await asyncio.sleep(0)
-        await response.write_eof()
-        return response
+            headers.append(("content-encoding", "gzip"))
+            return Response(parts, content_type=CONTENT_TYPE, headers=headers,
+                            length=sum(len(p) for p in parts))
+        # Plain: decompressed piece by piece as it is sent, the loop getting a turn in between,
+        # so decompressing 60 MB never holds the loop for more than a piece.
+        pieces = itertools.chain((head,), inflate(body, PLAIN_PIECE))
+        return Response(pieces, content_type=CONTENT_TYPE, headers=headers,
+                        length=len(head) + body.size, stream=True)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
     async def start(
         self, tg: asyncio.TaskGroup | None = None, *, inherit: PrometheusExporter | None = None
     ) -> None:
-        """Listen; aiohttp runs the server, so ``tg`` (the ``Exporter`` interface) is unused.
+        """Listen; connections are served by asyncio's server, so ``tg`` (the ``Exporter``
+        interface) is unused.
 
         ``inherit`` is a running exporter this one replaces (a config reload): on the same
         address this one serves copies of its listening sockets, so the port never closes and
         nothing can take it in between; the caller stops ``inherit`` afterwards. Elsewhere
         this one binds its own address first, so a failure leaves ``inherit`` serving.
         """
-        if self._runner is not None:
+        if self._servers:
             raise RuntimeError("exporter already started")
-        runner = web.AppRunner(
-            self._app, access_log=None, shutdown_timeout=5.0,
-            logger=ServerLog(self._http_metrics, self._limited_log),
-            keepalive_timeout=KEEPALIVE_TIMEOUT, lingering_time=LINGER_TIME,
-        )
-        await runner.setup()
+        self._app.frozen = True
         same = inherit is not None and inherit._listen_key == self._listen_key
         inherited = inherit._sockets() if inherit is not None and same else []
+        loop = asyncio.get_running_loop()
+        app = self._app
+        factory = self._guard.factory(lambda conn: HttpConnection(app, conn))
+        servers: list[asyncio.Server] = []
         try:
-            handed: list[socket.socket | None] = [*inherited] or [None]
-            for sock in handed:
-                site = GuardedSite(runner, self._host, self._port, guard=self._guard, sock=sock)
-                await site.start()
+            if inherited:
+                for sock in inherited:
+                    servers.append(await loop.create_server(factory, sock=sock, backlog=128))
+            else:
+                servers.append(await loop.create_server(factory, self._host, self._port,
+                                                        backlog=128))
         except BaseException:
+            for server in servers:
+                server.close()
             for sock in inherited:
                 sock.close()
-            await runner.cleanup()
+            self._app.frozen = False
             raise
-        self._runner = runner
+        self._servers = servers
         log.info("listening", address=self._listen, port=self.port)
 
     @property
@@ -332,27 +323,26 @@ class PrometheusExporter:
 
     def _sockets(self) -> list[socket.socket]:
         """Duplicates of the listening sockets (empty when not listening)."""
-        if self._runner is None:
-            return []
-        out: list[socket.socket] = []
-        for site in self._runner.sites:
-            server = getattr(site, "_server", None)  # aiohttp keeps the asyncio.Server here
-            for sock in getattr(server, "sockets", None) or ():
-                out.append(sock.dup())
-        return out
+        return [sock.dup() for server in self._servers for sock in server.sockets]
 
     async def stop(self) -> None:
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
+        """Stop listening, let answers in progress finish (at most ``SHUTDOWN_TIMEOUT``)."""
+        servers, self._servers = self._servers, []
+        if not servers:
+            return
+        for server in servers:
+            server.close()
+        await self._guard.shutdown(SHUTDOWN_TIMEOUT)
+        for server in servers:
+            await server.wait_closed()
 
     @property
     def port(self) -> int:
         """The bound TCP port (useful with ``127.0.0.1:0``)."""
-        if self._runner is None or not self._runner.addresses:
-            raise RuntimeError("exporter not started")
-        address = self._runner.addresses[0]
-        return int(address[1])
+        for server in self._servers:
+            for sock in server.sockets:
+                return int(sock.getsockname()[1])
+        raise RuntimeError("exporter not started")
 
     async def __aenter__(self) -> PrometheusExporter:
         await self.start()

@@ -5,7 +5,7 @@ node_exporter textfile collector), so no log line may ever reach it. structlog's
 default prints to stdout, and a source logs as soon as it reads sysfs, which is why ``ibmon.cli``
 calls ``configure_logging`` first thing in ``main()``, before any command code runs, and again
 once a command knows its configured level. Libraries that log through the standard ``logging``
-module (aiohttp, asyncio, paho) are routed to the same stream and format.
+module (asyncio, paho) are routed to the same stream and format.
 """
 
 from __future__ import annotations

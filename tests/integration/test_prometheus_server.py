@@ -15,11 +15,11 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from exporters.http import hash_password
 from exporters.prometheus import CONTENT_TYPE, PrometheusExporter
 from exporters.render import render_ports
+from exporters.server import Request, Response, Route
 from ibmon.counters import CATALOGUE
 from ibmon.model import LinkInfo, PortIdentity, PortView
 from ibmon.selfmetrics import SelfMetrics
@@ -166,13 +166,13 @@ async def test_an_older_render_never_replaces_a_newer_one(exporter: PrometheusEx
 async def test_index_head_and_extra_routes(metrics: SelfMetrics) -> None:
     exp = PrometheusExporter(listen="127.0.0.1:0", self_metrics=metrics)
 
-    async def healthz(request: web.Request) -> web.Response:
-        return web.Response(text="ok")
+    async def healthz(request: Request) -> Response:
+        return Response(b"ok")
 
-    exp.add_routes([web.get("/healthz", healthz)])
+    exp.add_routes([Route("/healthz", healthz)])
     async with exp, aiohttp.ClientSession() as session:
         with pytest.raises(RuntimeError, match="before start"):
-            exp.add_routes([web.get("/late", healthz)])
+            exp.add_routes([Route("/late", healthz)])
         async with session.get(_url(exp, "/")) as resp:
             assert resp.status == 200
             assert 'href="metrics"' in await resp.text()
@@ -302,3 +302,26 @@ async def test_scrape_in_flight_keeps_its_state(exporter: PrometheusExporter,
     assert body == metrics.render() + _ports_body(first)
     async with aiohttp.ClientSession() as session, session.get(_url(exporter)) as resp:
         assert b'node_desc="second 0 ' in await resp.read()
+
+
+def test_free_memory_is_released_only_after_a_big_publish(
+    metrics: SelfMetrics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """malloc_trim costs a node-local daemon CPU on every poll for nothing; a big fabric (or
+    one that just shrank from big) gets its free pages back."""
+    import exporters.prometheus
+
+    trims: list[int] = []
+    monkeypatch.setattr(exporters.prometheus, "release_free_memory", lambda: trims.append(1))
+    exp = PrometheusExporter(listen="127.0.0.1:0", self_metrics=metrics)
+    small, big = _views(16), _views(600)
+    assert len(_ports_body(small)) < exporters.prometheus.TRIM_MIN_BODY <= len(_ports_body(big))
+    exp.publish_now(_state(small, 1.0))
+    exp.publish_now(_state(small, 2.0))
+    assert trims == []
+    exp.publish_now(_state(big, 3.0))
+    assert trims == [1]
+    exp.publish_now(_state(small, 4.0))  # what the big one leaves behind is returned too
+    assert trims == [1, 1]
+    exp.publish_now(_state(small, 5.0))
+    assert trims == [1, 1]

@@ -10,7 +10,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 import exporters.api
 from exporters.api import (
@@ -25,6 +24,7 @@ from exporters.api import (
     worst_first,
 )
 from exporters.prometheus import PrometheusExporter
+from exporters.server import HttpError
 from ibmon.detect.base import Finding
 from ibmon.detect.engine import ActiveCondition
 from ibmon.model import PortIdentity, PortView
@@ -92,8 +92,9 @@ def test_query_numbers_are_ascii_digits_only() -> None:
     assert query_count({"limit": "0099"}, "limit", default=7, maximum=1000) == 99
     assert query_count({"limit": "12345"}, "limit", default=7, maximum=10) == 10
     for bad in ["\u00b2", "\uff11", "\u0663", "", "-1", "+1", "1.0", " 1", "1 ", "9" * 13]:
-        with pytest.raises(web.HTTPBadRequest):
+        with pytest.raises(HttpError) as raised:
             query_count({"limit": bad}, "limit", default=7, maximum=10)
+        assert raised.value.status == 400
 
 
 @pytest.fixture

@@ -15,8 +15,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
-from aiohttp.http_exceptions import BadHttpMessage, BadHttpMethod
 
 from exporters.http import (
     FD_RESERVE,
@@ -27,6 +25,7 @@ from exporters.http import (
     http_metrics,
 )
 from exporters.prometheus import PrometheusExporter
+from exporters.server import Request, Response, Route
 from ibmon.selfmetrics import SelfMetrics
 
 UNIT = Path(__file__).resolve().parents[2] / "deploy" / "systemd" / "ibmon.service"
@@ -60,17 +59,15 @@ def test_server_log_turns_malformed_requests_into_one_counted_line() -> None:
     assert http_metrics(metrics.registry) is hm  # once per registry (listeners come and go)
     rec = Recorder()
     log = ServerLog(hm, RateLimitedLog(rec))
-    bad = BadHttpMessage("Invalid header token:\n\n  b'Host'\n        ^")
-    log.exception("Error handling request from %s", "192.0.2.1", exc_info=bad)
-    log.exception("Error handling request from %s", "192.0.2.1", exc_info=bad)
-    log.debug("Error handling request from %s", "192.0.2.2", exc_info=BadHttpMethod("x"))
-    log.debug("Ignored premature client disconnection")
-    log.exception("Error handling request from %s", "192.0.2.3",
-                  exc_info=ConnectionResetError("gone"))
+    bad = "Invalid header token:\n\n  b'Host'\n        ^"
+    log.bad_request("192.0.2.1", bad)
+    log.bad_request("192.0.2.1", bad)
+    log.bad_request("192.0.2.2", "not an HTTP request line", tls=True)
+    log.handler_error("192.0.2.3", ConnectionResetError("gone"))
     assert metrics.registry.get_sample_value("ibmon_http_bad_requests_total") == 3
     assert rec.lines == [("warning", "http_bad_request",
                           {"peer": "192.0.2.1", "error": "Invalid header token: b'Host' ^"})]
-    log.exception("Unhandled exception", exc_info=RuntimeError("a bug"))
+    log.handler_error(None, RuntimeError("a bug"))
     level, event, fields = rec.lines[-1]
     assert (level, event) == ("error", "http_handler_error")
     assert fields["exc_info"].args == ("a bug",)  # a bug keeps its traceback
@@ -92,13 +89,13 @@ async def guarded() -> AsyncIterator[tuple[PrometheusExporter, SelfMetrics, asyn
     metrics = SelfMetrics()
     release = asyncio.Event()
 
-    async def hold(request: web.Request) -> web.StreamResponse:
+    async def hold(request: Request) -> Response:
         await release.wait()
-        return web.Response(text="released")
+        return Response(b"released")
 
     exporter = PrometheusExporter(listen="127.0.0.1:0", self_metrics=metrics,
                                   max_connections=4, read_timeout=0.5)
-    exporter.add_routes([web.get("/hold", hold)])
+    exporter.add_routes([Route("/hold", hold)])
     async with exporter:
         yield exporter, metrics, release
     release.set()

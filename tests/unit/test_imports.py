@@ -29,7 +29,7 @@ FORBIDDEN = (
     "typer", "click", "rich", "yaml", "mocks", "aiomqtt", "paho", "exporters.mqtt",
     "ibmon.sources.libibmad", "ibmon.sources.madworker", "ibmon.sources.mad",
     "ibmon.sources.diags", "ibmon.sources.procscope", "ibmon.sources.mock", "ibmon.cli",
-    "pydantic_settings",
+    "pydantic_settings", "aiohttp", "yarl", "multidict",
 )
 #: ``python -c`` program: run ``python -m ibmon ARGS`` and list ``sys.modules`` at exit.
 _HOOK = """
