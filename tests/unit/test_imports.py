@@ -28,7 +28,7 @@ from tests.sysfs_tree import write_device, write_port
 FORBIDDEN = (
     "typer", "click", "rich", "yaml", "mocks", "aiomqtt", "paho", "exporters.mqtt",
     "ibmon.sources.libibmad", "ibmon.sources.madworker", "ibmon.sources.mad",
-    "ibmon.sources.diags", "ibmon.sources.procscope", "ibmon.sources.mock", "ibmon.cli",
+    "ibmon.sources.diags", "ibmon.sources.procscope", "ibmon.sources.mock", "ibmon.cli", "ctypes",
     "pydantic_settings", "aiohttp", "yarl", "multidict",
 )
 #: ``python -c`` program: run ``python -m ibmon ARGS`` and list ``sys.modules`` at exit.
