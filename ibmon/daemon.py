@@ -44,7 +44,7 @@ from exporters.prometheus import PrometheusExporter
 from ibmon.config import ConfigError, Settings, SourceConfig, load_settings
 from ibmon.detect.engine import ActiveCondition
 from ibmon.events import Event, EventBus, EventFileWriter, EventLog, Subscription
-from ibmon.looplag import LoopLagProbe
+from ibmon.looplag import IDLE_PERIOD, LoopLagProbe, period_for
 from ibmon.persist import LoadResult, StateFile
 from ibmon.pipeline import Pipeline, build_state
 from ibmon.sdnotify import notify, watchdog_interval
@@ -159,7 +159,7 @@ class Daemon:
             registry=self.metrics.registry,
         )
         self.reload_ok.set(1)
-        self.loop_lag = LoopLagProbe(self.metrics.registry)
+        self.loop_lag = LoopLagProbe(self.metrics.registry, period=IDLE_PERIOD)
         self.events_dropped = Counter(
             "ibmon_events_dropped",
             "Events a slow consumer's full queue refused (the consumer missed them).",
@@ -457,6 +457,7 @@ class Daemon:
             self._pipelines[c.label] for c in self.settings.sources if c.label in self._pipelines
         )
         self.state = state
+        self.loop_lag.period = period_for(len(state.ports))
         for out in list(self._outputs.values()):
             await out.exporter.publish(state)
         if pipeline is not None:

@@ -188,3 +188,39 @@ def _stop_and_check(proc: subprocess.Popen[str], sig: signal.Signals) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+class WideSource(CountingSource):
+    """``ports`` ports, each moving like CountingSource's one."""
+
+    def __init__(self, name: str, ports: int) -> None:
+        super().__init__(name)
+        self.ports = ports
+
+    async def sample(self) -> Snapshot:
+        snap = await super().sample()
+        (one,) = snap.ports.values()
+        for n in range(2, self.ports + 1):
+            ident = PortIdentity(guid=GUID, port=str(n), device="sw", source=self.name)
+            snap.ports[ident.key] = PortSample(identity=ident, state=4, phys_state=5,
+                                               rate_bps=100e9, counters=dict(one.counters))
+        return snap
+
+
+@pytest.mark.parametrize("ports", [16, 250])
+async def test_loop_lag_probe_wakes_as_often_as_the_port_count_needs(ports: int) -> None:
+    """Issue 12, target 1: each wake-up of the loop costs CPU, so a compute node's daemon
+    (a few HCAs) probes its loop once a second; one that tracks enough ports to stall it
+    probes every 0.1 s. The probe keeps measuring either way."""
+    from ibmon.looplag import IDLE_PERIOD, PERIOD
+
+    daemon = Daemon(settings(SysfsSourceConfig(name="w", interval=0.05)),
+                    source_factory=lambda cfg: WideSource(cfg.label, ports))
+    task = asyncio.create_task(daemon.run())
+    await daemon.ready.wait()
+    await wait_for(lambda: daemon.state is not None and len(daemon.state.ports) == ports)
+    assert daemon.loop_lag.period == (PERIOD if ports >= 200 else IDLE_PERIOD)
+    count = daemon.metrics.registry.get_sample_value
+    await wait_for(lambda: (count("ibmon_event_loop_lag_seconds_count") or 0) >= 2, 5.0)
+    daemon.stop()
+    await asyncio.wait_for(task, 5.0)
