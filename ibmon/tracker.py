@@ -22,7 +22,8 @@ and a port with none holds the shared empty ones (issue 12: memory per port at f
 from __future__ import annotations
 
 import math
-from collections.abc import Container
+from array import array
+from collections.abc import Collection, Container, Sequence
 from dataclasses import fields
 from typing import Any, Final
 
@@ -64,6 +65,8 @@ if tuple(f.name for f in fields(PortView))[: len(_VIEW_FIELDS)] != _VIEW_FIELDS:
 class _Port:
     """Everything the tracker remembers about one port between polls (and across restarts).
 
+    ``last`` holds the latest valid raw value of each counter named in ``keys``, in that
+    order: an ``array('Q')`` (8 bytes a value, no int objects) unless a value does not fit.
     ``stale`` names counters that were absent from the port's latest sample: their ``last`` value
     is older than ``monotonic``, so the next delta cannot be turned into a rate.
     ``restored`` marks state loaded from disk, whose monotonic time may belong to an earlier boot.
@@ -79,6 +82,7 @@ class _Port:
         "hw_resets",
         "hw_stale",
         "hw_totals",
+        "keys",
         "last",
         "monotonic",
         "resets",
@@ -91,7 +95,8 @@ class _Port:
     )
 
     def __init__(self) -> None:
-        self.last: dict[str, int] = {}
+        self.keys: tuple[str, ...] = ()
+        self.last: Sequence[int] = ()
         self.totals: dict[str, int] = {}
         self.shared = False
         self.resets: dict[str, int] = _NO_COUNTS
@@ -115,13 +120,22 @@ class Tracker:
     samples of names missing from the catalogue (a source bug), for self-metrics and logs.
     """
 
-    __slots__ = ("_ports", "_tick", "resets_seen", "saturations_seen", "unknown_counters_seen")
+    __slots__ = (
+        "_keys",
+        "_ports",
+        "_tick",
+        "resets_seen",
+        "saturations_seen",
+        "unknown_counters_seen",
+    )
 
     def __init__(self, *, tick_seconds: float = 64e-9) -> None:
         if not (math.isfinite(tick_seconds) and tick_seconds > 0):
             raise ValueError(f"tick_seconds must be a positive number, got {tick_seconds!r}")
         self._tick = float(tick_seconds)
         self._ports: dict[PortKey, _Port] = {}
+        #: Interned ``_Port.keys``: the ports of a source share a handful of counter sets.
+        self._keys: dict[tuple[str, ...], tuple[str, ...]] = {}
         self.resets_seen = 0
         self.saturations_seen = 0
         self.unknown_counters_seen = 0
@@ -170,30 +184,78 @@ class Tracker:
     def _counters(
         self, st: _Port, counters: dict[str, int], wide: frozenset[str], inv_dt: float
     ) -> dict[str, float]:
-        # One tight loop for the common case (known counter, unchanged or up, not pinned);
-        # everything else goes through _odd. Measured: this beats C-level map/zip passes
-        # per port, whose per-call overhead dominates at 22 counters.
-        last = st.last
+        """Account one sample's counters; its rates (empty when the interval was unusable).
+
+        ``last`` is kept packed (``_pack``) in the order of ``keys``. The usual sample names
+        the same counters in the same order with valid raw values: its own values, packed,
+        are then the new ``last`` and each counter's previous value is at the same position.
+        Any other sample (first one, a counter appearing or missing, an invalid or unknown
+        value) goes through a dict of the old values, updated as the rules say, repacked.
+        """
+        names = tuple(counters)
+        old = st.last
+        if names == st.keys:
+            try:
+                new = array("Q", list(counters.values()))  # a list: 1.5x faster
+            except (OverflowError, TypeError):  # an invalid (negative) or oversized value
+                pass
+            else:
+                if new == old and not (st.saturated or st.stale):
+                    # An idle port: nothing moved, nothing to accumulate (C-level compare).
+                    return dict.fromkeys(counters, 0.0) if inv_dt else {}
+                rates = self._deltas(st, counters, old, wide, inv_dt)
+                st.last = new
+                return rates if inv_dt else {}
+        last = dict(zip(st.keys, old, strict=True))
+        if counters == last and not (st.saturated or st.stale):
+            return dict.fromkeys(counters, 0.0) if inv_dt else {}
+        unknown_before = self.unknown_counters_seen
+        last_get = last.get
+        rates = self._deltas(st, counters, [last_get(n) for n in counters], wide, inv_dt)
+        # What the rules keep as the last raw value: every known counter read validly.
+        for name, value in counters.items():
+            if value >= 0 and name in _MULT:
+                last[name] = value
+        if len(last) != len(counters) - (self.unknown_counters_seen - unknown_before):
+            missing = last.keys() - counters.keys()
+            if not missing <= st.stale:
+                st.stale = st.stale | missing
+        keys = tuple(last)
+        st.keys = self._keys.setdefault(keys, keys)  # one tuple per distinct set of names
+        st.last = _pack(last.values())
+        # Rates were computed unconditionally (one branch less per counter); drop them if the
+        # interval was unusable.
+        return rates if inv_dt else {}
+
+    def _deltas(
+        self,
+        st: _Port,
+        counters: dict[str, int],
+        prevs: Sequence[int | None],
+        wide: frozenset[str],
+        inv_dt: float,
+    ) -> dict[str, float]:
+        """Totals, saturation, staleness and rates of ``counters`` against ``prevs`` (the
+        previous raw value of each, in the same order; None for a first one).
+
+        One tight loop for the common case (known counter, unchanged or up, not pinned);
+        everything else goes through _odd. Measured: this beats C-level map/zip passes per
+        port, whose per-call overhead dominates at 22 counters.
+        """
         mult_of = _MULT
         nmax_of = _NMAX
-        last_get = last.get
         # The names pinned or stale when the poll starts. Each iteration asks only about its
         # own name, which no earlier iteration changed, so these answer as the live sets
         # would; changes go to st.saturated / st.stale, which are replaced, never mutated.
         sat = st.saturated
         stale = st.stale
         flagged = bool(sat) or bool(stale)
-        if not flagged and counters == last:
-            # An idle port: nothing moved, nothing to accumulate (one C-level comparison).
-            return dict.fromkeys(counters, 0.0) if inv_dt else {}
         if st.shared:  # a published view holds these totals: change a copy
             st.totals = dict(st.totals)
             st.shared = False
         totals = st.totals
         rates: dict[str, float] = {}
-        unknown_before = self.unknown_counters_seen
-        for name, value in counters.items():
-            prev = last_get(name)
+        for (name, value), prev in zip(counters.items(), prevs, strict=True):
             if value == prev:
                 # Unchanged (most error counters, most of the time).
                 if flagged:
@@ -210,7 +272,6 @@ class Tracker:
                 if scaled is None:
                     continue
             else:
-                last[name] = value
                 scaled = (value - prev) * mult_of[name]
                 totals[name] += scaled
                 if value == nmax_of[name] and name not in wide:
@@ -224,13 +285,7 @@ class Tracker:
                         self._unstale(st, name)
                         continue
             rates[name] = scaled * inv_dt
-        if len(last) != len(counters) - (self.unknown_counters_seen - unknown_before):
-            missing = last.keys() - counters.keys()
-            if not missing <= st.stale:
-                st.stale = st.stale | missing
-        # Rates were computed unconditionally (one branch less per counter); drop them if the
-        # interval was unusable.
-        return rates if inv_dt else {}
+        return rates
 
     @staticmethod
     def _unstale(st: _Port, name: str) -> None:
@@ -242,7 +297,8 @@ class Tracker:
     ) -> int | None:
         """Baseline, reset or invalid value. Returns the scaled delta to rate, None for no rate.
 
-        Called only after ``_counters`` made ``st.totals`` the port's own (not shared)."""
+        Called only after ``_deltas`` made ``st.totals`` the port's own (not shared); the
+        caller keeps ``value`` as the last raw value when it is known and not negative."""
         mult = _MULT.get(name)
         if mult is None:
             # Not in the catalogue: a source bug. Nothing downstream could name the series.
@@ -252,7 +308,6 @@ class Tracker:
             if prev is not None and name not in st.stale:
                 st.stale = st.stale | {name}
             return None
-        st.last[name] = value
         st.totals[name] = st.totals.get(name, 0) + value * mult
         if prev is not None:
             # Any decrease is a reset by someone else; the new value is the increase since.
@@ -400,7 +455,7 @@ class Tracker:
                     "port": port,
                     "monotonic": st.monotonic,
                     "wall": st.wall,
-                    "last": dict(st.last),
+                    "last": dict(zip(st.keys, st.last, strict=True)),
                     "total": dict(st.totals),
                     "resets": dict(st.resets),
                     "saturated": sorted(st.saturated),
@@ -432,8 +487,18 @@ class Tracker:
             key, st = _load_port(raw, where)
             if key in ports:
                 raise ValueError(f"{where}: duplicate port {key[0]} {key[1]}")
+            st.keys = self._keys.setdefault(st.keys, st.keys)
             ports[key] = st
         self._ports = ports
+
+
+def _pack(values: Collection[int]) -> Sequence[int]:
+    """Raw values as an ``array('Q')``, or a tuple when one does not fit in 64 bits unsigned
+    (only a test's made-up value can: the PMA's fields are at most 64 bits)."""
+    try:
+        return array("Q", list(values))
+    except (OverflowError, TypeError):
+        return tuple(values)
 
 
 # ---------------------------------------------------------------------- load validation
@@ -510,8 +575,10 @@ def _load_port(raw: Any, where: str) -> tuple[PortKey, _Port]:
     st.monotonic = _time(raw, "monotonic", where)
     st.wall = _time(raw, "wall", where)
     st.restored = True
-    st.last, st.totals, st.resets, st.stale = _load_counters(raw, "", where, _MULT, _MULT)
-    st.saturated = _names(raw, "saturated", where, st.last)
+    last, st.totals, st.resets, st.stale = _load_counters(raw, "", where, _MULT, _MULT)
+    st.keys = tuple(last)
+    st.last = _pack(last.values())
+    st.saturated = _names(raw, "saturated", where, last)
     st.hw_last, st.hw_totals, st.hw_resets, st.hw_stale = _load_counters(
         raw, "hw_", where, _AnyName(), None
     )
