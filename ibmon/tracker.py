@@ -124,6 +124,7 @@ class Tracker:
         "_keys",
         "_ports",
         "_tick",
+        "_zeros",
         "resets_seen",
         "saturations_seen",
         "unknown_counters_seen",
@@ -136,6 +137,8 @@ class Tracker:
         self._ports: dict[PortKey, _Port] = {}
         #: Interned ``_Port.keys``: the ports of a source share a handful of counter sets.
         self._keys: dict[tuple[str, ...], tuple[str, ...]] = {}
+        #: The rates of an idle port, per ``keys``: shared by every idle port's view.
+        self._zeros: dict[tuple[str, ...], dict[str, float]] = {}
         self.resets_seen = 0
         self.saturations_seen = 0
         self.unknown_counters_seen = 0
@@ -202,7 +205,14 @@ class Tracker:
             else:
                 if new == old and not (st.saturated or st.stale):
                     # An idle port: nothing moved, nothing to accumulate (C-level compare).
-                    return dict.fromkeys(counters, 0.0) if inv_dt else {}
+                    # Its rates are all zero: one dict shared by every idle port with these
+                    # counters (views never change their dicts).
+                    if not inv_dt:
+                        return {}
+                    zeros = self._zeros.get(names)
+                    if zeros is None:
+                        zeros = self._zeros[names] = dict.fromkeys(names, 0.0)
+                    return zeros
                 rates = self._deltas(st, counters, old, wide, inv_dt)
                 st.last = new
                 return rates if inv_dt else {}
