@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -73,8 +74,11 @@ SILENT_FRACTION: Final = 0.5
 OFFLOAD_PORTS: Final = 200
 
 #: How long a worker thread holds the GIL while the event loop waits for it, once large
-#: samples are offloaded (``_hand_back_gil_sooner``).
+#: samples are offloaded (``_tune_for_large_samples``).
 SWITCH_INTERVAL: Final = 0.001
+#: Collections of the GC's middle generation between two full ones, once large samples are
+#: offloaded (CPython's default is 10; ``_tune_for_large_samples``).
+FULL_GC_AFTER: Final = 1000
 _DEFAULT_SWITCH_INTERVAL: Final = 0.005
 
 _NO_VIEWS: Mapping[PortKey, PortView] = MappingProxyType({})
@@ -197,9 +201,10 @@ class Pipeline:
         API requests, other sources' timers) is not held for the whole of it.
 
         The thread still needs the GIL, but the loop gets it back every switch interval
-        (5 ms) instead of waiting out tracking and detection of the whole fabric (seconds at
-        100,000 ports). A small sample (a node's HCAs) is ingested inline: a thread hand-off
-        would cost more than it saves. Ingesting holds ``lock``, which the daemon also holds
+        (1 ms once large samples are offloaded: ``_tune_for_large_samples``) instead of
+        waiting out tracking and detection of the whole fabric (seconds at 100,000 ports).
+        A small sample (a node's HCAs) is ingested inline: a thread hand-off would cost more
+        than it saves. Ingesting holds ``lock``, which the daemon also holds
         while it saves (``dump`` in a thread) or retunes, so those never overlap. While the
         thread runs, ``active()`` answers with the conditions from before this poll. A
         cancellation while the thread runs waits for it and returns the poll's events first,
@@ -209,7 +214,7 @@ class Pipeline:
         async with self.lock:
             if len(snap.ports) < OFFLOAD_PORTS:
                 return self.ingest(snap, failure)
-            _hand_back_gil_sooner()
+            _tune_for_large_samples()
             self._active_before = self.engine.active()
             self._ingesting = True
             work = asyncio.ensure_future(asyncio.to_thread(self.ingest, snap, failure))
@@ -417,19 +422,32 @@ class Pipeline:
             raise ValueError("; ".join(problems))
 
 
-def _hand_back_gil_sooner() -> None:
-    """Make a worker thread give the GIL back to a waiting thread after ``SWITCH_INTERVAL``
-    instead of CPython's default 5 ms, once the process first offloads a large sample.
+def _tune_for_large_samples() -> None:
+    """Process-wide settings for a daemon that tracks large samples in worker threads, made
+    once, when the process first offloads one (a node's few HCAs never do).
 
-    While a fabric's poll runs in worker threads (sample, ingest, render), the event loop
-    needs the GIL for each step of a scrape (accept, read, every write of the body) and waits
-    up to a whole switch interval for each: at 5 ms, busy scrapes took several times as long
-    as idle ones (issue 12, target 5). A thread only gives the GIL up when another one asks
-    for it, so an idle loop costs the workers nothing. An interval already changed from the
-    default (by an embedding program) is left alone.
+    The GIL: a worker thread gives it back to a waiting thread after ``SWITCH_INTERVAL``
+    instead of CPython's default 5 ms. While a fabric's poll runs in worker threads (sample,
+    ingest, render), the event loop needs the GIL for each step of a scrape (accept, read,
+    every write of the body) and waited up to a whole interval for each: busy scrapes took
+    several times as long as idle ones (issue 12, target 5). A thread gives the GIL up only
+    when another one asks for it, so an idle loop costs the workers nothing. An interval
+    already changed from the default (by an embedding program) is left alone.
+
+    The cyclic GC: every poll leaves tens of thousands of new container objects (views,
+    samples) that reference counting frees when the next poll replaces them, and after
+    ``gc.freeze`` (the daemon's, after the first poll) the full collections' "a quarter more
+    than the survivors of the last one" rule fired five times a poll at 36,720 ports, each
+    stopping every thread, the loop included, for 50-100 ms: 0.2 s of CPU per poll and the
+    loop's worst stalls. A full collection is considered after ``FULL_GC_AFTER`` collections
+    of the middle generation instead of 10: about every 15 polls at that size. Only
+    reference cycles that outlived two young collections wait longer to be freed.
     """
     if sys.getswitchinterval() == _DEFAULT_SWITCH_INTERVAL:
         sys.setswitchinterval(SWITCH_INTERVAL)
+    young, middle, full = gc.get_threshold()
+    if young and full < FULL_GC_AFTER:  # 0: the embedding program turned automatic GC off
+        gc.set_threshold(young, middle, FULL_GC_AFTER)
 
 
 def stale_view(view: PortView) -> PortView:
