@@ -132,6 +132,9 @@ class Pipeline:
         self.lock = asyncio.Lock()
         self._ingesting = False
         self._active_before: list[ActiveCondition] = []
+        #: The views a poll replaced, kept until the daemon has published the new ones and
+        #: then freed in a worker thread a few at a time (``observe_publish``).
+        self._retired: list[PortView] = []
 
     # -- configuration ---------------------------------------------------------------------------
 
@@ -314,6 +317,10 @@ class Pipeline:
             m.poll_errors.labels(self.label, err.reason).inc()
         m.source_ports.labels(self.label).set(len(fresh))
         m.stale_ports.labels(self.label).set(len(views) - len(fresh))
+        # Whoever drops the last reference to a fabric's worth of views pays for freeing
+        # them (a million objects at 36,720 ports: 25 ms with the GIL held, 80 ms at
+        # 118,400); holding them here makes that this pipeline (observe_publish).
+        self._retired = list(self._views.values())
         self._views = MappingProxyType(views)
         self.sampled_at = snap.monotonic
         if failure is not None:
@@ -378,8 +385,17 @@ class Pipeline:
         return events
 
     def observe_publish(self, seconds: float) -> None:
-        """The caller's time to publish the state this poll produced (the ``publish`` stage)."""
+        """The caller's time to publish the state this poll produced (the ``publish`` stage).
+
+        The state the exporters served before is gone by now, so the views this poll
+        replaced are held by nothing but this pipeline: a large batch is freed in a worker
+        thread, a few hundred at a time (``_release``), so the event loop never waits out
+        the whole deallocation (issue 12: no loop stall over 50 ms).
+        """
         self._stage["publish"].observe(seconds)
+        retired, self._retired = self._retired, []
+        if len(retired) >= OFFLOAD_PORTS:
+            asyncio.get_running_loop().run_in_executor(None, _release, retired)
 
     # -- what it knows ---------------------------------------------------------------------------
 
@@ -450,6 +466,21 @@ def _tune_for_large_samples() -> None:
         gc.set_threshold(young, middle, FULL_GC_AFTER)
 
 
+#: Views freed per step of ``_release``: about 0.2 ms of deallocation with the GIL held.
+_RELEASE_STEP: Final = 256
+
+
+def _release(views: list[PortView]) -> None:
+    """Drop ``views`` (the caller's last references) ``_RELEASE_STEP`` at a time.
+
+    Freeing a view and what only it holds (its rates, the totals it did not share with
+    the next poll, the floats and ints in them) is C code that never lets another thread
+    run; one ``del`` of the whole list would hold the GIL for all of them.
+    """
+    while views:
+        del views[-_RELEASE_STEP:]
+
+
 def stale_view(view: PortView) -> PortView:
     """``view`` as it stays while its port does not answer: totals, state, identity, link and
     conditions as last read; rates, utilization, transmit-wait ratio and BER gone (they would
@@ -474,8 +505,11 @@ def build_state(pipelines: Iterable[Pipeline], *, generated: float | None = None
     ports: dict[PortKey, PortView] = {}
     sources: dict[str, SourceStatus] = {}
     for pipeline in pipelines:
-        for key, view in pipeline.views.items():
-            ports.setdefault(key, view)
+        if not ports:  # one C-level copy, not a loop on the event loop (36,720 ports: 1 ms)
+            ports = dict(pipeline.views)
+        else:
+            for key, view in pipeline.views.items():
+                ports.setdefault(key, view)
         sources[pipeline.label] = pipeline.status
     return FabricState(
         generated=time.time() if generated is None else generated,

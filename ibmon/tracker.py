@@ -50,12 +50,14 @@ _NO_NAMES: Final[frozenset[str]] = frozenset()
 #: The shared empty map of every port without resets or driver counters. Never mutated: code
 #: that adds to a port's map replaces it with a new dict first (``_Port`` says which).
 _NO_COUNTS: Final[dict[str, int]] = {}
+_NO_CAUSES: Final[dict[str, str]] = {}
 _ACTIVE: Final = int(PortState.ACTIVE)
 
 _VIEW_FIELDS: Final = (
     "identity", "state", "phys_state", "rate_bytes_per_second", "active_width", "active_speed",
     "link", "totals", "rates", "saturated", "resets", "hw_totals", "hw_rates", "utilization_tx",
-    "utilization_rx", "xmit_wait_ratio", "symbol_error_ber", "conditions", "hw_gauges",
+    "utilization_rx", "xmit_wait_ratio", "symbol_error_ber", "conditions", "hw_gauges", "stale",
+    "causes",
 )
 if tuple(f.name for f in fields(PortView))[: len(_VIEW_FIELDS)] != _VIEW_FIELDS:
     # _view passes these positionally; a reordered PortView must fail loudly, not mislabel.
@@ -434,7 +436,10 @@ class Tracker:
             wait_ratio,
             None,  # symbol_error_ber and conditions: the detection engine fills them
             _NO_NAMES,
-            sample.hw_gauges,  # settings and levels pass through as read (the sample is fresh)
+            # settings and levels pass through as read (the sample is fresh)
+            sample.hw_gauges or _NO_COUNTS,
+            False,  # stale: the pipeline marks views of ports that did not answer
+            _NO_CAUSES,  # the detection engine replaces it on ports that carry a condition
         )
 
     # ------------------------------------------------------------------ persistence

@@ -12,6 +12,7 @@ import pytest
 
 from ibmon.config import MockSourceConfig
 from ibmon.events import Event
+from ibmon.model import PortView
 from ibmon.pipeline import FULL_GC_AFTER, OFFLOAD_PORTS, SWITCH_INTERVAL, Pipeline
 from ibmon.selfmetrics import SelfMetrics
 from ibmon.sources.mock import ManualClock, MockSource
@@ -102,3 +103,21 @@ def test_a_small_sample_leaves_the_process_settings_alone() -> None:
     assert len(pipeline.views) == OFFLOAD_PORTS - 1
     assert sys.getswitchinterval() == 0.005
     assert gc.get_threshold() == (700, 10, 10)
+
+
+def test_the_views_a_poll_replaced_are_not_kept_once_the_new_ones_are_published() -> None:
+    pipeline, source, clock = _setup()
+
+    async def main() -> int:
+        await pipeline.poll(source)
+        pipeline.observe_publish(0.0)
+        clock.t = 1.0
+        await pipeline.poll(source)
+        old = sum(1 for o in gc.get_objects() if isinstance(o, PortView))
+        pipeline.observe_publish(0.0)  # the daemon's call after the state is published
+        return old
+
+    before_publish = asyncio.run(main())  # which waits for the worker threads' jobs
+    alive = sum(1 for o in gc.get_objects() if isinstance(o, PortView))
+    assert before_publish >= 2 * len(pipeline.views)  # two polls' views until published
+    assert alive == len(pipeline.views)
