@@ -66,6 +66,7 @@ def test_cached_segments_inflate_to_a_full_render(
     seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(render, "SEGMENT_PORTS", 4)
+    monkeypatch.setattr(render, "CACHE_MIN_PORTS", 0)
     rng = random.Random(seed)
     views = [_view(i, rng, rng.choice(("leaf01", '"}\\x'))) for i in range(23)]
     cached = PortRenderer(keep_descriptive=False)
@@ -84,6 +85,7 @@ def test_a_block_whose_values_did_not_change_is_not_rendered_again(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(render, "SEGMENT_PORTS", 2)
+    monkeypatch.setattr(render, "CACHE_MIN_PORTS", 0)
     views = [
         PortView(identity=PortIdentity(guid=f"0x{i:016x}", port="1"),
                  totals={"transmit_data": i, "symbol_errors": 0})
@@ -100,3 +102,15 @@ def test_a_block_whose_values_did_not_change_is_not_rendered_again(
     reused = {id(p) for p in first.parts} & {id(p) for p in second.parts}
     assert len(second.parts) - len(reused) == 2  # the changed block and the final block
     assert b'port="1"} 40\n' in _inflate(second)
+
+
+def test_a_small_fabric_is_compressed_whole_and_reads_the_same() -> None:
+    rng = random.Random(7)
+    views = [_view(i, rng, "node") for i in range(render.CACHE_MIN_PORTS - 1)]
+    renderer = PortRenderer(keep_descriptive=False)
+    renderer.prepare(views)
+    body = renderer.series_deflated(views, 1)
+    assert len(body.parts) == 1
+    plain = PortRenderer()
+    plain.prepare(views)
+    assert _inflate(body) == b"".join(plain.series_chunks(views))
