@@ -133,8 +133,11 @@ class Pipeline:
         self._ingesting = False
         self._active_before: list[ActiveCondition] = []
         #: The views a poll replaced, kept until the daemon has published the new ones and
-        #: then freed in a worker thread a few at a time (``observe_publish``).
+        #: then freed in a worker thread a few at a time (``observe_publish``). Only once a
+        #: caller has published (``_publishing``): ``scan`` and ``top`` never do, and would
+        #: hold a second generation of views for nothing.
         self._retired: list[PortView] = []
+        self._publishing = False
 
     # -- configuration ---------------------------------------------------------------------------
 
@@ -320,7 +323,8 @@ class Pipeline:
         # Whoever drops the last reference to a fabric's worth of views pays for freeing
         # them (a million objects at 36,720 ports: 25 ms with the GIL held, 80 ms at
         # 118,400); holding them here makes that this pipeline (observe_publish).
-        self._retired = list(self._views.values())
+        if self._publishing:
+            self._retired = list(self._views.values())
         self._views = MappingProxyType(views)
         self.sampled_at = snap.monotonic
         if failure is not None:
@@ -393,6 +397,7 @@ class Pipeline:
         the whole deallocation (issue 12: no loop stall over 50 ms).
         """
         self._stage["publish"].observe(seconds)
+        self._publishing = True
         retired, self._retired = self._retired, []
         if len(retired) >= OFFLOAD_PORTS:
             asyncio.get_running_loop().run_in_executor(None, _release, retired)

@@ -121,3 +121,16 @@ def test_the_views_a_poll_replaced_are_not_kept_once_the_new_ones_are_published(
     alive = sum(1 for o in gc.get_objects() if isinstance(o, PortView))
     assert before_publish >= 2 * len(pipeline.views)  # two polls' views until published
     assert alive == len(pipeline.views)
+
+
+def test_a_pipeline_nobody_publishes_keeps_one_generation_of_views() -> None:
+    pipeline, source, clock = _setup()  # as ``ibmon top --source`` polls: no observe_publish
+
+    async def main() -> None:
+        await pipeline.poll(source)
+        clock.t = 1.0
+        await pipeline.poll(source)
+
+    asyncio.run(main())
+    alive = sum(1 for o in gc.get_objects() if isinstance(o, PortView))
+    assert alive == len(pipeline.views)
