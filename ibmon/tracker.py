@@ -232,9 +232,14 @@ class Tracker:
             missing = last.keys() - counters.keys()
             if not missing <= st.stale:
                 st.stale = st.stale | missing
-        keys = tuple(last)
+        # In the sample's order (names it lacked after), so the next sample like it takes the
+        # aligned path: after a restore the saved order may differ from the source's.
+        ordered = {n: last[n] for n in counters if n in last}
+        if len(ordered) != len(last):
+            ordered.update(last)
+        keys = tuple(ordered)
         st.keys = self._keys.setdefault(keys, keys)  # one tuple per distinct set of names
-        st.last = _pack(last.values())
+        st.last = _pack(ordered.values())
         # Rates were computed unconditionally (one branch less per counter); drop them if the
         # interval was unusable.
         return rates if inv_dt else {}
