@@ -18,9 +18,9 @@ from ibmon.selfmetrics import SelfMetrics
 from ibmon.sources.mock import ManualClock, MockSource
 
 
-def _setup() -> tuple[Pipeline, MockSource, ManualClock]:
+def _setup(name: str = "mock") -> tuple[Pipeline, MockSource, ManualClock]:
     clock = ManualClock()
-    source = MockSource.from_scenario("demo", clock=clock)
+    source = MockSource.from_scenario("demo", clock=clock, name=name)
     assert len(source.model.keys) >= OFFLOAD_PORTS  # the threaded path
     pipeline = Pipeline(MockSourceConfig(name="mock", interval=1.0), metrics=SelfMetrics())
     return pipeline, source, clock
@@ -105,26 +105,32 @@ def test_a_small_sample_leaves_the_process_settings_alone() -> None:
     assert gc.get_threshold() == (700, 10, 10)
 
 
+def _views_alive(source: str) -> int:
+    """PortViews of ``source``'s ports alive in the process (other tests' may be, too)."""
+    return sum(1 for o in gc.get_objects()
+               if isinstance(o, PortView) and o.identity.source == source)
+
+
 def test_the_views_a_poll_replaced_are_not_kept_once_the_new_ones_are_published() -> None:
-    pipeline, source, clock = _setup()
+    pipeline, source, clock = _setup("release-after-publish")
 
     async def main() -> int:
         await pipeline.poll(source)
         pipeline.observe_publish(0.0)
         clock.t = 1.0
         await pipeline.poll(source)
-        old = sum(1 for o in gc.get_objects() if isinstance(o, PortView))
+        old = _views_alive(source.name)
         pipeline.observe_publish(0.0)  # the daemon's call after the state is published
         return old
 
     before_publish = asyncio.run(main())  # which waits for the worker threads' jobs
-    alive = sum(1 for o in gc.get_objects() if isinstance(o, PortView))
+    alive = _views_alive(source.name)
     assert before_publish >= 2 * len(pipeline.views)  # two polls' views until published
     assert alive == len(pipeline.views)
 
 
 def test_a_pipeline_nobody_publishes_keeps_one_generation_of_views() -> None:
-    pipeline, source, clock = _setup()  # as ``ibmon top --source`` polls: no observe_publish
+    pipeline, source, clock = _setup("never-published")  # as ``top --source``: no publish
 
     async def main() -> None:
         await pipeline.poll(source)
@@ -132,5 +138,4 @@ def test_a_pipeline_nobody_publishes_keeps_one_generation_of_views() -> None:
         await pipeline.poll(source)
 
     asyncio.run(main())
-    alive = sum(1 for o in gc.get_objects() if isinstance(o, PortView))
-    assert alive == len(pipeline.views)
+    assert _views_alive(source.name) == len(pipeline.views)
