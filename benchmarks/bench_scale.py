@@ -8,9 +8,10 @@ exactly as ``ibmon demo --hosts N --scenario S`` configures it (simulated time x
 the simulator and the daemon in one process:
 
 - ``steady`` (``interval`` 10 s, as ``ibmon demo --interval 10``): after the first poll, over
-  ``--polls`` polls: VmRSS/VmHWM (target 3), the daemon's CPU per poll (``utime + stime``,
-  simulator included) and the mean of each ``ibmon_pipeline_stage_seconds`` stage (target 4:
-  track + detect + publish).
+  ``--polls`` polls: VmRSS/VmHWM (target 3; ``rss_mb`` is read at the end of the window, which
+  may fall inside a poll, ``rss_low_mb`` is the lowest reading, between polls, every 0.5 s),
+  the daemon's CPU per poll (``utime + stime``, simulator included) and the mean of each
+  ``ibmon_pipeline_stage_seconds`` stage (target 4: track + detect + publish).
 - ``idle`` (``interval`` 1 h: one poll, then nothing): p50/p99 of ``--scrapes`` gzip scrapes of
   ``/metrics``, the baseline of target 5.
 - ``busy`` (``interval`` 0.05 s: polls back to back): the same scrapes while the pipeline runs;
@@ -153,10 +154,11 @@ def steady(d: Daemon, polls: int, interval: float) -> dict[str, float]:
         time.sleep(0.5)
     text0 = d.metrics()
     cpu0 = d.cpu()
-    peak = d.status("VmRSS")
+    peak = low = d.status("VmRSS")
     end = time.monotonic() + polls * interval
     while time.monotonic() < end:
-        peak = max(peak, d.status("VmRSS"))
+        rss = d.status("VmRSS")
+        peak, low = max(peak, rss), min(low, rss)
         time.sleep(0.5)
     cpu1 = d.cpu()
     text1 = d.metrics()
@@ -164,7 +166,8 @@ def steady(d: Daemon, polls: int, interval: float) -> dict[str, float]:
     n1 = _sample(text1, "ibmon_source_poll_duration_seconds_count", source="mock") or 0.0
     s0, s1 = _stages(text0), _stages(text1)
     res = {"polls": n1 - n0, "cpu_per_poll": (cpu1 - cpu0) / max(1.0, n1 - n0),
-           "rss_mb": d.status("VmRSS"), "rss_peak_mb": peak, "hwm_mb": d.status("VmHWM"),
+           "rss_mb": d.status("VmRSS"), "rss_low_mb": low, "rss_peak_mb": peak,
+           "hwm_mb": d.status("VmHWM"),
            "ports": _sample(text1, "ibmon_source_ports", source="mock") or 0.0}
     for s in STAGES:
         dt, dn = s1[s][0] - s0[s][0], s1[s][1] - s0[s][1]

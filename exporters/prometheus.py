@@ -137,7 +137,7 @@ class _Compressor:
             self._descriptive = None  # release the old segment before building the new one
             self._descriptive = deflate_chunks(renderer.descriptive_chunks(), GZIP_LEVEL,
                                                final=False)
-        tail = deflate_chunks(renderer.series_chunks(views), GZIP_LEVEL)
+        tail = renderer.series_deflated(views, GZIP_LEVEL)
         return concat(self._descriptive, tail)
 
 

@@ -5,17 +5,22 @@ cancelled poll is still ingested and its events handed back before the cancellat
 from __future__ import annotations
 
 import asyncio
+import gc
+import sys
+
+import pytest
 
 from ibmon.config import MockSourceConfig
 from ibmon.events import Event
-from ibmon.pipeline import OFFLOAD_PORTS, Pipeline
+from ibmon.model import PortView
+from ibmon.pipeline import FULL_GC_AFTER, OFFLOAD_PORTS, SWITCH_INTERVAL, Pipeline
 from ibmon.selfmetrics import SelfMetrics
 from ibmon.sources.mock import ManualClock, MockSource
 
 
-def _setup() -> tuple[Pipeline, MockSource, ManualClock]:
+def _setup(name: str = "mock") -> tuple[Pipeline, MockSource, ManualClock]:
     clock = ManualClock()
-    source = MockSource.from_scenario("demo", clock=clock)
+    source = MockSource.from_scenario("demo", clock=clock, name=name)
     assert len(source.model.keys) >= OFFLOAD_PORTS  # the threaded path
     pipeline = Pipeline(MockSourceConfig(name="mock", interval=1.0), metrics=SelfMetrics())
     return pipeline, source, clock
@@ -63,3 +68,74 @@ def test_a_cancelled_poll_is_ingested_and_emitted_before_it_ends() -> None:
     assert len(emitted) == 1  # the poll came back (with its events) before the cancellation
     assert not pipeline.ingesting
     assert len(pipeline.views) == len(source.model.keys)
+
+
+@pytest.fixture
+def process_defaults() -> object:
+    """CPython's default GIL switch interval and GC thresholds, restored afterwards."""
+    interval, threshold = sys.getswitchinterval(), gc.get_threshold()
+    sys.setswitchinterval(0.005)
+    gc.set_threshold(700, 10, 10)
+    yield
+    sys.setswitchinterval(interval)
+    gc.set_threshold(*threshold)
+
+
+@pytest.mark.usefixtures("process_defaults")
+def test_offloading_a_large_sample_hands_the_gil_back_sooner_and_spaces_full_collections() -> None:
+    pipeline, source, _ = _setup()
+    asyncio.run(pipeline.poll(source))
+    assert sys.getswitchinterval() == SWITCH_INTERVAL
+    assert gc.get_threshold() == (700, 10, FULL_GC_AFTER)
+
+
+@pytest.mark.usefixtures("process_defaults")
+def test_a_small_sample_leaves_the_process_settings_alone() -> None:
+    pipeline, source, _ = _setup()
+    keys = source.model.keys[: OFFLOAD_PORTS - 1]  # a node's few HCAs: ingested inline
+
+    async def main() -> None:
+        snap = await source.sample()
+        snap.ports = {k: snap.ports[(k[0], str(k[1]))] for k in keys}
+        await pipeline._ingest_off_loop(snap, None)  # poll()'s path once the sample is in
+
+    asyncio.run(main())
+    assert len(pipeline.views) == OFFLOAD_PORTS - 1
+    assert sys.getswitchinterval() == 0.005
+    assert gc.get_threshold() == (700, 10, 10)
+
+
+def _views_alive(source: str) -> int:
+    """PortViews of ``source``'s ports alive in the process (other tests' may be, too)."""
+    return sum(1 for o in gc.get_objects()
+               if isinstance(o, PortView) and o.identity.source == source)
+
+
+def test_the_views_a_poll_replaced_are_not_kept_once_the_new_ones_are_published() -> None:
+    pipeline, source, clock = _setup("release-after-publish")
+
+    async def main() -> int:
+        await pipeline.poll(source)
+        pipeline.observe_publish(0.0)
+        clock.t = 1.0
+        await pipeline.poll(source)
+        old = _views_alive(source.name)
+        pipeline.observe_publish(0.0)  # the daemon's call after the state is published
+        return old
+
+    before_publish = asyncio.run(main())  # which waits for the worker threads' jobs
+    alive = _views_alive(source.name)
+    assert before_publish >= 2 * len(pipeline.views)  # two polls' views until published
+    assert alive == len(pipeline.views)
+
+
+def test_a_pipeline_nobody_publishes_keeps_one_generation_of_views() -> None:
+    pipeline, source, clock = _setup("never-published")  # as ``top --source``: no publish
+
+    async def main() -> None:
+        await pipeline.poll(source)
+        clock.t = 1.0
+        await pipeline.poll(source)
+
+    asyncio.run(main())
+    assert _views_alive(source.name) == len(pipeline.views)
