@@ -1,6 +1,8 @@
 """Suite-wide rules.
 
-- Isolation: no test reads or writes the real /var/lib/ibmon state file.
+- Isolation: no test reads or writes the real /var/lib/ibmon state file, and each test starts
+  from the interpreter's GIL switch interval and GC thresholds (a pipeline tunes both for the
+  whole process when it first tracks a large sample in a worker thread, as a daemon should).
 - Under ``CI`` a skipped test fails the session. Helpers already turn a missing binary, library
   or real fixture into a failure there (``tests.syspkg``, ``tests.fixtures``), but a plain
   ``pytest.skip`` or ``skipif`` added later would still pass silently; this guard makes sure a
@@ -9,7 +11,9 @@
 
 from __future__ import annotations
 
+import gc
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +27,17 @@ def _private_state_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
     """A daemon restores totals from its state file; tests must not share one (or touch /var)."""
     monkeypatch.setenv("IBMON_STATE__PATH", str(tmp_path / "ibmon-state.json"))
     return
+
+
+@pytest.fixture(autouse=True)
+def _process_wide_defaults() -> Iterator[None]:
+    """Undo ``ibmon.pipeline._tune_for_large_samples`` after each test: with full collections
+    spaced out, a reference cycle that one test leaves (an unclosed socket) would be finalized,
+    and its ResourceWarning raised, in some later test instead."""
+    interval, threshold = sys.getswitchinterval(), gc.get_threshold()
+    yield
+    sys.setswitchinterval(interval)
+    gc.set_threshold(*threshold)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
