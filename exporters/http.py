@@ -15,7 +15,6 @@ import functools
 import hashlib
 import hmac
 import resource
-import ssl
 import struct
 import time
 import weakref
@@ -24,13 +23,17 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter
 
 from exporters.server import HttpConnection, peer_address
 from ibmon.config import parse_listen  # the one listen-address rule, shared with config checks
+from ibmon.sslgate import enable_tls
+
+if TYPE_CHECKING:
+    import ssl
 
 __all__ = [
     "KEEPALIVE_TIMEOUT",
@@ -128,6 +131,9 @@ class BasicAuth:
 
 def tls_context(cert: Path, key: Path) -> ssl.SSLContext:
     """A server context with the platform's secure defaults and at least TLS 1.2."""
+    enable_tls()  # ssl is imported only here: a node daemon without TLS never loads OpenSSL
+    import ssl
+
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(certfile=str(cert), keyfile=str(key))

@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> None:
 
         cli_main(args)
         return
+    from ibmon.sslgate import import_without_openssl
+
+    import_without_openssl(run.config)  # before structlog and config import asyncio and hashlib
     _import_structlog_without_rich()
     from ibmon.log import configure_from_environment
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import socket
-import ssl
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -89,6 +88,8 @@ def _check_prometheus(settings: Settings, origin: _Origin) -> None:
     cfg = settings.prometheus
     _check_listen(cfg.listen, origin)
     if cfg.tls_cert is not None and cfg.tls_key is not None:
+        import ssl  # only here: a node daemon without TLS never loads OpenSSL (ibmon.sslgate)
+
         _readable(cfg.tls_cert, ("prometheus", "tls_cert"), origin)
         _readable(cfg.tls_key, ("prometheus", "tls_key"), origin)
         _check_certificate(cfg.tls_cert, ("prometheus", "tls_cert"), origin)
@@ -131,6 +132,8 @@ def _check_listen(listen: str, origin: _Origin) -> None:
 
 
 def _check_certificate(file: Path, loc: Loc, origin: _Origin) -> None:
+    import ssl
+
     try:
         ssl.create_default_context().load_verify_locations(cafile=str(file))
     except (ssl.SSLError, ValueError) as exc:
@@ -138,6 +141,8 @@ def _check_certificate(file: Path, loc: Loc, origin: _Origin) -> None:
 
 
 def _ssl_reason(exc: BaseException) -> str:
+    import ssl
+
     if isinstance(exc, ssl.SSLError) and exc.reason:
         return str(exc.reason).lower().replace("_", " ")
     return str(exc) or type(exc).__name__
@@ -152,6 +157,8 @@ def _check_mqtt(settings: Settings, origin: _Origin) -> None:
     tls = cfg.tls
     if tls is None:
         return
+    import ssl
+
     if tls.ca_file is not None:
         _readable(tls.ca_file, ("mqtt", "tls", "ca_file"), origin)
         _check_certificate(tls.ca_file, ("mqtt", "tls", "ca_file"), origin)
