@@ -36,7 +36,7 @@ from bisect import bisect_left
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any, ClassVar, Final, Generic, NamedTuple, TypeVar
 
-__all__ = ["Counter", "Gauge", "Histogram", "Registry", "Sample", "go_float"]
+__all__ = ["Counter", "Family", "Gauge", "Histogram", "Registry", "Sample", "go_float"]
 
 _NAME: Final = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL: Final = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -94,10 +94,11 @@ class _Child:
 C = TypeVar("C", bound=_Child)
 
 
-class _Family(Generic[C]):
+class Family(Generic[C]):
     """A metric family: name, help, label names and its series by label values."""
 
-    _type: ClassVar[str]
+    #: The Prometheus ``# TYPE`` of the family.
+    type: ClassVar[str]
     #: Label names a family of this type may not use (a histogram's ``le``).
     _reserved: ClassVar[frozenset[str]] = frozenset()
 
@@ -119,7 +120,7 @@ class _Family(Generic[C]):
         self._children: dict[tuple[str, ...], C] = {}
         exposed = self._exposed_name()
         doc = documentation.replace("\\", r"\\").replace("\n", r"\n")
-        self._head = f"# HELP {exposed} {doc}\n# TYPE {exposed} {self._type}\n"
+        self._head = f"# HELP {exposed} {doc}\n# TYPE {exposed} {self.type}\n"
         #: The one series of a family without labels; None for a labelled family.
         self._only: C | None = None if labelnames else self._new_child(())
         registry.register(self)
@@ -216,11 +217,11 @@ class CounterChild(_Child):
             self._value += amount
 
 
-class Counter(_Family[CounterChild]):
+class Counter(Family[CounterChild]):
     """A counter family; exposed as ``<name>_total`` (a trailing ``_total`` in ``name`` is
     dropped, as prometheus_client does)."""
 
-    _type = "counter"
+    type = "counter"
 
     def __init__(
         self, name: str, documentation: str, labelnames: Sequence[str] = (), *,
@@ -270,10 +271,10 @@ class GaugeChild(_Child):
             self._value -= amount
 
 
-class Gauge(_Family[GaugeChild]):
+class Gauge(Family[GaugeChild]):
     """A gauge family."""
 
-    _type = "gauge"
+    type = "gauge"
 
     def __init__(
         self, name: str, documentation: str, labelnames: Sequence[str] = (), *,
@@ -328,10 +329,10 @@ class HistogramChild(_Child):
             return list(self._counts), self._sum
 
 
-class Histogram(_Family[HistogramChild]):
+class Histogram(Family[HistogramChild]):
     """A histogram family with fixed bucket bounds (sorted; ``+Inf`` is appended if missing)."""
 
-    _type = "histogram"
+    type = "histogram"
     _reserved = frozenset({"le"})
 
     def __init__(
@@ -390,10 +391,10 @@ class Registry:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._families: dict[str, _Family[Any]] = {}
+        self._families: dict[str, Family[Any]] = {}
         self._names: set[str] = set()
 
-    def register(self, family: _Family[C]) -> None:
+    def register(self, family: Family[C]) -> None:
         """Add ``family``; refused if any name it exposes is already taken."""
         names = family.sample_names()
         with self._lock:
@@ -403,7 +404,11 @@ class Registry:
             self._names.update(names)
             self._families[family.name] = family
 
-    def _snapshot(self, only: Collection[str] | None) -> list[_Family[Any]]:
+    def families(self) -> list[Family[Any]]:
+        """The registered families, in registration order."""
+        return self._snapshot(None)
+
+    def _snapshot(self, only: Collection[str] | None) -> list[Family[Any]]:
         with self._lock:
             families = list(self._families.values())
         if only is not None:
