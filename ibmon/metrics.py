@@ -41,24 +41,22 @@ __all__ = ["Counter", "Family", "Gauge", "Histogram", "Registry", "Sample", "go_
 _NAME: Final = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL: Final = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _INF: Final = math.inf
+_NON_FINITE: Final = {"inf": "+Inf", "-inf": "-Inf", "nan": "NaN"}
 
 
 def go_float(value: float) -> str:
     """``value`` as Prometheus' Go code spells it (prometheus_client's ``floatToGoString``).
 
     ``+Inf``/``-Inf``/``NaN``, Python's shortest repr otherwise, except that Go switches to an
-    exponent from 1e7 up: ``1234567.0`` but ``1.2345678e+07``.
+    exponent from 1e7 up: ``1234567.0`` but ``1.2345678e+07``. (Written around ``repr``, which
+    has a dot unless the value is non-finite or already in exponent form: one call per value on
+    the common path, as this runs for every line of every scrape.)
     """
-    d = float(value)
-    if d == _INF:
-        return "+Inf"
-    if d == -_INF:
-        return "-Inf"
-    if math.isnan(d):
-        return "NaN"
-    s = repr(d)
+    s = repr(float(value))
     dot = s.find(".")
-    if d > 0 and dot > 6:
+    if dot < 0:
+        return _NON_FINITE.get(s, s)
+    if dot > 6 and s[0] != "-":
         mantissa = f"{s[0]}.{s[1:dot]}{s[dot + 1:]}".rstrip("0.")
         return f"{mantissa}e+{dot - 1:02d}"
     return s

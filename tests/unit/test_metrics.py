@@ -99,6 +99,7 @@ def test_random_operations_render_like_generate_latest(
         oracle.assert_same()
 
 
+@settings(max_examples=2000)
 @given(st.floats(allow_nan=True, allow_infinity=True) | st.integers(-(2**80), 2**80))
 def test_values_are_spelled_as_go_does(value: float) -> None:
     assert go_float(value) == floatToGoString(value)  # type: ignore[no-untyped-call]
