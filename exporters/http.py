@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter
 
 from exporters.server import HttpConnection, peer_address
 from ibmon.config import parse_listen  # the one listen-address rule, shared with config checks
+from ibmon.metrics import Counter, Registry
 from ibmon.sslgate import enable_tls
 
 if TYPE_CHECKING:
@@ -358,12 +358,12 @@ class HttpMetrics:
     bad_requests: Counter
 
 
-_HTTP_METRICS: weakref.WeakKeyDictionary[CollectorRegistry, HttpMetrics] = (
+_HTTP_METRICS: weakref.WeakKeyDictionary[Registry, HttpMetrics] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def http_metrics(registry: CollectorRegistry) -> HttpMetrics:
+def http_metrics(registry: Registry) -> HttpMetrics:
     """The ``ibmon_http_*`` series in ``registry``, registered on first use."""
     found = _HTTP_METRICS.get(registry)
     if found is None:

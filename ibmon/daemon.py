@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
-from prometheus_client import Counter, Gauge
 
 from exporters.api import ApiProvider, api_routes
 from exporters.base import EventConsumer, Exporter
@@ -45,6 +44,7 @@ from ibmon.config import ConfigError, Settings, SourceConfig, load_settings
 from ibmon.detect.engine import ActiveCondition
 from ibmon.events import Event, EventBus, EventFileWriter, EventLog, Subscription
 from ibmon.looplag import IDLE_PERIOD, LoopLagProbe, period_for
+from ibmon.metrics import Counter, Gauge
 from ibmon.persist import LoadResult, StateFile
 from ibmon.pipeline import Pipeline, build_state
 from ibmon.sdnotify import notify, watchdog_interval

@@ -26,8 +26,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Histogram
-
+from ibmon.metrics import Histogram, Registry
 from ibmon.pipeline import OFFLOAD_PORTS
 
 __all__ = ["BUCKETS", "BUSY_PORTS", "IDLE_PERIOD", "PERIOD", "LoopLagProbe", "period_for"]
@@ -52,7 +51,7 @@ class LoopLagProbe:
 
     def __init__(
         self,
-        registry: CollectorRegistry,
+        registry: Registry,
         *,
         period: float = PERIOD,
         clock: Callable[[], float] = time.monotonic,

@@ -1,28 +1,21 @@
-"""ibmon's own health metrics, kept in a private prometheus_client registry.
+"""ibmon's own health metrics, kept in a private ``ibmon.metrics`` registry.
 
-These are few series, so the stock client is fine here; the port series (hundreds of thousands)
-go through the fast renderer in ``exporters.prometheus`` instead.
+These are few series (``ibmon.metrics`` renders them, byte for byte as prometheus_client would,
+without importing it); the port series (hundreds of thousands) go through the columnar renderer
+in ``exporters.prometheus`` instead.
 """
 
 from __future__ import annotations
 
 import platform
-import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
-from prometheus_client.exposition import generate_latest
-from prometheus_client.metrics_core import Metric
-from prometheus_client.utils import floatToGoString
-
 from ibmon import __version__
+from ibmon.metrics import Counter, Gauge, Histogram, Registry
 
-__all__ = ["ONE_SHOT_FAMILIES", "MqttMetrics", "SelfMetrics", "ShardMetrics", "TextRenderer"]
-
-# ``_created`` series double the output and no alert or dashboard of ours uses them.
-disable_created_metrics()  # type: ignore[no-untyped-call]
+__all__ = ["ONE_SHOT_FAMILIES", "MqttMetrics", "SelfMetrics", "ShardMetrics"]
 
 POLL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 #: Stages range from microseconds (tracking one host's ports) to seconds (a fabric sweep).
@@ -46,6 +39,7 @@ ONE_SHOT_FAMILIES: Final = (
     "ibmon_shard_info",
     "ibmon_source_shards",
 )
+_ONE_SHOT: Final = frozenset(ONE_SHOT_FAMILIES)
 
 
 class SelfMetrics:
@@ -53,7 +47,7 @@ class SelfMetrics:
     ``ibmon_build_info`` series."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = Registry()
         r = self.registry
         self.build_info = Gauge(
             "ibmon_build_info", "ibmon version and Python runtime; always 1.",
@@ -102,7 +96,6 @@ class SelfMetrics:
         )
         self.shards: ShardMetrics | None = None
         self.mqtt: MqttMetrics | None = None
-        self._text = TextRenderer()
 
     def describe_sources(self, fabric: str, sources: Iterable[Any]) -> None:
         """Set ``ibmon_shard_info`` and ``ibmon_source_shards`` for the configured sources.
@@ -171,80 +164,13 @@ class SelfMetrics:
         return self.mqtt
 
     def render(self) -> bytes:
-        return self._text.render(self.registry)
+        """Every family, as prometheus_client's ``generate_latest`` would write it (without
+        ``_created`` series)."""
+        return self.registry.render()
 
     def render_one_shot(self) -> bytes:
         """Only ``ONE_SHOT_FAMILIES``, in registration order (byte-stable for golden files)."""
-        return generate_latest(_Only(self.registry, ONE_SHOT_FAMILIES))
-
-
-#: Prometheus text format families this renderer writes itself; any other type falls back.
-_TYPES: Final = {"counter": "counter", "gauge": "gauge", "histogram": "histogram"}
-_LEGACY_NAME: Final = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-_LEGACY_LABEL: Final = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-_OM_ONLY: Final = ("_created", "_gsum", "_gcount")
-
-
-def _escape_value(value: str) -> str:
-    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
-
-
-class TextRenderer:
-    """``generate_latest`` for a registry of a few hundred series, at half its cost.
-
-    Every scrape of a node daemon renders the self metrics, so their 0.9 ms per scrape was a
-    tenth of ibmon's CPU per poll on a compute node (issue 12, target 1). The output is
-    byte-identical to ``generate_latest`` (a test holds them together): the help/type head of
-    each family and the ``name{labels} `` prefix of each series are built once and reused, so a
-    scrape only formats the values. Anything this does not handle (other metric types, names
-    that need escaping, timestamps, OpenMetrics-only samples) renders through
-    ``generate_latest`` instead.
-    """
-
-    #: Cached series prefixes beyond this are dropped (label sets of self metrics are bounded;
-    #: this only guards against a caller that labels by something unbounded).
-    MAX_PREFIXES: Final = 10_000
-
-    def __init__(self) -> None:
-        self._heads: dict[tuple[str, str, str], str] = {}
-        self._prefixes: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
-
-    def render(self, registry: CollectorRegistry) -> bytes:
-        out: list[str] = []
-        heads = self._heads
-        prefixes = self._prefixes
-        for metric in registry.collect():
-            mtype = _TYPES.get(metric.type)
-            if mtype is None or not _LEGACY_NAME.match(metric.name):
-                return generate_latest(registry)
-            key = (metric.name, mtype, metric.documentation)
-            head = heads.get(key)
-            if head is None:
-                name = metric.name + "_total" if mtype == "counter" else metric.name
-                doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
-                head = heads[key] = f"# HELP {name} {doc}\n# TYPE {name} {mtype}\n"
-            out.append(head)
-            for sample in metric.samples:
-                if sample.timestamp is not None or (
-                    sample.name != metric.name
-                    and sample.name.removeprefix(metric.name) in _OM_ONLY
-                ):
-                    return generate_latest(registry)
-                labels = tuple(sample.labels.items())
-                prefix = prefixes.get((sample.name, labels))
-                if prefix is None:
-                    if not _LEGACY_NAME.match(sample.name) or not all(
-                        _LEGACY_LABEL.match(k) for k, _ in labels
-                    ):
-                        return generate_latest(registry)
-                    if len(prefixes) >= self.MAX_PREFIXES:
-                        prefixes.clear()
-                    inner = ",".join(f'{k}="{_escape_value(v)}"' for k, v in sorted(labels))
-                    prefix = f"{sample.name}{{{inner}}} " if inner else f"{sample.name} "
-                    prefixes[(sample.name, labels)] = prefix
-                out.append(prefix + floatToGoString(sample.value)  # type: ignore[no-untyped-call]
-                           + "\n")
-        return "".join(out).encode("utf-8")
+        return self.registry.render(only=_ONE_SHOT)
 
 
 def _shard_of(shard: str | None) -> tuple[int, int]:
@@ -253,18 +179,6 @@ def _shard_of(shard: str | None) -> tuple[int, int]:
         return 0, 1
     k, n = shard.split("/")
     return int(k), int(n)
-
-
-class _Only:
-    """A registry view with some families (prometheus_client's ``restricted_registry`` yields
-    them in set order, which would make the output differ between runs)."""
-
-    def __init__(self, registry: CollectorRegistry, names: Iterable[str]) -> None:
-        self._registry = registry
-        self._names = frozenset(names)
-
-    def collect(self) -> Iterator[Metric]:
-        return (m for m in self._registry.collect() if m.name in self._names)
 
 
 @dataclass(frozen=True, slots=True)

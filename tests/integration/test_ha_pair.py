@@ -185,8 +185,8 @@ async def test_the_daemon_exports_its_shard_and_a_reload_replaces_it(tmp_path: P
     def shards() -> set[str]:
         return {
             f"{s.name}{json.dumps(s.labels, sort_keys=True)} {s.value}"
-            for fam in daemon.metrics.registry.collect()
-            if fam.name in ("ibmon_shard_info", "ibmon_source_shards") for s in fam.samples
+            for s in daemon.metrics.registry.samples()
+            if s.name in ("ibmon_shard_info", "ibmon_source_shards")
         }
 
     try:

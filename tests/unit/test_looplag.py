@@ -11,18 +11,16 @@ import asyncio
 import time
 
 import pytest
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import generate_latest
 
 from ibmon.looplag import LoopLagProbe
+from ibmon.metrics import Registry
 
 
-def _samples(registry: CollectorRegistry) -> dict[str, float]:
+def _samples(registry: Registry) -> dict[str, float]:
     out: dict[str, float] = {}
-    for metric in registry.collect():
-        for s in metric.samples:
-            key = s.name + (f'{{le="{s.labels["le"]}"}}' if "le" in s.labels else "")
-            out[key] = s.value
+    for s in registry.samples():
+        key = s.name + (f'{{le="{s.labels["le"]}"}}' if "le" in s.labels else "")
+        out[key] = s.value
     return out
 
 
@@ -32,7 +30,7 @@ def _hold_the_loop(seconds: float) -> None:
 
 
 def test_a_blocked_loop_is_reported() -> None:
-    registry = CollectorRegistry()
+    registry = Registry()
     probe = LoopLagProbe(registry, period=0.01)
 
     async def main() -> None:
@@ -51,14 +49,14 @@ def test_a_blocked_loop_is_reported() -> None:
     # exactly the wake-up that fell inside the stall is over 0.25 s; it is counted whole
     assert s['ibmon_event_loop_lag_seconds_bucket{le="0.25"}'] <= count - 1
     assert s["ibmon_event_loop_lag_seconds_sum"] >= 0.3 - 0.01
-    text = generate_latest(registry).decode()
+    text = registry.render().decode()
     assert "# TYPE ibmon_event_loop_lag_seconds histogram" in text
     assert 'ibmon_event_loop_lag_seconds_bucket{le="0.05"}' in text
 
 
 def test_lag_is_measured_against_the_due_time() -> None:
     """With a clock that jumps while the probe sleeps, the lag is what is past the due time."""
-    registry = CollectorRegistry()
+    registry = Registry()
     now = [100.0]
 
     def clock() -> float:
@@ -85,4 +83,4 @@ def test_lag_is_measured_against_the_due_time() -> None:
 
 def test_period_must_be_positive() -> None:
     with pytest.raises(ValueError, match="period"):
-        LoopLagProbe(CollectorRegistry(), period=0)
+        LoopLagProbe(Registry(), period=0)

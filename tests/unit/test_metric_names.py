@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from prometheus_client import generate_latest
 
 from exporters.prometheus import exposition
 from ibmon.config import Settings
@@ -91,7 +90,7 @@ def known() -> dict[str, set[str]]:
     names = parse_exposition(exposition(metrics, state).decode())
     # the families only the daemon registers (state file, reloads, dropped events)
     daemon = Daemon(Settings())
-    for name, labels in parse_exposition(generate_latest(daemon.metrics.registry).decode()).items():
+    for name, labels in parse_exposition(daemon.metrics.render().decode()).items():
         names.setdefault(name, set()).update(labels)
     if GOLDEN.is_file():
         for name, labels in parse_exposition(GOLDEN.read_text(encoding="utf-8")).items():

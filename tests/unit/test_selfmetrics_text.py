@@ -1,76 +1,110 @@
-"""The self-metrics text renderer writes exactly what prometheus_client's generate_latest does.
+"""The daemon's self metrics render exactly what prometheus_client's generate_latest writes.
 
-``SelfMetrics.render`` runs on every scrape, so it caches each family's head and each series'
-prefix instead of formatting them again (issue 12, target 1). These tests hold the two outputs
-together byte for byte: on the daemon's real registry, on label values that need escaping, and
-across changes (new label sets, moved values) so a stale cache would show.
+Alert rules and dashboards were written against prometheus_client's output; ibmon renders its
+self metrics itself (``ibmon.metrics``, which keeps prometheus_client and OpenSSL out of a node
+daemon, issue 12 target 2, and builds each series' prefix once, target 1). These tests hold the
+daemon's real registry (every family it registers: sources, pipeline stages, events, state file,
+reloads, loop lag, HTTP listener, MQTT, shards) to prometheus_client byte for byte, through
+``tests/metrics_oracle.py``: the same definitions, the same operations on both, before and after
+values move and new label sets appear (a stale prefix would show).
 """
 
 from __future__ import annotations
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
-from prometheus_client.exposition import generate_latest
+from collections.abc import Iterator
+from typing import Any
 
-from ibmon.selfmetrics import POLL_BUCKETS, SelfMetrics, TextRenderer
+from prometheus_client import generate_latest
+
+from exporters.http import http_metrics
+from ibmon.config import Settings
+from ibmon.daemon import Daemon
+from ibmon.selfmetrics import ONE_SHOT_FAMILIES, SelfMetrics
+from ibmon.sources.mad import MadSourceConfig
+from tests.metrics_oracle import Oracle
 
 
-def _busy_self_metrics() -> SelfMetrics:
-    m = SelfMetrics()
+def _daemon_with_every_family() -> tuple[Daemon, Oracle]:
+    daemon = Daemon(Settings())
+    m = daemon.metrics
     m.enable_mqtt()
+    m.describe_sources("main", [MadSourceConfig(shard="0/2")])
+    http_metrics(m.registry)
+    return daemon, Oracle(m.registry)
+
+
+def _busy(oracle: Oracle) -> None:
     for source in ("sysfs", "fabric-a"):
-        m.source_up.labels(source).set(1)
-        m.poll_duration.labels(source).observe(0.0031)
-        m.poll_errors.labels(source, "timeout").inc(3)
+        oracle.apply("ibmon_source_up", (source,), "set", 1)
+        oracle.apply("ibmon_source_poll_duration_seconds", (source,), "observe", 0.0031)
+        oracle.apply("ibmon_source_poll_errors", (source, "timeout"), "inc", 3)
         for stage in ("sample", "track", "detect", "publish"):
-            m.stage_seconds.labels(source, stage).observe(0.00042)
-        m.last_success.labels(source).set(1_700_000_000.123)
-        m.source_ports.labels(source).set(16)
-        m.stale_ports.labels(source).set(0)
-        m.unreachable_nodes.labels(source).set(2)
-    m.events.labels("link_down", "critical").inc()
-    return m
+            oracle.apply("ibmon_pipeline_stage_seconds", (source, stage), "observe", 0.00042)
+        oracle.apply("ibmon_source_last_success_timestamp_seconds", (source,), "set",
+                     1_700_000_000.123)
+        oracle.apply("ibmon_source_ports", (source,), "set", 16)
+        oracle.apply("ibmon_source_stale_ports", (source,), "set", 0)
+        oracle.apply("ibmon_source_unreachable_nodes", (source,), "set", 2)
+    oracle.apply("ibmon_events", ("link_down", "critical"), "inc")
+    oracle.apply("ibmon_events_dropped", ("mqtt",), "inc")
+    oracle.apply("ibmon_state_file_errors", ("missing",), "inc")
+    oracle.apply("ibmon_config_reloads", ("applied",), "inc")
+    oracle.apply("ibmon_event_loop_lag_seconds", (), "observe", 0.0002)
+    oracle.apply("ibmon_http_connections_closed", ("evicted",), "inc")
+    oracle.apply("ibmon_http_bad_requests", (), "inc")
+    oracle.apply("ibmon_mqtt_connected", (), "set", 1)
+    oracle.apply("ibmon_mqtt_published", (), "inc", 12)
 
 
 def test_the_daemons_registry_renders_like_generate_latest() -> None:
-    m = _busy_self_metrics()
-    assert m.render() == generate_latest(m.registry)
-    # Again after values moved and a new label set appeared: the caches hold no values.
-    m.poll_duration.labels("sysfs").observe(7.5)
-    m.source_up.labels("sysfs").set(0)
-    m.poll_errors.labels("new-source", "garbage").inc(1e20)
-    m.last_success.labels("sysfs").set(float("nan"))
-    m.stale_ports.labels("sysfs").set(float("inf"))
-    assert m.render() == generate_latest(m.registry)
-    assert m.render() == generate_latest(m.registry)  # cached prefixes, same bytes
+    daemon, oracle = _daemon_with_every_family()
+    oracle.assert_same()  # as constructed: build info, reload results, listener reasons
+    _busy(oracle)
+    oracle.assert_same()
+    assert daemon.metrics.render() == oracle.expected()
+    # Again after values moved and a new label set appeared: the prefixes hold no values.
+    oracle.apply("ibmon_source_poll_duration_seconds", ("sysfs",), "observe", 7.5)
+    oracle.apply("ibmon_source_up", ("sysfs",), "set", 0)
+    oracle.apply("ibmon_source_poll_errors", ("new-source", "garbage"), "inc", 1e20)
+    oracle.apply("ibmon_source_last_success_timestamp_seconds", ("sysfs",), "set", float("nan"))
+    oracle.apply("ibmon_source_stale_ports", ("sysfs",), "set", float("inf"))
+    oracle.apply("ibmon_source_ports", ('a "quoted"\\ source\n',), "set", 1)
+    oracle.assert_same()
+    oracle.assert_same()  # a second render of the same state: same bytes
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    labels=st.lists(st.text(min_size=0, max_size=12), min_size=1, max_size=5),
-    values=st.lists(st.floats(allow_nan=True, allow_infinity=True), min_size=1, max_size=5),
-    doc=st.text(max_size=30),
-)
-def test_escaping_and_values_match_generate_latest(
-    labels: list[str], values: list[float], doc: str
-) -> None:
-    r = CollectorRegistry()
-    g = Gauge("ibmon_test_gauge", doc or "help", ["name", "b"], registry=r)
-    c = Counter("ibmon_test", "counter\\with\nescapes", ["name"], registry=r)
-    h = Histogram("ibmon_test_seconds", "h", ["name"], buckets=POLL_BUCKETS, registry=r)
-    renderer = TextRenderer()
-    for i, label in enumerate(labels):
-        value = values[i % len(values)]
-        g.labels(label, str(i)).set(value)
-        c.labels(label).inc(abs(value) if value == value and abs(value) != float("inf") else 1)
-        if value == value:
-            h.labels(label).observe(value)
-        assert renderer.render(r) == generate_latest(r)
+def test_every_family_the_daemon_registers_is_compared() -> None:
+    daemon, oracle = _daemon_with_every_family()
+    families = {f.name for f in daemon.metrics.registry.families()}
+    assert {"ibmon_build_info", "ibmon_pipeline_stage_seconds", "ibmon_event_loop_lag_seconds",
+            "ibmon_http_connections_closed", "ibmon_mqtt_dropped", "ibmon_shard_info",
+            "ibmon_config_last_reload_successful", "ibmon_events_dropped"} <= families
+    assert {m.name for m in oracle.theirs.collect()} == families
 
 
-def test_unusual_families_fall_back_to_generate_latest() -> None:
-    r = CollectorRegistry()
-    Info("ibmon_test_build", "an info family", registry=r).info({"version": "1"})
-    Gauge("ibmon_plain", "g", registry=r).set(2)
-    assert TextRenderer().render(r) == generate_latest(r)
+class _Only:
+    """The families named, in registration order, out of a prometheus_client registry."""
+
+    def __init__(self, registry: Any, names: tuple[str, ...]) -> None:
+        self._registry, self._names = registry, names
+
+    def collect(self) -> Iterator[Any]:
+        return (m for m in self._registry.collect() if m.name in self._names)
+
+
+def test_one_shot_output_is_generate_latest_of_its_families() -> None:
+    m = SelfMetrics()
+    m.describe_sources("main", [MadSourceConfig(shard="1/2")])
+    oracle = Oracle(m.registry)
+    _busy_sources_only(oracle)
+    assert m.render_one_shot() == generate_latest(_Only(oracle.theirs, ONE_SHOT_FAMILIES))
+    text = m.render_one_shot().decode()
+    assert "ibmon_source_poll_duration_seconds" not in text
+    assert "ibmon_shard_info{" in text
+
+
+def _busy_sources_only(oracle: Oracle) -> None:
+    oracle.apply("ibmon_source_up", ("main",), "set", 1)
+    oracle.apply("ibmon_source_poll_duration_seconds", ("main",), "observe", 0.2)
+    oracle.apply("ibmon_source_last_success_timestamp_seconds", ("main",), "set", 1.7e9)
+    oracle.apply("ibmon_source_ports", ("main",), "set", 2394)
