@@ -133,7 +133,8 @@ def test_a_reload_on_the_same_address_hands_the_listening_socket_over(
 ) -> None:
     """Turning TLS on with the same ``listen`` opens the new listener before the old closes:
     on ``127.0.0.1:0`` the port stays the same (a close-then-bind would get another one), and a
-    client connecting throughout the reload is never refused."""
+    client connecting throughout the reload is never refused. The daemon started without TLS,
+    so without OpenSSL (``ibmon.sslgate``): the reload loads it and hands it to asyncio."""
     require_binary("openssl")
     tls = make_tls(tmp_path / "tls")
     cfg = write_config(tmp_path / "ibmon.toml", tree)
@@ -157,6 +158,9 @@ def test_a_reload_on_the_same_address_hands_the_listening_socket_over(
     try:
         daemon.start()
         before = daemon.scrape_until("polls", lambda s: polls(s) >= 2)
+        assert daemon.proc is not None
+        maps = Path(f"/proc/{daemon.proc.pid}/maps").read_text()
+        assert "libssl" not in maps and "libcrypto" not in maps  # no TLS yet: no OpenSSL
         port = daemon.port
         write_config(cfg, tree, prometheus=f'listen = "127.0.0.1:0"\ntls_cert = '
                      f'"{tls.server_cert}"\ntls_key = "{tls.server_key}"\n')

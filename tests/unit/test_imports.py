@@ -31,6 +31,8 @@ FORBIDDEN = (
     "ibmon.sources.libibmad", "ibmon.sources.madworker", "ibmon.sources.mad",
     "ibmon.sources.diags", "ibmon.sources.procscope", "ibmon.sources.mock", "ibmon.cli", "ctypes",
     "pydantic_settings", "aiohttp", "yarl", "multidict", "prometheus_client",
+    # OpenSSL (4.5 MB) on a config without TLS: ``ibmon.sslgate``.
+    "ssl", "_ssl", "_hashlib",
 )
 #: ``python -c`` program: run ``python -m ibmon ARGS`` and list ``sys.modules`` at exit.
 _HOOK = """
