@@ -58,8 +58,12 @@ Decisions a user can rely on:
   next poll opens the path again. A device or port that appears or vanishes re-discovers, which
   closes every descriptor of the old plan (``_KeptFiles`` has the details).
 - ``node_type`` ``2`` is a switch, ``3`` a router; every other type (CA, RNIC, usNIC) is ``ca``.
-- Directory listings are cached at discovery; each poll only lists ``class/infiniband`` and each
-  device's ``ports/`` to notice a device or port that appeared or vanished, and re-discovers then.
+- Directory listings are cached at discovery; each poll only lists ``class/infiniband`` and
+  ``stat``s each device's ``ports/`` (its inode and link count, which counts its port
+  directories) to notice a device or port that appeared or vanished, and re-discovers then: one
+  system call per device instead of the five of a listing. Where
+  the file system keeps no such count (btrfs, overlayfs) ``ports/`` is listed every poll, and
+  everywhere every ``LIST_PORTS_EVERY`` polls.
   Identity files (``node_guid``, ``fw_ver``, ``link_layer``...) are read at discovery;
   ``node_desc``, ``lid``, ``sm_lid``, ``state``, ``phys_state`` and ``rate`` on every poll.
 - A file that was never there (``hca_type`` on hfi1, ``node_desc`` in a capture, ``rate``...) is
@@ -146,6 +150,9 @@ _WIDTH_RE = re.compile(r"^\d+X$")
 _ZERO_GUID = "0x" + "0" * 16
 #: Kept-open descriptors stay below this fraction of the soft open-file limit.
 KEEP_OPEN_SHARE = 0.25
+#: Every this many polls each device's ``ports/`` is listed rather than stat'ed (a safety net
+#: for a tree whose port set changed without changing the directory's link count).
+LIST_PORTS_EVERY = 60
 
 
 def open_sysfs(path: str) -> int:
@@ -363,6 +370,21 @@ def _quiet(path: str | None, parse: Callable[[str], int | None]) -> int | None:
         return None
 
 
+def _dir_stat(path: str) -> tuple[int, int] | None:
+    """A directory's (inode, link count) when its link count counts its sub-directories.
+
+    The count is 2 + sub-directories on sysfs (kernfs keeps it), tmpfs, ext4 and xfs, so a
+    port directory that appears or vanishes changes it, and a device registered again gets a
+    new inode. Below 2 the file system does not keep it (btrfs, overlayfs merged directories):
+    None, and the directory is listed every poll. Gone: (0, 0), which differs from any real one.
+    """
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (0, 0)
+    return (st.st_ino, st.st_nlink) if st.st_nlink >= 2 else None
+
+
 def _listdir(path: str) -> list[str]:
     try:
         return os.listdir(path)
@@ -397,6 +419,8 @@ class _Device:
     node_desc: str
     ports: list[_Port] = field(default_factory=list)
     port_names: frozenset[str] = frozenset()
+    #: ``ports/``'s (inode, link count) when it was listed; None: it must be listed every poll.
+    ports_stat: tuple[int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -444,6 +468,7 @@ class SysfsSource:
         self.exclude = tuple(exclude)
         self._class_dir = os.path.join(os.fspath(root), *_CLASS_DIR)
         self._plan: _Plan | None = None
+        self._layout_checks = 0
         self._pending: list[SourceError] = []
         self._logged: set[tuple[str, str]] = set()
         self._unknown_logged: set[str] = set()
@@ -538,6 +563,7 @@ class SysfsSource:
             board_id=text("board_id"),
         )
         pdir = os.path.join(ddir, "ports")
+        dev.ports_stat = _dir_stat(pdir)  # before the listing: a port added meanwhile shows
         port_names = [p for p in _listdir(pdir) if p.isdecimal()]
         dev.port_names = frozenset(port_names)
         for port in sorted(port_names, key=int):
@@ -636,9 +662,14 @@ class SysfsSource:
     def _layout_changed(self, plan: _Plan) -> bool:
         if self._device_names() != plan.names:
             return True
+        self._layout_checks += 1
+        listing = self._layout_checks % LIST_PORTS_EVERY == 0
         for dev in plan.devices:
             pdir = os.path.join(self._class_dir, dev.name, "ports")
-            if frozenset(p for p in _listdir(pdir) if p.isdecimal()) != dev.port_names:
+            if not listing and dev.ports_stat is not None:
+                if _dir_stat(pdir) != dev.ports_stat:
+                    return True
+            elif frozenset(p for p in _listdir(pdir) if p.isdecimal()) != dev.port_names:
                 return True
         return False
 

@@ -593,6 +593,34 @@ async def test_devices_and_ports_appear_and_vanish(tmp_path: Path) -> None:
     assert list((await src.sample()).ports) == [(GUID, "1")]
 
 
+async def test_ports_are_seen_without_a_link_count_and_by_the_periodic_listing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each poll stats ``ports/`` instead of listing it. Where the file system keeps no link
+    count (btrfs, overlayfs) it is listed every poll; and a port set that changed without
+    changing the count (only possible in a copied tree) is seen at the next periodic listing."""
+    write_device(tmp_path, "mlx5_0")
+    write_port(tmp_path, "mlx5_0", 1)
+    write_port(tmp_path, "mlx5_0", 2)
+    src = SysfsSource(root=tmp_path)
+    assert sorted(p for _, p in (await src.sample()).ports) == ["1", "2"]
+    ports = class_dir(tmp_path) / "mlx5_0" / "ports"
+    shutil.rmtree(ports / "2")
+    write_port(tmp_path, "mlx5_0", 3)  # same number of port directories, same inode
+    monkeypatch.setattr(sysfs_mod, "LIST_PORTS_EVERY", 3)
+    seen = [sorted(p for _, p in (await src.sample()).ports) for _ in range(3)]
+    assert seen[-1] == ["1", "3"]  # the listing on the third check
+    assert seen[0] != ["1", "3"]  # the stat alone could not tell (this is what the net is for)
+
+    no_count = SysfsSource(root=tmp_path)
+    monkeypatch.setattr(sysfs_mod, "_dir_stat", lambda path: None)
+    assert sorted(p for _, p in (await no_count.sample()).ports) == ["1", "3"]
+    write_port(tmp_path, "mlx5_0", 4)
+    assert sorted(p for _, p in (await no_count.sample()).ports) == ["1", "3", "4"]
+    await src.close()
+    await no_count.close()
+
+
 async def test_sample_reads_off_the_event_loop(
     tmp_path: Path, recorded_reads: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
