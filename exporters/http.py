@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from exporters.deflate import compressobj
 from exporters.server import HttpConnection, peer_address
 from ibmon.config import parse_listen  # the one listen-address rule, shared with config checks
 from ibmon.metrics import Counter, Registry
@@ -246,9 +247,9 @@ class Deflated:
 def deflate_chunks(chunks: Iterable[bytes], level: int, *, final: bool = True) -> Deflated:
     """Compress chunks as they come (a generator never has the whole body in memory).
 
-    Runs in a worker thread for big fabrics; zlib releases the GIL while it compresses.
+    Runs in a worker thread for big fabrics; the compressor releases the GIL while it works.
     """
-    comp = zlib.compressobj(level, zlib.DEFLATED, -zlib.MAX_WBITS)
+    comp = compressobj(level)
     parts: list[bytes] = []
     crc = 0
     size = 0
@@ -297,7 +298,7 @@ def gzip_parts(head: bytes, tail: Deflated, level: int) -> list[bytes]:
     """One gzip member holding ``head`` followed by the already-deflated, final ``tail``."""
     if not tail.final:
         raise ValueError("the tail of a gzip member must be a final deflate stream")
-    comp = zlib.compressobj(level, zlib.DEFLATED, -zlib.MAX_WBITS)
+    comp = compressobj(level)
     head_deflated = comp.compress(head) + comp.flush(zlib.Z_SYNC_FLUSH)
     crc = crc32_combine(zlib.crc32(head), tail.crc, tail.size)
     trailer = struct.pack("<II", crc, (len(head) + tail.size) & 0xFFFFFFFF)
