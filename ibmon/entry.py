@@ -12,7 +12,8 @@ user could see differently.
 
 On the fast path structlog is imported with rich hidden (``sys.modules["rich"] = None``, the
 import system's documented way to make an import fail), so its console renderer prints plain
-tracebacks on a terminal; under systemd logs are JSON either way.
+tracebacks on a terminal; under systemd logs are JSON either way. Before that, asyncio and
+hashlib are imported without OpenSSL when the config cannot use TLS (``ibmon.sslgate``).
 """
 
 from __future__ import annotations
