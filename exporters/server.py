@@ -36,6 +36,8 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 import h11
 
+from exporters import bodysend
+
 __all__ = [
     "MAX_BODY",
     "MAX_HEAD",
@@ -55,6 +57,10 @@ MAX_HEAD = 16 * 1024
 MAX_BODY = 64 * 1024
 #: A body in pieces up to this size is joined and sent with its head in one write.
 ONE_WRITE = 256 * 1024
+#: Bytes per write of a bigger body that the loop sends (``_write_coalesced``).
+COALESCE = 1024 * 1024
+#: Sends big bodies from threads; one pool for every listener of the process.
+_SENDER = bodysend.BodySender()
 #: Characters a method token may hold (RFC 9110 ``tchar``): anything else is not HTTP.
 _TCHAR = frozenset(b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 #: A request's first bytes are checked once this many have arrived without a space.
@@ -448,19 +454,73 @@ class HttpConnection(asyncio.Protocol):
             if not self._writable.is_set():
                 await self._writable.wait()  # the next request waits for this answer's room
             return
-        transport.write(head)
-        for piece in (body,) if isinstance(body, bytes) else body:
-            if self.lost or self._transport is None:
-                raise ConnectionResetError("client went away")
-            if piece:
-                transport.writelines(conn.send_with_data_passthrough(h11.Data(data=piece)) or ())
+        pieces: Iterable[bytes] = (body,) if isinstance(body, bytes) else body
+        if response.stream:
+            transport.write(head)
+            for piece in pieces:
+                self._check_open()
+                if piece:
+                    transport.writelines(
+                        conn.send_with_data_passthrough(h11.Data(data=piece)) or ())
+                if not self._writable.is_set():
+                    await self._writable.wait()  # the client reads slower than we write
+                else:
+                    await asyncio.sleep(0)  # a big body never holds the loop for long
+        else:
+            parts: list[bytes | memoryview] = [head]
+            for piece in pieces:
+                if piece:
+                    parts.extend(conn.send_with_data_passthrough(h11.Data(data=piece)) or ())
+            if not self._tls and response.length >= bodysend.MIN_BYTES:
+                rest = await self._send_from_thread(transport, parts)
+                if rest is not None:
+                    parts = rest
+            await self._write_coalesced(transport, parts)
+        self._check_open()
+        transport.write(conn.send(h11.EndOfMessage()))
+
+    async def _send_from_thread(
+        self, transport: asyncio.Transport, parts: list[bytes | memoryview]
+    ) -> list[bytes | memoryview] | None:
+        """Hand ``parts`` to a sender thread (``exporters.bodysend``); what it left unsent,
+        or None when it did not take them."""
+        if transport.get_write_buffer_size():
+            return None
+        paused = self._reading
+        if paused:
+            transport.pause_reading()  # the socket is blocking while the thread sends
+        try:
+            rest = await _SENDER.send(transport, parts)
+        except OSError as exc:  # the client went away mid-body
+            raise ConnectionResetError(str(exc)) from exc
+        if paused and self._reading and not self._closing and self._transport is transport:
+            transport.resume_reading()
+        return None if rest is None else list(rest)
+
+    async def _write_coalesced(
+        self, transport: asyncio.Transport, parts: list[bytes | memoryview]
+    ) -> None:
+        """Write ``parts`` about ``COALESCE`` bytes at a time, waiting for room between.
+
+        Not part by part: each write is a ``send``, and each gives the GIL away (see
+        ``exporters.bodysend``)."""
+        batch: list[bytes | memoryview] = []
+        size = 0
+        for i, part in enumerate(parts):
+            batch.append(part)
+            size += len(part)
+            if size < COALESCE and i + 1 < len(parts):
+                continue
+            self._check_open()
+            transport.writelines(batch)
+            batch = []
+            size = 0
             if not self._writable.is_set():
                 await self._writable.wait()  # the client reads slower than we write
-            elif response.stream:
-                await asyncio.sleep(0)  # a big body never holds the loop for long
+
+    def _check_open(self) -> None:
         if self.lost or self._transport is None:
             raise ConnectionResetError("client went away")
-        transport.write(conn.send(h11.EndOfMessage()))
 
     @staticmethod
     def _unbounded_body(request: Request) -> bool:
