@@ -84,7 +84,7 @@ def port_json(view: PortView, active: Sequence[ActiveCondition] = ()) -> dict[st
         "utilization": {"transmit": view.utilization_tx, "receive": view.utilization_rx},
         "transmit_wait_ratio": view.xmit_wait_ratio,
         "symbol_error_ber": view.symbol_error_ber,
-        "totals": view.totals, "rates": view.rates, "saturated": sorted(view.saturated),
+        "totals": view.totals, "rates": dict(view.rates), "saturated": sorted(view.saturated),
         "resets": view.resets, "hw_totals": view.hw_totals, "hw_gauges": view.hw_gauges,
         "conditions": sorted(view.conditions),
         "causes": dict(sorted(view.causes.items())),

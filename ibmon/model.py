@@ -8,6 +8,7 @@ the boundaries (config, events, API). Every port is keyed by ``(guid, port)``: t
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -189,7 +190,7 @@ class PortView:
     active_speed: str = ""
     link: LinkInfo | None = None
     totals: dict[str, int] = field(default_factory=dict)
-    rates: dict[str, float] = field(default_factory=dict)
+    rates: Mapping[str, float] = field(default_factory=dict)
     saturated: frozenset[str] = frozenset()
     resets: dict[str, int] = field(default_factory=dict)
     hw_totals: dict[str, int] = field(default_factory=dict)

@@ -16,7 +16,9 @@ dicts the published ``PortView`` needs. Views are immutable once published, so t
 tracker's ``totals`` copy-on-write: a view takes the port's dict as it is, and the tracker starts
 a copy only when that port's totals next change (an idle port's views share one dict across
 polls). Resets, saturated and stale names are replaced, never mutated, so views share them too,
-and a port with none holds the shared empty ones (issue 12: memory per port at fabric scale).
+and a port with none holds the shared empty ones. Rates are packed (``ibmon.rates.Rates``: one
+``array('d')`` per port and poll instead of a dict of float objects), and an idle port's view
+shares one all-zero ``Rates`` (issue 12: memory per port at fabric scale).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any, Final
 
 from ibmon.counters import CATALOGUE
 from ibmon.model import GUID_RE, PortKey, PortSample, PortState, PortView, Snapshot
+from ibmon.rates import NO_RATE, Rates
 
 __all__ = ["STATE_VERSION", "Tracker"]
 
@@ -51,7 +54,10 @@ _NO_NAMES: Final[frozenset[str]] = frozenset()
 #: that adds to a port's map replaces it with a new dict first (``_Port`` says which).
 _NO_COUNTS: Final[dict[str, int]] = {}
 _NO_CAUSES: Final[dict[str, str]] = {}
+#: The rates of a port whose interval was unusable (first sample, no time passed, not Active).
+_NO_RATES: Final = Rates({}, array("d"))
 _ACTIVE: Final = int(PortState.ACTIVE)
+_NO_INDEX: Final[dict[str, int]] = {}
 
 _VIEW_FIELDS: Final = (
     "identity", "state", "phys_state", "rate_bytes_per_second", "active_width", "active_speed",
@@ -69,6 +75,7 @@ class _Port:
 
     ``last`` holds the latest valid raw value of each counter named in ``keys``, in that
     order: an ``array('Q')`` (8 bytes a value, no int objects) unless a value does not fit.
+    ``index`` is the ``Rates`` index of ``keys`` (both interned by the tracker).
     ``stale`` names counters that were absent from the port's latest sample: their ``last`` value
     is older than ``monotonic``, so the next delta cannot be turned into a rate.
     ``restored`` marks state loaded from disk, whose monotonic time may belong to an earlier boot.
@@ -84,6 +91,7 @@ class _Port:
         "hw_resets",
         "hw_stale",
         "hw_totals",
+        "index",
         "keys",
         "last",
         "monotonic",
@@ -98,6 +106,7 @@ class _Port:
 
     def __init__(self) -> None:
         self.keys: tuple[str, ...] = ()
+        self.index: dict[str, int] = _NO_INDEX
         self.last: Sequence[int] = ()
         self.totals: dict[str, int] = {}
         self.shared = False
@@ -137,10 +146,11 @@ class Tracker:
             raise ValueError(f"tick_seconds must be a positive number, got {tick_seconds!r}")
         self._tick = float(tick_seconds)
         self._ports: dict[PortKey, _Port] = {}
-        #: Interned ``_Port.keys``: the ports of a source share a handful of counter sets.
-        self._keys: dict[tuple[str, ...], tuple[str, ...]] = {}
+        #: Interned ``_Port.keys`` and their ``Rates`` index: the ports of a source share a
+        #: handful of counter sets.
+        self._keys: dict[tuple[str, ...], tuple[tuple[str, ...], dict[str, int]]] = {}
         #: The rates of an idle port, per ``keys``: shared by every idle port's view.
-        self._zeros: dict[tuple[str, ...], dict[str, float]] = {}
+        self._zeros: dict[tuple[str, ...], Rates] = {}
         self.resets_seen = 0
         self.saturations_seen = 0
         self.unknown_counters_seen = 0
@@ -186,9 +196,23 @@ class Tracker:
             views[key] = self._view(st, sample, rates, hw_rates)
         return views
 
+    def _intern(self, names: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, int]]:
+        """One tuple and one ``Rates`` index per distinct sequence of counter names."""
+        found = self._keys.get(names)
+        if found is None:
+            found = self._keys[names] = (names, {n: i for i, n in enumerate(names)})
+        return found
+
+    def _zero_rates(self, names: tuple[str, ...]) -> Rates:
+        zeros = self._zeros.get(names)
+        if zeros is None:
+            _, index = self._intern(names)
+            zeros = self._zeros[names] = Rates(index, array("d", bytes(8 * len(names))))
+        return zeros
+
     def _counters(
         self, st: _Port, counters: dict[str, int], wide: frozenset[str], inv_dt: float
-    ) -> dict[str, float]:
+    ) -> Rates:
         """Account one sample's counters; its rates (empty when the interval was unusable).
 
         ``last`` is kept packed (``_pack``) in the order of ``keys``. The usual sample names
@@ -207,20 +231,15 @@ class Tracker:
             else:
                 if new == old and not (st.saturated or st.stale):
                     # An idle port: nothing moved, nothing to accumulate (C-level compare).
-                    # Its rates are all zero: one dict shared by every idle port with these
-                    # counters (views never change their dicts).
-                    if not inv_dt:
-                        return {}
-                    zeros = self._zeros.get(names)
-                    if zeros is None:
-                        zeros = self._zeros[names] = dict.fromkeys(names, 0.0)
-                    return zeros
+                    # Its rates are all zero: one Rates shared by every idle port with these
+                    # counters (views never change them).
+                    return self._zero_rates(names) if inv_dt else _NO_RATES
                 rates = self._deltas(st, counters, old, wide, inv_dt)
                 st.last = new
-                return rates if inv_dt else {}
+                return Rates(st.index, array("d", rates)) if inv_dt else _NO_RATES
         last = dict(zip(st.keys, old, strict=True))
         if counters == last and not (st.saturated or st.stale):
-            return dict.fromkeys(counters, 0.0) if inv_dt else {}
+            return self._zero_rates(names) if inv_dt else _NO_RATES
         unknown_before = self.unknown_counters_seen
         last_get = last.get
         rates = self._deltas(st, counters, [last_get(n) for n in counters], wide, inv_dt)
@@ -237,12 +256,11 @@ class Tracker:
         ordered = {n: last[n] for n in counters if n in last}
         if len(ordered) != len(last):
             ordered.update(last)
-        keys = tuple(ordered)
-        st.keys = self._keys.setdefault(keys, keys)  # one tuple per distinct set of names
+        st.keys, st.index = self._intern(tuple(ordered))
         st.last = _pack(ordered.values())
         # Rates were computed unconditionally (one branch less per counter); drop them if the
-        # interval was unusable.
-        return rates if inv_dt else {}
+        # interval was unusable. They follow the sample's order, not (yet) ``keys``.
+        return Rates(self._intern(names)[1], array("d", rates)) if inv_dt else _NO_RATES
 
     def _deltas(
         self,
@@ -251,9 +269,10 @@ class Tracker:
         prevs: Sequence[int | None],
         wide: frozenset[str],
         inv_dt: float,
-    ) -> dict[str, float]:
+    ) -> list[float]:
         """Totals, saturation, staleness and rates of ``counters`` against ``prevs`` (the
-        previous raw value of each, in the same order; None for a first one).
+        previous raw value of each, in the same order; None for a first one). The rates come
+        in the same order, ``NO_RATE`` for a counter without one.
 
         One tight loop for the common case (known counter, unchanged or up, not pinned);
         everything else goes through _odd. Measured: this beats C-level map/zip passes per
@@ -271,22 +290,26 @@ class Tracker:
             st.totals = dict(st.totals)
             st.shared = False
         totals = st.totals
-        rates: dict[str, float] = {}
+        rates: list[float] = []
+        rate = rates.append
         for (name, value), prev in zip(counters.items(), prevs, strict=True):
             if value == prev:
                 # Unchanged (most error counters, most of the time).
                 if flagged:
                     if name in sat:
                         self._unstale(st, name)  # read this poll: no longer stale, still pinned
-                        continue  # still pinned at its maximum
+                        rate(NO_RATE)  # still pinned at its maximum
+                        continue
                     if name in stale:
                         self._unstale(st, name)  # last value predates the previous sample
+                        rate(NO_RATE)
                         continue
-                rates[name] = 0.0
+                rate(0.0)
                 continue
             if prev is None or value < prev:
                 scaled = self._odd(st, name, value, prev, wide)
                 if scaled is None:
+                    rate(NO_RATE)
                     continue
             else:
                 scaled = (value - prev) * mult_of[name]
@@ -294,14 +317,16 @@ class Tracker:
                 if value == nmax_of[name] and name not in wide:
                     self._pin(st, name)
                     self._unstale(st, name)  # read this poll: a later reset gets its rate
+                    rate(NO_RATE)
                     continue
                 if flagged:
                     if name in sat:  # read 64-bit now, so no longer pinned
                         st.saturated = st.saturated - {name}
                     if name in stale:
                         self._unstale(st, name)
+                        rate(NO_RATE)
                         continue
-            rates[name] = scaled * inv_dt
+            rate(scaled * inv_dt)
         return rates
 
     @staticmethod
@@ -393,7 +418,7 @@ class Tracker:
         self,
         st: _Port,
         sample: PortSample,
-        rates: dict[str, float],
+        rates: Rates,
         hw_rates: dict[str, float],
     ) -> PortView:
         """The published view. A port that is not Active carries no link rate, no rates, no
@@ -405,7 +430,7 @@ class Tracker:
         util_tx: float | None = None
         util_rx: float | None = None
         if sample.state is not None and sample.state != _ACTIVE:
-            rates = {}
+            rates = _NO_RATES
             hw_rates = {}
             rate_bps = None
         if rate_bps is not None and math.isfinite(rate_bps) and rate_bps >= 0:
@@ -507,7 +532,7 @@ class Tracker:
             key, st = _load_port(raw, where)
             if key in ports:
                 raise ValueError(f"{where}: duplicate port {key[0]} {key[1]}")
-            st.keys = self._keys.setdefault(st.keys, st.keys)
+            st.keys, st.index = self._intern(st.keys)
             ports[key] = st
         self._ports = ports
 

@@ -1,0 +1,63 @@
+"""One port's per-second counter rates, packed: a read-only mapping over an ``array('d')``.
+
+Why not a dict (issue 12, target 3): every port of a busy fabric gets new rates every poll,
+and as a dict of 22-32 floats they were 1.6 KB a port (the dict and one float object per
+value): 59 MB at 36,720 ports, twice that while a poll's views replace the last. Packed, they
+are about 300 bytes. The counter names and their positions are one dict shared by every port
+with the same counters (the tracker interns it); a NaN marks a counter without a rate
+(baseline, saturated, stale), which a rate never is, so it behaves exactly like the dict it
+replaces: same keys in the same order, same values, equal to that dict.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterator, Mapping
+from math import isnan
+from typing import Any, Final, overload
+
+__all__ = ["NO_RATE", "Rates"]
+
+NO_RATE: Final = float("nan")
+"""The packed value of a counter that has no rate."""
+
+
+class Rates(Mapping[str, float]):
+    """``index`` maps each counter name to its position in ``values`` (shared, never changed);
+    ``values`` holds the rate or ``NO_RATE``. Neither is changed after construction."""
+
+    __slots__ = ("_index", "_values")
+
+    def __init__(self, index: dict[str, int], values: array[float]) -> None:
+        self._index = index
+        self._values = values
+
+    def __getitem__(self, name: str) -> float:
+        value = self._values[self._index[name]]
+        if isnan(value):  # no rate
+            raise KeyError(name)
+        return value
+
+    @overload
+    def get(self, name: str, /) -> float | None: ...
+    @overload
+    def get(self, name: str, /, default: float | Any) -> float | Any: ...
+    def get(self, name: str, /, default: Any = None) -> Any:
+        i = self._index.get(name)
+        if i is None:
+            return default
+        value = self._values[i]
+        return default if isnan(value) else value
+
+    def __contains__(self, name: object) -> bool:
+        i = self._index.get(name)  # type: ignore[call-overload]
+        return i is not None and not isnan(self._values[i])
+
+    def __iter__(self) -> Iterator[str]:
+        return (n for n, v in zip(self._index, self._values, strict=True) if not isnan(v))
+
+    def __len__(self) -> int:
+        return sum(1 for v in self._values if not isnan(v))
+
+    def __repr__(self) -> str:
+        return repr(dict(self.items()))
