@@ -333,10 +333,15 @@ class PortRenderer:
 
         for fi, fam in enumerate(_FAMILIES):
             body: list[Deflated] = []
-            if fam.keys is None:  # changes every poll: render it whole
-                seg = deflate(fam.lines(pairs, names), fam.floats)
-                if seg is not None:
-                    body.append(seg)
+            if fam.keys is None:  # changes every poll: render every block, keep none
+                # Block by block all the same: each join, encode and free of a block's text is
+                # C code that holds the GIL, and a whole family's (6 MB at 36,720 ports) made
+                # every scrape wait for it.
+                for start in range(0, n, SEGMENT_PORTS):
+                    seg = deflate(fam.lines(pairs[start:start + SEGMENT_PORTS], names),
+                                  fam.floats)
+                    if seg is not None:
+                        body.append(seg)
             else:
                 keys = fam.keys(views)
                 for start in range(0, n, SEGMENT_PORTS):
