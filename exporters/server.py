@@ -486,14 +486,14 @@ class HttpConnection(asyncio.Protocol):
         or None when it did not take them."""
         if transport.get_write_buffer_size():
             return None
-        paused = self._reading
-        if paused:
+        paused_here = self._reading
+        if paused_here:
             transport.pause_reading()  # the socket is blocking while the thread sends
         try:
             rest = await _SENDER.send(transport, parts)
         except OSError as exc:  # the client went away mid-body
             raise ConnectionResetError(str(exc)) from exc
-        if paused and self._reading and not self._closing and self._transport is transport:
+        if paused_here and self._reading and not self._closing and self._transport is transport:
             transport.resume_reading()
         return None if rest is None else list(rest)
 
