@@ -23,6 +23,7 @@ from exporters import bodysend
 from exporters.prometheus import PrometheusExporter
 from exporters.server import Request, Response, Route
 from ibmon.selfmetrics import SelfMetrics
+from tests.unit.test_http_server import _client as http_client
 
 #: 8 MB in 300 parts of varying sizes, like a large fabric's deflated /metrics.
 _RNG = random.Random(12)
@@ -76,18 +77,14 @@ async def served(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Served]:
 @contextlib.asynccontextmanager
 async def _client(port: int, *, rcvbuf: int | None = None) -> AsyncIterator[
         tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """A connection whose receive buffer can be made small (a slow reader's)."""
     sock = socket.socket()
     if rcvbuf is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
     sock.setblocking(False)
     await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
-    reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 20)
-    try:
-        yield reader, writer
-    finally:
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
+    async with http_client(None, sock=sock, limit=1 << 20) as pair:
+        yield pair
 
 
 def _get(path: str) -> bytes:
