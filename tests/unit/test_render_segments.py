@@ -12,6 +12,7 @@ import pytest
 import exporters.render as render
 from exporters.http import Deflated
 from exporters.render import PortRenderer
+from ibmon.counters import CATALOGUE
 from ibmon.model import PortIdentity, PortView
 
 ERRORS = ("symbol_errors", "receive_errors", "link_downed")
@@ -75,6 +76,31 @@ def test_cached_segments_inflate_to_a_full_render(
             views = views[:7] + views[9:] + [_view(99, rng, "new")]
         cached.prepare(views)
         body = cached.series_deflated(views, 1)
+        plain = PortRenderer()
+        plain.prepare(views)
+        assert _inflate(body) == b"".join(plain.series_chunks(views)), poll
+        views = _change(views, rng)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_ports_counting_every_counter_or_fewer_read_the_same(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocks whose ports all count the whole catalogue are read in one pass per port; a block
+    with one port that lacks a counter takes the general path. Both must read like a render."""
+    monkeypatch.setattr(render, "SEGMENT_PORTS", 5)
+    monkeypatch.setattr(render, "CACHE_MIN_PORTS", 0)
+    rng = random.Random(seed)
+    views = []
+    for i in range(17):
+        view = _view(i, rng, "node")
+        if i not in (6, 13):  # blocks 0 and 3 are whole; 1 and 2 hold a partial port
+            view = replace(view, totals={c.name: rng.randrange(1 << 66) for c in CATALOGUE})
+        views.append(view)
+    renderer = PortRenderer(keep_descriptive=False)
+    for poll in range(3):
+        renderer.prepare(views)
+        body = renderer.series_deflated(views, 1)
         plain = PortRenderer()
         plain.prepare(views)
         assert _inflate(body) == b"".join(plain.series_chunks(views)), poll
