@@ -189,7 +189,7 @@ class PortView:
     active_width: str = ""
     active_speed: str = ""
     link: LinkInfo | None = None
-    totals: dict[str, int] = field(default_factory=dict)
+    totals: Mapping[str, int] = field(default_factory=dict)
     rates: Mapping[str, float] = field(default_factory=dict)
     saturated: frozenset[str] = frozenset()
     resets: dict[str, int] = field(default_factory=dict)

@@ -11,27 +11,28 @@ The first value seen for a counter is a baseline: its total starts at the hardwa
 data) so totals match perfquery and node_exporter until the first reset, and there is no rate yet.
 
 This is the hot path (thousands of ports every second): per-port state lives in one slotted
-object holding plain dicts keyed by counter name, and ``update`` allocates per port only the
-dicts the published ``PortView`` needs. Views are immutable once published, so they share the
-tracker's ``totals`` copy-on-write: a view takes the port's dict as it is, and the tracker starts
-a copy only when that port's totals next change (an idle port's views share one dict across
-polls). Resets, saturated and stale names are replaced, never mutated, so views share them too,
-and a port with none holds the shared empty ones. Rates are packed (``ibmon.rates.Rates``: one
-``array('d')`` per port and poll instead of a dict of float objects), and an idle port's view
-shares one all-zero ``Rates`` (issue 12: memory per port at fabric scale).
+object, and ``update`` allocates per port only what the published ``PortView`` needs. Raw
+values and totals are packed in the order of the port's counter names (``keys``, interned with
+their index by the tracker), rates too (issue 12: memory per port at fabric scale). Views are
+immutable once published, so they share the tracker's totals copy-on-write: a view wraps the
+port's array as it is (``ibmon.totals.Totals``), and the tracker copies the array only when
+that port's totals next change (an idle port's views share one array across polls). Resets,
+saturated and stale names are replaced, never mutated, so views share them too, and a port with
+none holds the shared empty ones. An idle port's view shares one all-zero ``Rates``.
 """
 
 from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Collection, Container, Sequence
+from collections.abc import Collection, Container, MutableSequence, Sequence
 from dataclasses import fields
 from typing import Any, Final
 
 from ibmon.counters import CATALOGUE
 from ibmon.model import GUID_RE, PortKey, PortSample, PortState, PortView, Snapshot
 from ibmon.rates import NO_RATE, Rates
+from ibmon.totals import Totals
 
 __all__ = ["STATE_VERSION", "Tracker"]
 
@@ -75,7 +76,9 @@ class _Port:
 
     ``last`` holds the latest valid raw value of each counter named in ``keys``, in that
     order: an ``array('Q')`` (8 bytes a value, no int objects) unless a value does not fit.
-    ``index`` is the ``Rates`` index of ``keys`` (both interned by the tracker).
+    ``totals`` holds their accumulated totals in the same order: an ``array('Q')``, or a list
+    once a total outgrows 64 bits. ``index`` is the ``Rates``/``Totals`` index of ``keys``
+    (both interned by the tracker).
     ``stale`` names counters that were absent from the port's latest sample: their ``last`` value
     is older than ``monotonic``, so the next delta cannot be turned into a rate.
     ``restored`` marks state loaded from disk, whose monotonic time may belong to an earlier boot.
@@ -108,7 +111,7 @@ class _Port:
         self.keys: tuple[str, ...] = ()
         self.index: dict[str, int] = _NO_INDEX
         self.last: Sequence[int] = ()
-        self.totals: dict[str, int] = {}
+        self.totals: MutableSequence[int] = array("Q")
         self.shared = False
         self.resets: dict[str, int] = _NO_COUNTS
         self.saturated: frozenset[str] = _NO_NAMES
@@ -234,6 +237,9 @@ class Tracker:
                     # Its rates are all zero: one Rates shared by every idle port with these
                     # counters (views never change them).
                     return self._zero_rates(names) if inv_dt else _NO_RATES
+                if st.shared:  # a published view holds these totals: change a copy
+                    st.totals = st.totals[:]
+                    st.shared = False
                 rates = self._deltas(st, counters, old, wide, inv_dt)
                 st.last = new
                 return Rates(st.index, array("d", rates)) if inv_dt else _NO_RATES
@@ -242,7 +248,13 @@ class Tracker:
             return self._zero_rates(names) if inv_dt else _NO_RATES
         unknown_before = self.unknown_counters_seen
         last_get = last.get
+        # Accumulate in the sample's order, then repack in the order of the new ``keys``.
+        totals = dict(zip(st.keys, st.totals, strict=True))
+        totals_get = totals.get
+        st.totals = [totals_get(n, 0) for n in counters]
+        st.shared = False
         rates = self._deltas(st, counters, [last_get(n) for n in counters], wide, inv_dt)
+        totals.update(zip(counters, st.totals, strict=True))
         # What the rules keep as the last raw value: every known counter read validly.
         for name, value in counters.items():
             if value >= 0 and name in _MULT:
@@ -258,6 +270,8 @@ class Tracker:
             ordered.update(last)
         st.keys, st.index = self._intern(tuple(ordered))
         st.last = _pack(ordered.values())
+        # Every name kept has a total (the rules add both or neither); the others' are dropped.
+        st.totals = _pack_totals([totals[n] for n in ordered])
         # Rates were computed unconditionally (one branch less per counter); drop them if the
         # interval was unusable. They follow the sample's order, not (yet) ``keys``.
         return Rates(self._intern(names)[1], array("d", rates)) if inv_dt else _NO_RATES
@@ -271,8 +285,9 @@ class Tracker:
         inv_dt: float,
     ) -> list[float]:
         """Totals, saturation, staleness and rates of ``counters`` against ``prevs`` (the
-        previous raw value of each, in the same order; None for a first one). The rates come
-        in the same order, ``NO_RATE`` for a counter without one.
+        previous raw value of each, in the same order; None for a first one). ``st.totals``
+        is the port's own (not shared) and in the same order as well. The rates come in that
+        order, ``NO_RATE`` for a counter without one.
 
         One tight loop for the common case (known counter, unchanged or up, not pinned);
         everything else goes through _odd. Measured: this beats C-level map/zip passes per
@@ -286,13 +301,10 @@ class Tracker:
         sat = st.saturated
         stale = st.stale
         flagged = bool(sat) or bool(stale)
-        if st.shared:  # a published view holds these totals: change a copy
-            st.totals = dict(st.totals)
-            st.shared = False
         totals = st.totals
         rates: list[float] = []
         rate = rates.append
-        for (name, value), prev in zip(counters.items(), prevs, strict=True):
+        for i, ((name, value), prev) in enumerate(zip(counters.items(), prevs, strict=True)):
             if value == prev:
                 # Unchanged (most error counters, most of the time).
                 if flagged:
@@ -307,13 +319,18 @@ class Tracker:
                 rate(0.0)
                 continue
             if prev is None or value < prev:
-                scaled = self._odd(st, name, value, prev, wide)
+                scaled = self._odd(st, i, name, value, prev, wide=wide)
+                totals = st.totals  # _odd may have widened it
                 if scaled is None:
                     rate(NO_RATE)
                     continue
             else:
                 scaled = (value - prev) * mult_of[name]
-                totals[name] += scaled
+                try:
+                    totals[i] += scaled
+                except OverflowError:  # a total outgrew 64 bits: ints from now on
+                    totals = st.totals = list(totals)
+                    totals[i] += scaled
                 if value == nmax_of[name] and name not in wide:
                     self._pin(st, name)
                     self._unstale(st, name)  # read this poll: a later reset gets its rate
@@ -335,11 +352,11 @@ class Tracker:
             st.stale = st.stale - {name}
 
     def _odd(
-        self, st: _Port, name: str, value: int, prev: int | None, wide: frozenset[str]
+        self, st: _Port, i: int, name: str, value: int, prev: int | None, *, wide: frozenset[str]
     ) -> int | None:
         """Baseline, reset or invalid value. Returns the scaled delta to rate, None for no rate.
 
-        Called only after ``_deltas`` made ``st.totals`` the port's own (not shared); the
+        ``st.totals[i]`` is the total of ``name``, in the port's own (not shared) totals; the
         caller keeps ``value`` as the last raw value when it is known and not negative."""
         mult = _MULT.get(name)
         if mult is None:
@@ -350,7 +367,11 @@ class Tracker:
             if prev is not None and name not in st.stale:
                 st.stale = st.stale | {name}
             return None
-        st.totals[name] = st.totals.get(name, 0) + value * mult
+        try:
+            st.totals[i] += value * mult
+        except OverflowError:  # a total outgrew 64 bits: ints from now on
+            st.totals = list(st.totals)
+            st.totals[i] += value * mult
         if prev is not None:
             # Any decrease is a reset by someone else; the new value is the increase since.
             st.resets = {**st.resets, name: st.resets.get(name, 0) + 1}
@@ -455,7 +476,7 @@ class Tracker:
             sample.active_width,
             sample.active_speed,
             sample.link,
-            st.totals,
+            Totals(st.index, st.totals),
             rates,
             st.saturated,
             st.resets,
@@ -501,7 +522,7 @@ class Tracker:
                     "monotonic": st.monotonic,
                     "wall": st.wall,
                     "last": dict(zip(st.keys, st.last, strict=True)),
-                    "total": dict(st.totals),
+                    "total": dict(zip(st.keys, st.totals, strict=True)),
                     "resets": dict(st.resets),
                     "saturated": sorted(st.saturated),
                     "stale": sorted(st.stale),
@@ -544,6 +565,14 @@ def _pack(values: Collection[int]) -> Sequence[int]:
         return array("Q", list(values))
     except (OverflowError, TypeError):
         return tuple(values)
+
+
+def _pack_totals(values: list[int]) -> MutableSequence[int]:
+    """Totals as an ``array('Q')``, or the list itself when one has outgrown 64 bits."""
+    try:
+        return array("Q", values)
+    except OverflowError:
+        return values
 
 
 # ---------------------------------------------------------------------- load validation
@@ -620,9 +649,10 @@ def _load_port(raw: Any, where: str) -> tuple[PortKey, _Port]:
     st.monotonic = _time(raw, "monotonic", where)
     st.wall = _time(raw, "wall", where)
     st.restored = True
-    last, st.totals, st.resets, st.stale = _load_counters(raw, "", where, _MULT, _MULT)
+    last, totals, st.resets, st.stale = _load_counters(raw, "", where, _MULT, _MULT)
     st.keys = tuple(last)
     st.last = _pack(last.values())
+    st.totals = _pack_totals([totals[n] for n in st.keys])
     st.saturated = _names(raw, "saturated", where, last)
     st.hw_last, st.hw_totals, st.hw_resets, st.hw_stale = _load_counters(
         raw, "hw_", where, _AnyName(), None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import zlib
+from array import array
 from dataclasses import replace
 
 import pytest
@@ -14,6 +15,7 @@ from exporters.http import Deflated
 from exporters.render import PortRenderer
 from ibmon.counters import CATALOGUE
 from ibmon.model import PortIdentity, PortView
+from ibmon.totals import Totals
 
 ERRORS = ("symbol_errors", "receive_errors", "link_downed")
 
@@ -82,29 +84,50 @@ def test_cached_segments_inflate_to_a_full_render(
         views = _change(views, rng)
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_ports_counting_every_counter_or_fewer_read_the_same(
+def _packed(totals: dict[str, int], index: dict[str, int]) -> Totals:
+    values = [totals[name] for name in index]
+    try:
+        return Totals(index, array("Q", values))
+    except OverflowError:  # as the tracker keeps a total past 64 bits
+        return Totals(index, values)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_packed_plain_and_partial_totals_read_the_same(
     seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Blocks whose ports all count the whole catalogue are read in one pass per port; a block
-    with one port that lacks a counter takes the general path. Both must read like a render."""
+    """Blocks whose ports all hold packed totals on one index are read column by column; a
+    block with a plain mapping, another index, a total past 64 bits or a port that lacks a
+    counter takes a general path. Every one must read like a render of plain dicts."""
     monkeypatch.setattr(render, "SEGMENT_PORTS", 5)
     monkeypatch.setattr(render, "CACHE_MIN_PORTS", 0)
     rng = random.Random(seed)
-    views = []
-    for i in range(17):
-        view = _view(i, rng, "node")
-        if i not in (6, 13):  # blocks 0 and 3 are whole; 1 and 2 hold a partial port
-            view = replace(view, totals={c.name: rng.randrange(1 << 66) for c in CATALOGUE})
-        views.append(view)
+    names = [c.name for c in CATALOGUE]
+    whole = {n: i for i, n in enumerate(names)}
+    shuffled = names[:]
+    rng.shuffle(shuffled)
+    other = {n: i for i, n in enumerate(shuffled)}  # another counter order: another index
+    plain = [_view(i, rng, "node") for i in range(23)]
+    for i, view in enumerate(plain):
+        if i not in (6, 13):  # blocks 1 and 2 hold a port with fewer counters
+            top = 1 << (66 if i == 21 else 60)  # block 4 holds a total past 64 bits
+            plain[i] = replace(view, totals={n: rng.randrange(top) for n in names})
     renderer = PortRenderer(keep_descriptive=False)
     for poll in range(3):
+        views = []
+        for i, view in enumerate(plain):
+            index = other if i == 17 else whole  # 17: block 3
+            if i in (6, 13):  # its own counters, its own index
+                index = {n: k for k, n in enumerate(view.totals)}
+            if i != 8:  # 8: a plain dict in block 1
+                view = replace(view, totals=_packed(dict(view.totals), index))
+            views.append(view)
         renderer.prepare(views)
         body = renderer.series_deflated(views, 1)
-        plain = PortRenderer()
-        plain.prepare(views)
-        assert _inflate(body) == b"".join(plain.series_chunks(views)), poll
-        views = _change(views, rng)
+        full = PortRenderer()
+        full.prepare(plain)
+        assert _inflate(body) == b"".join(full.series_chunks(plain)), poll
+        plain = _change(plain, rng)
 
 
 def test_a_block_whose_values_did_not_change_is_not_rendered_again(

@@ -392,6 +392,33 @@ def test_published_views_are_not_changed_by_later_updates() -> None:
     assert first == before
 
 
+def test_a_view_keeps_its_totals_while_the_same_counters_keep_moving() -> None:
+    # The usual poll (same counters, same order) accumulates in place into the port's packed
+    # totals: a view published before must still read what it read then.
+    t = Tracker()
+    one(t, 0.0, sample({"transmit_data": 10, "symbol_errors": 1}))
+    second = one(t, 1.0, sample({"transmit_data": 20, "symbol_errors": 1}))
+    idle = one(t, 2.0, sample({"transmit_data": 20, "symbol_errors": 1}))
+    one(t, 3.0, sample({"transmit_data": 35, "symbol_errors": 4}))
+    assert second.totals == {"transmit_data": 80, "symbol_errors": 1}
+    assert idle.totals == {"transmit_data": 80, "symbol_errors": 1}
+
+
+def test_totals_past_64_bits_keep_counting_and_survive_a_restart() -> None:
+    t = Tracker()
+    top = (1 << 64) - 1
+    one(t, 0.0, sample({"transmit_data": top - 10, "symbol_errors": 0}))
+    v = one(t, 1.0, sample({"transmit_data": top, "symbol_errors": 0}))
+    assert v.totals == {"transmit_data": 4 * top, "symbol_errors": 0}  # 66 bits
+    assert v.rates["transmit_data"] == 40.0
+    restored = roundtrip(t)
+    v = one(restored, 2.0, sample({"transmit_data": 5, "symbol_errors": 2}))  # a reset
+    assert v.totals == {"transmit_data": 4 * top + 20, "symbol_errors": 2}
+    assert v.resets == {"transmit_data": 1}
+    v = one(restored, 3.0, sample({"transmit_data": 6, "symbol_errors": 2}))
+    assert v.totals == {"transmit_data": 4 * top + 24, "symbol_errors": 2}
+
+
 # --------------------------------------------------------------------------- dump / load
 
 

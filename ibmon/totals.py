@@ -1,0 +1,71 @@
+"""One port's software-accumulated counter totals, packed: a read-only mapping over an array.
+
+Why not a dict (issue 12, target 3): a busy port's totals change every poll, and as a dict of
+32 ints they were about 1.1 KB a port (the dict and one int object per value that is not
+tiny): 40 MB at 36,720 ports, and up to twice that while a poll's views replace the last.
+Packed in an ``array('Q')`` they are about 350 bytes. The counter names and their positions
+are one dict shared by every port with the same counters (the tracker interns it, as for
+``ibmon.rates.Rates``), so the exporter can read a block of ports column by column without
+looking a name up per port.
+
+A total that no longer fits in 64 bits (only made-up values can: 2**64 bytes is 11 years of
+400 Gb/s) makes the tracker keep that port's totals in a list of ints instead; ``packed`` is
+then that list. Either way it is equal to the dict it replaces: same keys in the same order,
+same values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import ItemsView, Iterator, KeysView, Mapping, Sequence, ValuesView
+from typing import Any, overload
+
+__all__ = ["Totals"]
+
+
+class Totals(Mapping[str, int]):
+    """``index`` maps each counter name to its position in ``packed`` (shared between ports,
+    never changed); ``packed`` holds the totals. Neither is changed once a view holds them:
+    the tracker copies ``packed`` before it next accumulates into it."""
+
+    __slots__ = ("index", "packed")
+
+    def __init__(self, index: dict[str, int], packed: Sequence[int]) -> None:
+        self.index = index
+        self.packed = packed
+
+    def __getitem__(self, name: str) -> int:
+        return self.packed[self.index[name]]
+
+    @overload
+    def get(self, name: str, /) -> int | None: ...
+    @overload
+    def get(self, name: str, /, default: int | Any) -> int | Any: ...
+    def get(self, name: str, /, default: Any = None) -> Any:
+        i = self.index.get(name)
+        return default if i is None else self.packed[i]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.index
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.index)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def as_dict(self) -> dict[str, int]:
+        """A plain dict of the same totals, built in C (for JSON and the state file)."""
+        return dict(zip(self.index, self.packed, strict=True))
+
+    # The mixins' views read item by item through __getitem__; these are built in C.
+    def keys(self) -> KeysView[str]:
+        return self.index.keys()
+
+    def items(self) -> ItemsView[str, int]:
+        return self.as_dict().items()
+
+    def values(self) -> ValuesView[int]:
+        return self.as_dict().values()
+
+    def __repr__(self) -> str:
+        return repr(self.as_dict())
