@@ -288,10 +288,10 @@ class PortRenderer:
 
     def series_chunks(self, views: Sequence[PortView]) -> Iterator[bytes]:
         """Every other family of the views last prepared, encoded one family at a time."""
-        pairs = [(t.labels, v) for t, v in zip(self._texts, views, strict=True)]
+        block = _Block(views, [t.labels for t in self._texts])
         names = self._names
         for fam in _FAMILIES:
-            yield from _some(_family(fam.header, fam.lines(pairs, names), floats=fam.floats))
+            yield from _some(_family(fam.header, fam.render(block, names), floats=fam.floats))
 
     def series_deflated(self, views: Sequence[PortView], level: int) -> Deflated:
         """``series_chunks`` of the views last prepared as one final raw-deflate stream,
@@ -345,18 +345,14 @@ class PortRenderer:
             block = _Block(views[start:stop], labels[start:stop])
             for fi, fam in enumerate(_FAMILIES):
                 if fam.keys is None:  # changes every poll: render every block, keep none
-                    seg = deflate(fam.lines(block.pairs, names), fam.floats)
+                    seg = deflate(fam.render(block, names), fam.floats)
                 else:
                     block_keys = fam.keys(block)
                     cached = segs.get((fi, start))
                     if cached is not None and cached[0] == block_keys:
                         seg = cached[1]
                     else:
-                        if fam.key_lines is not None:
-                            lines = fam.key_lines(block.labels, block_keys)
-                        else:
-                            lines = fam.lines(block.pairs, names)
-                        seg = deflate(lines, fam.floats)
+                        seg = deflate(fam.render(block, names, block_keys), fam.floats)
                         segs[(fi, start)] = (block_keys, seg)
                 if seg is not None:
                     bodies[fi].append(seg)
@@ -438,6 +434,8 @@ class _Block:
 def _packed_columns(totals: list[Mapping[str, int]]) -> dict[str, Sequence[int | None]] | None:
     """The columns of totals that are all ``Totals`` on one index, packed in 64 bits; else
     None."""
+    if not totals:
+        return {}
     first = totals[0]
     if type(first) is not Totals:
         return None
@@ -470,17 +468,29 @@ _ALL_COUNTERS = itemgetter(*_COUNTER_NAMES)
 
 @dataclass(frozen=True, slots=True)
 class _Family:
-    """One metric family after the ``_info`` ones: how its lines are made from (labels, view)
-    pairs, and what of each view they depend on (``keys``: one value per view, compared with
-    ``==`` between renders). ``keys`` is None for families whose values change every poll
-    anyway (rates): caching them would cost a comparison and save nothing. ``key_lines``, when
-    set, makes the same lines from the labels and the keys alone (cheaper: no view is read)."""
+    """One metric family after the ``_info`` ones: how its lines are made, and what of each
+    view they depend on (``keys``: one value per view, compared with ``==`` between renders).
+    ``keys`` is None for families whose values change every poll anyway (rates): caching them
+    would cost a comparison and save nothing. The lines come from the labels and the keys
+    alone (``key_lines``: the counter families, read as columns) or from (labels, view) pairs
+    (``lines``); exactly one of the two is set."""
 
     header: str
-    lines: _Lines
+    lines: _Lines | None
     keys: _Keys | None
     floats: bool = False
     key_lines: _KeyLines | None = None
+
+    def render(
+        self, block: _Block, names: _EscapeMemo, keys: Sequence[object] | None = None
+    ) -> list[str]:
+        """The block's lines: from its keys (``keys`` when the caller has them) where the
+        family makes its lines from them, else from the views."""
+        if self.key_lines is not None:
+            assert self.keys is not None
+            return self.key_lines(block.labels, self.keys(block) if keys is None else keys)
+        assert self.lines is not None
+        return self.lines(block.pairs, names)
 
 
 def _state_lines(pairs: _Pairs, names: _EscapeMemo) -> list[str]:
@@ -498,11 +508,8 @@ def _rate_lines(pairs: _Pairs, names: _EscapeMemo) -> list[str]:
 
 
 def _counter_family(name: str, head: str, header: str) -> _Family:
-    def lines(pairs: _Pairs, names: _EscapeMemo) -> list[str]:
-        return [f"{head}{lb}}} {v.totals[name]}\n" for lb, v in pairs if name in v.totals]
-
     def keys(block: _Block) -> Sequence[object] | None:
-        # Totals are ints, so None means "not counted on this port", as ``lines`` reads it.
+        # Totals are ints, so a None value means "not counted on this port".
         return block.counter(name)
 
     def key_lines(labels: Sequence[str], values: Sequence[object] | None) -> list[str]:
@@ -511,7 +518,7 @@ def _counter_family(name: str, head: str, header: str) -> _Family:
         return [f"{head}{lb}}} {x}\n"
                 for lb, x in zip(labels, values, strict=True) if x is not None]
 
-    return _Family(header, lines, keys, key_lines=key_lines)
+    return _Family(header, None, keys, key_lines=key_lines)
 
 
 def _hw_lines(pairs: _Pairs, names: _EscapeMemo) -> list[str]:
