@@ -54,7 +54,7 @@ class Totals(Mapping[str, int]):
         return len(self.index)
 
     def as_dict(self) -> dict[str, int]:
-        """A plain dict of the same totals, built in C (for JSON and the state file)."""
+        """A plain dict of the same totals, built in C (for JSON and comparisons)."""
         return dict(zip(self.index, self.packed, strict=True))
 
     # The mixins' views read item by item through __getitem__; these are built in C.

@@ -27,6 +27,13 @@ def _inflate(body: Deflated) -> bytes:
     return text
 
 
+def _full_render(views: list[PortView]) -> bytes:
+    """What a fresh renderer makes of ``views``, uncompressed and without a cache."""
+    renderer = PortRenderer()
+    renderer.prepare(views)
+    return b"".join(renderer.series_chunks(views))
+
+
 def _view(i: int, rng: random.Random, hostile: str) -> PortView:
     totals = {"transmit_data": rng.randrange(1 << 70), "receive_data": rng.randrange(1 << 40)}
     for name in ERRORS:
@@ -78,9 +85,7 @@ def test_cached_segments_inflate_to_a_full_render(
             views = views[:7] + views[9:] + [_view(99, rng, "new")]
         cached.prepare(views)
         body = cached.series_deflated(views, 1)
-        plain = PortRenderer()
-        plain.prepare(views)
-        assert _inflate(body) == b"".join(plain.series_chunks(views)), poll
+        assert _inflate(body) == _full_render(views), poll
         views = _change(views, rng)
 
 
@@ -119,14 +124,11 @@ def test_packed_plain_and_partial_totals_read_the_same(
             index = other if i == 17 else whole  # 17: block 3
             if i in (6, 13):  # its own counters, its own index
                 index = {n: k for k, n in enumerate(view.totals)}
-            if i != 8:  # 8: a plain dict in block 1
-                view = replace(view, totals=_packed(dict(view.totals), index))
-            views.append(view)
+            packed = replace(view, totals=_packed(dict(view.totals), index))
+            views.append(view if i == 8 else packed)  # 8: a plain dict in block 1
         renderer.prepare(views)
         body = renderer.series_deflated(views, 1)
-        full = PortRenderer()
-        full.prepare(plain)
-        assert _inflate(body) == b"".join(full.series_chunks(plain)), poll
+        assert _inflate(body) == _full_render(plain), poll
         plain = _change(plain, rng)
 
 
@@ -160,6 +162,4 @@ def test_a_small_fabric_is_compressed_whole_and_reads_the_same() -> None:
     renderer.prepare(views)
     body = renderer.series_deflated(views, 1)
     assert len(body.parts) == 1
-    plain = PortRenderer()
-    plain.prepare(views)
-    assert _inflate(body) == b"".join(plain.series_chunks(views))
+    assert _inflate(body) == _full_render(views)
