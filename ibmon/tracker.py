@@ -23,10 +23,12 @@ none holds the shared empty ones. An idle port's view shares one all-zero ``Rate
 
 from __future__ import annotations
 
+import itertools
 import math
 from array import array
-from collections.abc import Collection, Container, MutableSequence, Sequence
+from collections.abc import Collection, Container, Iterable, MutableSequence, Sequence
 from dataclasses import fields
+from operator import ne
 from typing import Any, Final
 
 from ibmon.counters import CATALOGUE
@@ -225,10 +227,11 @@ class Tracker:
         value) goes through a dict of the old values, updated as the rules say, repacked.
         """
         names = tuple(counters)
+        values = list(counters.values())
         old = st.last
         if names == st.keys:
             try:
-                new = array("Q", list(counters.values()))  # a list: 1.5x faster
+                new = array("Q", values)  # from a list: 1.5x faster than from the view
             except (OverflowError, TypeError):  # an invalid (negative) or oversized value
                 pass
             else:
@@ -240,9 +243,9 @@ class Tracker:
                 if st.shared:  # a published view holds these totals: change a copy
                     st.totals = st.totals[:]
                     st.shared = False
-                rates = self._deltas(st, counters, old, wide, inv_dt)
+                rates = self._deltas(st, names, values, old, wide=wide, inv_dt=inv_dt)
                 st.last = new
-                return Rates(st.index, array("d", rates)) if inv_dt else _NO_RATES
+                return Rates(st.index, rates) if inv_dt else _NO_RATES
         last = dict(zip(st.keys, old, strict=True))
         if counters == last and not (st.saturated or st.stale):
             return self._zero_rates(names) if inv_dt else _NO_RATES
@@ -253,7 +256,8 @@ class Tracker:
         totals_get = totals.get
         st.totals = [totals_get(n, 0) for n in counters]
         st.shared = False
-        rates = self._deltas(st, counters, [last_get(n) for n in counters], wide, inv_dt)
+        prevs = [last_get(n) for n in counters]
+        rates = self._deltas(st, names, values, prevs, wide=wide, inv_dt=inv_dt)
         totals.update(zip(counters, st.totals, strict=True))
         # What the rules keep as the last raw value: every known counter read validly.
         for name, value in counters.items():
@@ -274,24 +278,29 @@ class Tracker:
         st.totals = _pack_totals([totals[n] for n in ordered])
         # Rates were computed unconditionally (one branch less per counter); drop them if the
         # interval was unusable. They follow the sample's order, not (yet) ``keys``.
-        return Rates(self._intern(names)[1], array("d", rates)) if inv_dt else _NO_RATES
+        return Rates(self._intern(names)[1], rates) if inv_dt else _NO_RATES
 
     def _deltas(
         self,
         st: _Port,
-        counters: dict[str, int],
+        names: tuple[str, ...],
+        values: list[int],
         prevs: Sequence[int | None],
+        *,
         wide: frozenset[str],
         inv_dt: float,
-    ) -> list[float]:
-        """Totals, saturation, staleness and rates of ``counters`` against ``prevs`` (the
-        previous raw value of each, in the same order; None for a first one). ``st.totals``
-        is the port's own (not shared) and in the same order as well. The rates come in that
-        order, ``NO_RATE`` for a counter without one.
+    ) -> array[float]:
+        """Totals, saturation, staleness and rates of the counters ``names`` read as
+        ``values`` against ``prevs`` (the previous raw value of each, in the same order; None
+        for a first one). ``st.totals`` is the port's own (not shared) and in the same order
+        as well. The rates come in that order, ``NO_RATE`` for a counter without one.
 
-        One tight loop for the common case (known counter, unchanged or up, not pinned);
-        everything else goes through _odd. Measured: this beats C-level map/zip passes per
-        port, whose per-call overhead dominates at 22 counters.
+        Most counters of a port do not move between polls (error counters), and an unchanged
+        counter's rate is 0.0 unless it is pinned or stale. So when the port has no pinned or
+        stale counter, a C-level pass (``map(ne, ...)``) picks the counters that moved and
+        only those are visited: a third faster than one loop over all of them at 32
+        counters, 9 moving. Measured as well: C-level passes for the arithmetic (sub, mul,
+        add) cost more than this loop, each pass paying its call for 32 values.
         """
         mult_of = _MULT
         nmax_of = _NMAX
@@ -302,27 +311,27 @@ class Tracker:
         stale = st.stale
         flagged = bool(sat) or bool(stale)
         totals = st.totals
-        rates: list[float] = []
-        rate = rates.append
-        for i, ((name, value), prev) in enumerate(zip(counters.items(), prevs, strict=True)):
-            if value == prev:
-                # Unchanged (most error counters, most of the time).
-                if flagged:
-                    if name in sat:
-                        self._unstale(st, name)  # read this poll: no longer stale, still pinned
-                        rate(NO_RATE)  # still pinned at its maximum
-                        continue
-                    if name in stale:
-                        self._unstale(st, name)  # last value predates the previous sample
-                        rate(NO_RATE)
-                        continue
-                rate(0.0)
+        rates = array("d", bytes(8 * len(values)))  # 0.0: the rate of an unchanged counter
+        visit: Iterable[int] = range(len(values))
+        if not flagged:
+            visit = itertools.compress(visit, map(ne, values, prevs))
+        for i in visit:
+            name = names[i]
+            value = values[i]
+            prev = prevs[i]
+            if value == prev:  # only visited when flagged
+                if name in sat:
+                    self._unstale(st, name)  # read this poll: no longer stale, still pinned
+                    rates[i] = NO_RATE  # still pinned at its maximum
+                elif name in stale:
+                    self._unstale(st, name)  # last value predates the previous sample
+                    rates[i] = NO_RATE
                 continue
             if prev is None or value < prev:
                 scaled = self._odd(st, i, name, value, prev, wide=wide)
                 totals = st.totals  # _odd may have widened it
                 if scaled is None:
-                    rate(NO_RATE)
+                    rates[i] = NO_RATE
                     continue
             else:
                 scaled = (value - prev) * mult_of[name]
@@ -334,16 +343,16 @@ class Tracker:
                 if value == nmax_of[name] and name not in wide:
                     self._pin(st, name)
                     self._unstale(st, name)  # read this poll: a later reset gets its rate
-                    rate(NO_RATE)
+                    rates[i] = NO_RATE
                     continue
                 if flagged:
                     if name in sat:  # read 64-bit now, so no longer pinned
                         st.saturated = st.saturated - {name}
                     if name in stale:
                         self._unstale(st, name)
-                        rate(NO_RATE)
+                        rates[i] = NO_RATE
                         continue
-            rate(scaled * inv_dt)
+            rates[i] = scaled * inv_dt
         return rates
 
     @staticmethod
