@@ -266,14 +266,16 @@ class DetailWindow:
     costs one dict lookup and one comparison per poll, and one small tuple of memory.
     """
 
-    __slots__ = ("_absent", "_details", "_hist", "_last", "aggregate", "window")
+    __slots__ = ("_absent", "_details", "_hist", "_last", "_zeros", "aggregate", "window")
 
     def __init__(self, aggregate: str, details: tuple[str, ...], window: float) -> None:
         self.aggregate = aggregate
         self._details = details
-        # The detail totals of a port whose source reads no details (sysfs, the simulator):
-        # one shared tuple instead of one per port (issue 12: memory per port).
+        # The detail totals of a port whose source reads no details (sysfs): one shared tuple
+        # instead of one per port (issue 12: memory per port).
         self._absent = (-1,) * len(details)
+        # Likewise those of a healthy port whose source reads them (the simulator): all zero.
+        self._zeros = (0,) * len(details)
         self.window = window
         # (time, aggregate total, number of totals, detail totals or -1 when absent)
         self._last: dict[PortKey, tuple[float, int, int, tuple[int, ...]]] = {}
@@ -292,6 +294,8 @@ class DetailWindow:
         details = tuple(totals.get(d, -1) for d in self._details)
         if details == self._absent:
             details = self._absent
+        elif details == self._zeros:
+            details = self._zeros
         rec = (now, agg, len(totals), details)
         self._last[key] = rec
         if last is None or last[1] == agg:
