@@ -4,8 +4,9 @@ prometheus_client escapes every label of every sample on every scrape; a fabric 
 has half a million samples, which costs seconds. Here each port's escaped ``guid``/``port`` label
 text is built once and cached until the port's identity changes, the descriptive ``_info``
 families are kept as encoded bytes until the topology changes, and every other family is one list
-comprehension of f-strings joined and encoded once. The exporter renders once per FabricState, not
-per scrape.
+comprehension of f-strings joined and encoded once (the counter families' values read as columns
+of the ports' packed totals, ``_Block``). The exporter renders once per FabricState, not per
+scrape.
 
 Format rules this module keeps (promtool checks them in the tests):
 - one ``# HELP``/``# TYPE`` pair per family and all samples of a family together;
