@@ -125,12 +125,20 @@ class Fabric:
         self._indexed = len(self.links)
 
     def ports(self) -> list[tuple[str, int]]:
-        """Every connected (guid, port), in node order then port order."""
+        """Every connected (guid, port), in node order then port order.
+
+        Each key is the links' own tuple (the far end's far end), not an equal copy: one tuple
+        per port however many tables key on it (2.4 MB at 36,720 ports).
+        """
         self._ensure_index()
         connected = self._index
         out: list[tuple[str, int]] = []
         for guid, node in self.nodes.items():
-            out.extend((guid, p) for p in range(1, node.nports + 1) if (guid, p) in connected)
+            for p in range(1, node.nports + 1):
+                found = connected.get((guid, p))
+                if found is not None:
+                    own = connected[found[1]][1]
+                    out.append(own if own[0] == guid and own[1] == p else (guid, p))
         return out
 
     def peer(self, guid: str, port: int) -> tuple[str, int] | None:

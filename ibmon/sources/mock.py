@@ -134,8 +134,8 @@ class MockSource:
     def _discover_sync(self) -> Topology:
         with self._lock:
             topo = Topology(source=self.name)
-            for sample in self.model.samples(self.name):
-                key = sample.key
+            keys = self.model.port_keys(self.name)
+            for key, sample in zip(keys, self.model.samples(self.name), strict=True):
                 topo.ports[key] = sample.identity
                 if sample.link is not None:
                     topo.links[key] = sample.link
@@ -145,9 +145,8 @@ class MockSource:
         with self._lock:
             now = self._advance()
             snap = Snapshot(source=self.name, monotonic=now, wall=self.epoch + now)
-            ports = snap.ports
-            for sample in self.model.samples(self.name):
-                ports[sample.key] = sample
+            keys = self.model.port_keys(self.name)
+            snap.ports.update(zip(keys, self.model.samples(self.name), strict=True))
             return snap
 
     async def close(self) -> None:
