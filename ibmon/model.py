@@ -120,7 +120,9 @@ class SourceError:
 class PortSample:
     """Raw values of one port at one instant, exactly as the hardware reported them.
 
-    ``counters`` maps catalogue names to raw values (data counters still in 4-octet words).
+    ``counters`` maps catalogue names to raw values (data counters still in 4-octet words):
+    a dict, or an ``ibmon.totals.Totals`` over an ``array('Q')`` from a source that keeps its
+    values packed (the simulator), which the tracker reads without an int object per value.
     ``wide`` names the counters that were read from a 64-bit field; all others are taken to
     have the catalogue's narrow width and to saturate there. ``hw_counters`` are driver counts
     (accumulated like counters); ``hw_gauges`` are driver entries that are settings or levels
@@ -133,7 +135,7 @@ class PortSample:
     rate_bps: float | None = None  # effective data rate in bits/s (sysfs "100 Gb/sec")
     active_width: str = ""
     active_speed: str = ""
-    counters: dict[str, int] = field(default_factory=dict)
+    counters: Mapping[str, int] = field(default_factory=dict)
     wide: frozenset[str] = frozenset()
     hw_counters: dict[str, int] = field(default_factory=dict)
     link: LinkInfo | None = None

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from ibmon.counters import CATALOGUE, DETAILS, EXTENDED
 from ibmon.model import LinkInfo, PhysState, PortIdentity, PortSample, PortState
+from ibmon.totals import Totals
 from mocks.topology import SPEEDS, WIDTHS, Fabric, Link, link_rate_bps
 
 __all__ = [
@@ -90,6 +91,8 @@ SM_LID = 1
 #: One string per port number, shared by every identity and link that names it (a node has at
 #: most 255 ports): a fresh ``str(port)`` per port was 3.7 MB at 36,720 ports.
 _PORT_NAMES: tuple[str, ...] = tuple(str(p) for p in range(256))
+#: The driver counters of every sample: the PMA has none (shared, never mutated).
+_NO_HW: dict[str, int] = {}
 
 
 def ca_device_names(fabric: Fabric) -> dict[str, str]:
@@ -561,9 +564,9 @@ class FabricModel:
             self._rate[li],
             self.width[li],
             self.speed[li],
-            dict(zip(COUNTER_NAMES, self.counters[i], strict=True)),
+            Totals(_IX, self.counters[i][:]),
             WIDE_COUNTERS,
-            {},
+            _NO_HW,
             self.link_info(i),
         )
 
@@ -578,7 +581,7 @@ class FabricModel:
         link_of = self._link_of
         rate, width, speed = self._rate, self.width, self.speed
         state, phys = self.state, self.phys
-        names = COUNTER_NAMES
+        index = _IX
         wide = WIDE_COUNTERS
         out: list[PortSample] = []
         append = out.append
@@ -587,8 +590,10 @@ class FabricModel:
             info = infos[i]
             if info is None:
                 info = self.link_info(i)
+            # Packed, as the PMA sends them: a copy of the row (one memcpy), read by the
+            # tracker without a dict or an int object per value.
             append(PortSample(ids[i], state[i], phys[i], rate[li], width[li], speed[li],
-                              dict(zip(names, vals, strict=True)), wide, {}, info))
+                              Totals(index, vals[:]), wide, _NO_HW, info))
         return out
 
 
