@@ -26,14 +26,7 @@ from __future__ import annotations
 import itertools
 import math
 from array import array
-from collections.abc import (
-    Collection,
-    Container,
-    Iterable,
-    Mapping,
-    MutableSequence,
-    Sequence,
-)
+from collections.abc import Collection, Container, Iterable, Mapping, MutableSequence, Sequence
 from dataclasses import fields
 from operator import ne
 from typing import Any, Final
