@@ -91,6 +91,24 @@ class TlsFileError(ValueError):
     """A TLS file named in ``[mqtt.tls]`` cannot be used; the message names the key and file."""
 
 
+class _ClosingSSLSocket(ssl.SSLSocket):
+    """Closes itself when its handshake fails.
+
+    paho drops the socket of a failed handshake (a refused certificate, a reset, or a
+    handshake that outlasts the connect timeout on a loaded host) without closing it: the
+    descriptor stayed open until the garbage collector found the socket, which then warned
+    (``ResourceWarning: unclosed <ssl.SSLSocket ...>``) wherever the process was at the time.
+    """
+
+    def do_handshake(self, block: bool = False) -> None:
+        try:
+            super().do_handshake(block)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                self.close()
+            raise
+
+
 class _TlsContext(ssl.SSLContext):
     """A client context that remembers the sockets it wraps.
 
@@ -99,6 +117,8 @@ class _TlsContext(ssl.SSLContext):
     process's exit) for paho's whole connect timeout. ``interrupt`` shuts those sockets down,
     which ends the blocked handshake at once.
     """
+
+    sslsocket_class = _ClosingSSLSocket
 
     def __init__(self, protocol: int) -> None:
         super().__init__()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import ssl
 from pathlib import Path
 
@@ -75,3 +76,19 @@ async def test_events_lost_inside_the_publisher_count_for_its_consumer() -> None
     await pub.stop()  # the two still queued are lost too, and counted in both
     assert dropped == ["mqtt"] * 5
     assert metrics.registry.get_sample_value("ibmon_mqtt_dropped_total") == 5
+
+
+def test_a_failed_handshake_closes_its_socket_at_once() -> None:
+    """paho drops the socket of a failed handshake unclosed; ibmon's context must close it
+    there and then, not leave the descriptor to the garbage collector (which would warn)."""
+    ctx = tls_context(MqttTlsConfig(verify=False))
+    assert ctx is not None
+    server = socket.create_server(("127.0.0.1", 0))
+    with server, socket.create_connection(server.getsockname()) as tcp:
+        peer, _ = server.accept()
+        peer.sendall(b"not TLS at all\r\n\r\n")  # not a ServerHello: the handshake fails
+        peer.close()
+        sock = ctx.wrap_socket(tcp, do_handshake_on_connect=False)
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            sock.do_handshake()
+        assert sock.fileno() == -1  # closed, by the failed handshake itself
