@@ -23,17 +23,17 @@ NO_RATE: Final = float("nan")
 
 
 class Rates(Mapping[str, float]):
-    """``index`` maps each counter name to its position in ``values`` (shared, never changed);
-    ``values`` holds the rate or ``NO_RATE``. Neither is changed after construction."""
+    """``index`` maps each counter name to its position in ``packed`` (shared, never changed);
+    ``packed`` holds the rate or ``NO_RATE``. Neither is changed after construction."""
 
-    __slots__ = ("_index", "_values")
+    __slots__ = ("index", "packed")
 
     def __init__(self, index: dict[str, int], values: array[float]) -> None:
-        self._index = index
-        self._values = values
+        self.index = index
+        self.packed = values
 
     def __getitem__(self, name: str) -> float:
-        value = self._values[self._index[name]]
+        value = self.packed[self.index[name]]
         if isnan(value):  # no rate
             raise KeyError(name)
         return value
@@ -43,21 +43,21 @@ class Rates(Mapping[str, float]):
     @overload
     def get(self, name: str, /, default: float | Any) -> float | Any: ...
     def get(self, name: str, /, default: Any = None) -> Any:
-        i = self._index.get(name)
+        i = self.index.get(name)
         if i is None:
             return default
-        value = self._values[i]
+        value = self.packed[i]
         return default if isnan(value) else value
 
     def __contains__(self, name: object) -> bool:
-        i = self._index.get(name)  # type: ignore[call-overload]
-        return i is not None and not isnan(self._values[i])
+        i = self.index.get(name)  # type: ignore[call-overload]
+        return i is not None and not isnan(self.packed[i])
 
     def __iter__(self) -> Iterator[str]:
-        return (n for n, v in zip(self._index, self._values, strict=True) if not isnan(v))
+        return (n for n, v in zip(self.index, self.packed, strict=True) if not isnan(v))
 
     def __len__(self) -> int:
-        return sum(1 for v in self._values if not isnan(v))
+        return sum(1 for v in self.packed if not isnan(v))
 
     def __repr__(self) -> str:
         return repr(dict(self.items()))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import builtins
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict
 from ibmon.detect.cause import SUSPECT, action, end_name, far_end, preferred
 from ibmon.events import EventType, Severity, severity_rank
 from ibmon.model import PortKey, PortView
+from ibmon.rates import NO_RATE, Rates
+from ibmon.totals import Totals
 
 __all__ = [
     "KEEP",
@@ -26,12 +28,19 @@ __all__ = [
     "Finding",
     "IncreaseWindow",
     "Keep",
+    "Pairs",
     "PortDetector",
     "Verdict",
     "describe",
     "key_from_json",
     "key_to_json",
+    "rate_column",
+    "totals_column",
 ]
+
+Pairs = list[tuple[PortKey, PortView]]
+"""(key, view) of the ports a detector is to judge, in the views' order."""
+
 
 class Keep:
     """The "no opinion this poll" verdict (a singleton)."""
@@ -142,6 +151,18 @@ class PortDetector:
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
         raise NotImplementedError
 
+    def needs(self, fresh: Pairs, now: float, active: Container[PortKey]) -> Pairs:
+        """The ports of ``fresh`` (this poll's ports that answered, in order) to ``check``.
+
+        Every port left out must be one where ``check(key, view, now, None)`` would answer
+        None (or ``KEEP``, for a detector that is not link-scoped) and change nothing this
+        method has not already changed the same way (a window's last value, a gauge on the
+        view); a port in ``active`` (a condition it carries) is never left out. It exists for
+        speed (issue 12): on a healthy fabric nearly every port is left out by one short loop
+        over plain attributes, instead of a method call per port per detector. Default: all.
+        """
+        return fresh
+
     def vanished(self, now: float, views: Mapping[PortKey, PortView]) -> list[tuple[Any, Finding]]:
         """Findings about ports absent from ``views`` (vanished ports): ``(identity, finding)``."""
         return []
@@ -222,6 +243,19 @@ class IncreaseWindow:
             return 0
         return sum(n for _, n in hist)
 
+    def changes(
+        self, fresh: Pairs, totals: list[int | None], keep: Container[PortKey]
+    ) -> list[bool]:
+        """For each port of ``fresh``, given its current total (``totals_column``): False
+        when ``observe`` would answer 0 and leave it as it is (its total is the last one
+        recorded, no increase is left in the window, and it is not in ``keep``)."""
+        last = self._last
+        hist = self._hist
+        return [
+            total is None or key in keep or key in hist or last.get(key) != total
+            for (key, _), total in zip(fresh, totals, strict=True)
+        ]
+
     def forget(self, key: PortKey) -> None:
         self._last.pop(key, None)
         self._hist.pop(key, None)
@@ -244,3 +278,39 @@ class IncreaseWindow:
             for r in data.get("hist", [])
         }
         self._last, self._hist = last, hist
+
+
+def totals_column(fresh: Pairs, name: str, default: int | None = None) -> list[int | None]:
+    """The total of counter ``name`` of every port of ``fresh`` (``default`` where it has
+    none), for ``needs``.
+
+    The tracker's ``Totals`` of ports with the same counters share one index: for those
+    (nearly every port of a fabric) the counter's position is looked up once, not through a
+    method call per port (one comprehension: 4x faster at 36,720 ports).
+    """
+    index: Mapping[str, int] = next(
+        (t.index for _, v in fresh if type(t := v.totals) is Totals), {})
+    pos = index.get(name)
+    if pos is None:
+        return [v.totals.get(name, default) for _, v in fresh]
+    return [
+        t.packed[pos] if type(t := v.totals) is Totals and t.index is index
+        else t.get(name, default)
+        for _, v in fresh
+    ]
+
+
+def rate_column(fresh: Pairs, name: str) -> list[float]:
+    """The rate of counter ``name`` of every port of ``fresh``, NaN where it has none: only
+    for comparisons (``rate > threshold``), which NaN fails like a missing rate would. Read
+    like ``totals_column``."""
+    index: Mapping[str, int] = next(
+        (r.index for _, v in fresh if type(r := v.rates) is Rates and r.index), {})
+    pos = index.get(name)
+    if pos is None:
+        return [v.rates.get(name, NO_RATE) for _, v in fresh]
+    return [
+        r.packed[pos] if type(r := v.rates) is Rates and r.index is index
+        else r.get(name, NO_RATE)
+        for _, v in fresh
+    ]

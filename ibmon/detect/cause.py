@@ -31,10 +31,11 @@ alert label and a route never go missing, and honest about it.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Final, Literal, get_args
 
 from ibmon.model import PortIdentity, PortKey, PortState, PortView
+from ibmon.totals import Totals
 
 __all__ = [
     "ACTIONS",
@@ -316,6 +317,21 @@ class DetailWindow:
         horizon = now - self.window
         while len(hist) >= 2 and hist[1][0] <= horizon:
             hist.popleft()
+
+    def moves(self, fresh: Sequence[tuple[PortKey, PortView]],
+              aggregates: list[int | None]) -> list[bool]:
+        """For each port of ``fresh`` (with its ``aggregate`` total): whether ``observe``
+        could record or drop anything for it. False only for a port without the aggregate or
+        whose aggregate and number of totals are the ones recorded, with no history."""
+        last = self._last
+        hist = self._hist
+        return [
+            agg is not None and (
+                (rec := last.get(key)) is None or rec[1] != agg or key in hist
+                or (len(t.index) if type(t := view.totals) is Totals else len(t)) != rec[2]
+            )
+            for (key, view), agg in zip(fresh, aggregates, strict=True)
+        ]
 
     def increase(self, key: PortKey, now: float) -> tuple[int, dict[str, int]]:
         """(aggregate increase, detail increases) within the trailing window.

@@ -11,6 +11,7 @@ of 20,000 ports costs one comparison per port.
 
 from __future__ import annotations
 
+from collections.abc import Container
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -19,6 +20,7 @@ from ibmon.detect.base import (
     KEEP,
     DetectorSettings,
     Finding,
+    Pairs,
     PortDetector,
     Verdict,
     describe,
@@ -75,6 +77,18 @@ class Congestion(PortDetector):
         self._s = settings
         # [polls >= warning, polls >= critical, polls < clear], consecutive
         self._runs: dict[PortKey, list[int]] = {}
+
+    def needs(self, fresh: Pairs, now: float, active: Container[PortKey]) -> Pairs:
+        # An InfiniBand port with no run under way, no condition and a transmit-wait ratio
+        # below ``clear`` (or none: KEEP) gets None. ``not ratio < clear`` as ``check`` has it.
+        runs = self._runs
+        clear = self._s.clear
+        return [
+            pair for pair in fresh
+            if pair[0] in runs or pair[0] in active
+            or pair[1].identity.link_layer == "Ethernet"
+            or ((ratio := pair[1].xmit_wait_ratio) is not None and not ratio < clear)
+        ]
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
         s = self._s

@@ -7,11 +7,13 @@ saturated counter is a condition: increments are being lost until someone resets
 
 from __future__ import annotations
 
+from collections.abc import Container
 from typing import Any
 
 from ibmon.detect.base import (
     DetectorSettings,
     Finding,
+    Pairs,
     PortDetector,
     Verdict,
     describe,
@@ -38,6 +40,9 @@ class CounterReset(PortDetector):
         assert isinstance(settings, CounterResetSettings)
         self._severity: Severity = settings.severity
         self._seen: dict[PortKey, dict[str, int]] = {}
+
+    def needs(self, fresh: Pairs, now: float, active: Container[PortKey]) -> Pairs:
+        return [pair for pair in fresh if pair[1].resets]  # no reset ever: None
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
         resets = view.resets
@@ -84,6 +89,9 @@ class CounterSaturated(PortDetector):
         super().__init__(settings)
         assert isinstance(settings, CounterSaturatedSettings)
         self._severity: Severity = settings.severity
+
+    def needs(self, fresh: Pairs, now: float, active: Container[PortKey]) -> Pairs:
+        return [pair for pair in fresh if pair[1].saturated or pair[0] in active]
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
         sat = view.saturated

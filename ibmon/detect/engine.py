@@ -25,6 +25,7 @@ from ibmon.detect.base import (
     KEEP,
     DetectorSettings,
     Finding,
+    Pairs,
     PortDetector,
     key_from_json,
     key_to_json,
@@ -79,6 +80,8 @@ DETECTORS: Final[dict[str, type[PortDetector]]] = {
 ENGINE_STATE_VERSION: Final = 1
 
 _NON_DETECTOR_KEYS = frozenset({"tick_seconds"})
+
+_NONE_ACTIVE: Final[frozenset[PortKey]] = frozenset()
 
 
 def parse_detect_tables(tables: Mapping[str, Any]) -> dict[str, BaseModel]:
@@ -184,17 +187,23 @@ class Engine:
         # the far end of its link already show; refilled with this poll's below.
         before = self._fill_conditions(views)
         linked = self._linked
+        # The ports read this poll, once for every detector: stale views (ports that did not
+        # answer) count as present, so they never "vanish", but no detector judges them.
+        fresh: Pairs = []
         for key, seen in views.items():
-            if seen.link is not None:
-                linked[key] = seen.link
+            link = seen.link
+            if link is not None:
+                linked[key] = link
+            if not seen.stale:
+                fresh.append((key, seen))
         for det in self.detectors:
             det.begin(now, views)
             if det.oneshot:
-                self._instants(det, views, now, wall, events)
+                self._instants(det, fresh, now, wall, events)
             elif det.link_scoped:
-                self._links(det, views, now, wall, events)
+                self._links(det, views, fresh, now, wall=wall, events=events)
             else:
-                self._conditions(det, views, now, wall, events)
+                self._conditions(det, fresh, now, wall, events)
             for identity, finding in det.vanished(now, views):
                 events.append(self._event(det.type, "firing", finding, identity, None, wall=wall))
         for key in before - self._fill_conditions(views):
@@ -205,18 +214,11 @@ class Engine:
         return events
 
     def _instants(
-        self,
-        det: PortDetector,
-        views: Mapping[PortKey, PortView],
-        now: float,
-        wall: float,
-        events: list[Event],
+        self, det: PortDetector, fresh: Pairs, now: float, wall: float, events: list[Event]
     ) -> None:
         """A oneshot detector: one ``firing`` event per finding, nothing remembered."""
         check = det.check
-        for key, view in views.items():
-            if view.stale:  # not read this poll: nothing new to say about it
-                continue
+        for key, view in det.needs(fresh, now, _NONE_ACTIVE):
             verdict = check(key, view, now, None)
             if isinstance(verdict, Finding):
                 events.append(
@@ -225,20 +227,13 @@ class Engine:
                 )
 
     def _conditions(
-        self,
-        det: PortDetector,
-        views: Mapping[PortKey, PortView],
-        now: float,
-        wall: float,
-        events: list[Event],
+        self, det: PortDetector, fresh: Pairs, now: float, wall: float, events: list[Event]
     ) -> None:
         """A condition detector: edges only, from the verdict against what is active."""
         check = det.check
         active = self._active[det.type]
         get = active.get
-        for key, view in views.items():
-            if view.stale:  # not read this poll: its conditions stay as they were
-                continue
+        for key, view in det.needs(fresh, now, active):
             cur = get(key)
             verdict = check(key, view, now, cur.finding if cur else None)
             if verdict is None:
@@ -255,7 +250,9 @@ class Engine:
         self,
         det: PortDetector,
         views: Mapping[PortKey, PortView],
+        fresh: Pairs,
         now: float,
+        *,
         wall: float,
         events: list[Event],
     ) -> None:
@@ -272,11 +269,17 @@ class Engine:
         check = det.check
         active = self._active[det.type]
         marks = self._marks[det.type]
+        # The verdicts of the ports checked; every other port read this poll (``needs``) votes
+        # "does not hold" (None), and a stale port has no vote.
         verdicts: dict[PortKey, Any] = {}
-        for key, view in views.items():
-            if not view.stale:  # not read this poll: no vote
-                cur = active.get(key)
-                verdicts[key] = check(key, view, now, cur.finding if cur else None)
+        for key, view in det.needs(fresh, now, active):
+            cur = active.get(key)
+            verdicts[key] = check(key, view, now, cur.finding if cur else None)
+
+        def voted(key: PortKey | None) -> bool:
+            seen = views.get(key) if key is not None else None
+            return seen is not None and not seen.stale
+
         # Only links where something holds or was holding can change: a healthy fabric costs
         # one check per port and nothing more.
         candidates = [k for k, v in verdicts.items() if isinstance(v, Finding)]
@@ -289,7 +292,7 @@ class Engine:
             # A link that is down has no neighbour in a discovery: its last known far end.
             link = view.link or self._linked.get(key)
             pk = (link.remote_guid, link.remote_port) if link and link.remote_guid else None
-            if key not in verdicts and (pk is None or pk not in verdicts):
+            if not voted(key) and not voted(pk):
                 continue  # neither end was read this poll (stale): nothing to judge
             pview = views.get(pk) if pk is not None and pk != key else None
             if pview is None:
@@ -301,7 +304,7 @@ class Engine:
             held = [k for k in group if k in active]
             carrier = held[0] if held else _carrier(group, views)
             cur = active.get(carrier)
-            votes = [verdicts[k] for k in group if k in verdicts]
+            votes = [verdicts.get(k) for k in group if voted(k)]
             findings = {k: v for k in group if isinstance(v := verdicts.get(k), Finding)}
             if findings:
                 here = views[carrier]

@@ -9,6 +9,8 @@ costs one integer and an erroring one at most a few hundred tuples.
 
 from __future__ import annotations
 
+from collections.abc import Container
+from itertools import compress
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -18,11 +20,14 @@ from ibmon.detect.base import (
     DetectorSettings,
     Finding,
     IncreaseWindow,
+    Pairs,
     PortDetector,
     Verdict,
     describe,
     key_from_json,
     key_to_json,
+    rate_column,
+    totals_column,
 )
 from ibmon.detect.cause import (
     DETAIL_LABELS,
@@ -68,6 +73,16 @@ class HighBer(PortDetector):
         assert isinstance(settings, HighBerSettings)
         self._s = settings
         self._window = IncreaseWindow(settings.window, grain=settings.window / 300)
+
+    def needs(self, fresh: Pairs, now: float, active: Container[PortKey]) -> Pairs:
+        changes = self._window.changes(fresh, totals_column(fresh, "symbol_errors"), active)
+        for (_, view), changed in zip(fresh, changes, strict=True):
+            # No symbol error in the window: a BER of 0, below every threshold, which
+            # ``check`` would publish on an Active port with a link rate and no pinned counter.
+            if (not changed and view.state == _ACTIVE and view.rate_bytes_per_second
+                    and "symbol_errors" not in view.saturated):
+                view.symbol_error_ber = 0.0
+        return list(compress(fresh, changes))
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
         total = view.totals.get("symbol_errors")
@@ -151,6 +166,17 @@ class LinkIntegrity(PortDetector):
         self._last: dict[PortKey, tuple[int, ...]] = {}
         self._since: dict[PortKey, tuple[float, dict[str, int]]] = {}
         self._zeros: tuple[int, ...] = (0,) * len(settings.counters)
+
+    def needs(self, fresh: Pairs, now: float, active: Container[PortKey]) -> Pairs:
+        # Unchanged totals and no increase within the hold: nothing to record or report.
+        last = self._last
+        since = self._since
+        columns = [totals_column(fresh, c, -1) for c in self._s.counters]
+        return [
+            pair
+            for pair, values in zip(fresh, zip(*columns, strict=True), strict=True)
+            if last.get(pair[0]) != values or pair[0] in since or pair[0] in active
+        ]
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
         totals = view.totals
@@ -259,6 +285,18 @@ class _RateDetector(PortDetector):
         self._s = settings
         self._quiet: dict[PortKey, int] = {}
         self._window = DetailWindow(self.counter, tuple(self.details), settings.window)
+
+    def needs(self, fresh: Pairs, now: float, active: Container[PortKey]) -> Pairs:
+        # A port whose totals the window would not record, with no rate over the threshold
+        # and no condition, gets None (no rate: KEEP, the same for a port without one).
+        threshold = self._s.threshold
+        moves = self._window.moves(fresh, totals_column(fresh, self.counter))
+        rates = rate_column(fresh, self.counter)
+        return [
+            pair
+            for pair, moved, rate in zip(fresh, moves, rates, strict=True)
+            if moved or rate > threshold or pair[0] in active
+        ]
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
         self._window.observe(key, now, view.totals)

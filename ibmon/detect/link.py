@@ -9,7 +9,8 @@ compare against a configured expected rate or the majority rate of the host's ot
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
+from itertools import compress
 from typing import Any
 
 from pydantic import Field
@@ -19,11 +20,13 @@ from ibmon.detect.base import (
     DetectorSettings,
     Finding,
     IncreaseWindow,
+    Pairs,
     PortDetector,
     Verdict,
     describe,
     key_from_json,
     key_to_json,
+    totals_column,
 )
 from ibmon.events import Severity
 from ibmon.linkspeed import SPEED_ORDER, WIDTH_LANES
@@ -59,6 +62,11 @@ class PortDown(PortDetector):
         assert isinstance(settings, PortDownSettings)
         self._severity: Severity = settings.severity
         self._was_active: set[PortKey] = set()
+
+    def needs(self, fresh: Pairs, now: float, active: Container[PortKey]) -> Pairs:
+        up = _ACTIVE
+        self._was_active.update([key for key, view in fresh if view.state == up])
+        return [pair for pair in fresh if pair[1].state != up or pair[0] in active]
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
         state = view.state
@@ -108,6 +116,10 @@ class LinkFlapping(PortDetector):
         assert isinstance(settings, LinkFlappingSettings)
         self._s = settings
         self._window = IncreaseWindow(settings.window)
+
+    def needs(self, fresh: Pairs, now: float, active: Container[PortKey]) -> Pairs:
+        changes = self._window.changes(fresh, totals_column(fresh, "link_downed"), active)
+        return list(compress(fresh, changes))
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
         total = view.totals.get("link_downed")
@@ -170,6 +182,9 @@ class LinkDegraded(PortDetector):
         assert isinstance(settings, LinkDegradedSettings)
         self._s = settings
         self._majority: dict[str, float] = {}
+        #: (active width, active speed, max width, max speed) -> whether a link running so
+        #: is fine (``_grade`` is True): a handful of combinations on any fabric.
+        self._fine: dict[tuple[str, str, str, str], bool] = {}
 
     def begin(self, now: float, views: Mapping[PortKey, PortView]) -> None:
         super().begin(now, views)
@@ -192,6 +207,24 @@ class LinkDegraded(PortDetector):
                 rate, count = rates.most_common(1)[0]
                 if count * 2 > n:
                     self._majority[layer] = rate
+
+    def needs(self, fresh: Pairs, now: float, active: Container[PortKey]) -> Pairs:
+        # An Active port whose link names all four rates, in a combination already graded
+        # fine, gets None from ``check``.
+        fine = self._fine
+        out: Pairs = []
+        for pair in fresh:
+            key, view = pair
+            link = view.link
+            if view.state == _ACTIVE and link is not None and key not in active:
+                rates = (link.active_width, link.active_speed, link.max_width, link.max_speed)
+                ok = fine.get(rates)
+                if ok is None:
+                    ok = fine[rates] = all(rates) and _grade(*rates) is True
+                if ok:
+                    continue
+            out.append(pair)
+        return out
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
         if view.state != _ACTIVE:
@@ -231,11 +264,10 @@ class LinkDegraded(PortDetector):
     def _fabric(
         self, view: PortView, width: str, speed: str, max_width: str, max_speed: str
     ) -> Verdict:
-        lanes, max_lanes = WIDTH_LANES.get(width), WIDTH_LANES.get(max_width)
-        rank, max_rank = _SPEED_RANK.get(speed), _SPEED_RANK.get(max_speed)
-        if lanes is None or max_lanes is None or rank is None or max_rank is None:
+        grade = _grade(width, speed, max_width, max_speed)
+        if grade is None:
             return KEEP
-        if lanes >= max_lanes and rank >= max_rank:
+        if grade:
             return None
         return Finding(
             self._s.severity,
@@ -251,3 +283,13 @@ class LinkDegraded(PortDetector):
                 "breakdown": {},
             },
         )
+
+
+def _grade(width: str, speed: str, max_width: str, max_speed: str) -> bool | None:
+    """Whether a link running at ``width`` and ``speed`` runs at its best (``max_*``);
+    None when a name is unknown."""
+    lanes, max_lanes = WIDTH_LANES.get(width), WIDTH_LANES.get(max_width)
+    rank, max_rank = _SPEED_RANK.get(speed), _SPEED_RANK.get(max_speed)
+    if lanes is None or max_lanes is None or rank is None or max_rank is None:
+        return None
+    return lanes >= max_lanes and rank >= max_rank

@@ -7,7 +7,7 @@ cabled links while they are down (docs/infiniband.md §5), so a down link is not
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from typing import Any
 
 from pydantic import Field
@@ -15,6 +15,7 @@ from pydantic import Field
 from ibmon.detect.base import (
     DetectorSettings,
     Finding,
+    Pairs,
     PortDetector,
     Verdict,
     describe,
@@ -27,6 +28,7 @@ from ibmon.model import PortIdentity, PortKey, PortView
 __all__ = ["TopologyChanged"]
 
 _Peer = tuple[str, str] | None
+_UNSEEN: Any = object()  # not a peer (which may be None): a port never seen
 
 
 class TopologyChangedSettings(DetectorSettings):
@@ -52,6 +54,24 @@ class TopologyChanged(PortDetector):
     def begin(self, now: float, views: Mapping[PortKey, PortView]) -> None:
         self._first = self._baseline
         self._baseline = False
+
+    def needs(self, fresh: Pairs, now: float, active: Container[PortKey]) -> Pairs:
+        # A port seen before whose far end is the one recorded, or not named this poll, gets
+        # None; ``check`` would only have recorded its identity (for ``vanished``).
+        peers = self._peers
+        idents = self._idents
+        out: Pairs = []
+        for pair in fresh:
+            key, view = pair
+            idents[key] = view.identity
+            old = peers.get(key, _UNSEEN)
+            link = view.link
+            if old is _UNSEEN or (
+                link is not None and link.remote_guid
+                and (old is None or old != (link.remote_guid, link.remote_port))
+            ):
+                out.append(pair)
+        return out
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
         link = view.link

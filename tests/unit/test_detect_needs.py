@@ -1,0 +1,103 @@
+"""``PortDetector.needs`` only leaves out ports whose verdict it knows (issue 12).
+
+Each detector skips the ports it can judge without ``check`` (nearly all of a healthy fabric's)
+and must apply the same side effects ``check`` would have (window values, the BER gauge). The
+attack: every shipped scenario played through two pipelines on the same clock, one with the
+shortcuts and one where every detector checks every port, compared on every poll: the events,
+each port's conditions, causes and BER, and at the end every detector's persisted state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from ibmon.config import MockSourceConfig
+from ibmon.detect.base import Pairs
+from ibmon.model import PortKey
+from ibmon.pipeline import Pipeline
+from ibmon.selfmetrics import SelfMetrics
+from ibmon.sources.mock import MockSource
+from mocks.scenario import ManualClock, list_scenarios, load_scenario
+
+#: Simulated seconds played at 2 s polls (every shipped scenario's faults start and end
+#: within them; the answer keys' 1 s polls would double the time for no other path), then
+#: 30 s polls to the end (windows and holds expiring).
+FINE = 900.0
+STEP = 2.0
+
+
+def _every_port(fresh: Pairs, now: float, active: Any) -> Pairs:
+    return fresh
+
+
+def _pipeline(interval: float, tick: float | None) -> Pipeline:
+    return Pipeline(MockSourceConfig(name="mock", interval=interval), metrics=SelfMetrics(),
+                    fabric="test", tick_seconds=tick)
+
+
+def _judged(pipeline: Pipeline) -> dict[PortKey, tuple[Any, ...]]:
+    return {
+        key: (view.symbol_error_ber, sorted(view.conditions), view.causes)
+        for key, view in pipeline.views.items()
+    }
+
+
+@pytest.mark.parametrize("name", [n for n in list_scenarios() if n != "scale"])
+def test_detectors_judge_alike_with_and_without_their_shortcuts(name: str) -> None:
+    sc = load_scenario(name)
+    clock = ManualClock()
+    fast_source = MockSource.from_scenario(name, clock=clock)
+    slow_source = MockSource.from_scenario(name, clock=clock)
+    slow_source.epoch = fast_source.epoch  # the same wall clock: the same event times and ids
+    fast = _pipeline(STEP, sc.tick_seconds)
+    slow = _pipeline(STEP, sc.tick_seconds)
+    for det in slow.engine.detectors:
+        det.needs = _every_port  # type: ignore[method-assign]
+    events = 0
+
+    async def run() -> None:
+        nonlocal events
+        t = 0.0
+        while t <= sc.duration:
+            clock.t = t
+            got = [e.model_dump() for e in await fast.poll(fast_source)]
+            want = [e.model_dump() for e in await slow.poll(slow_source)]
+            assert got == want, f"t={t}"
+            assert _judged(fast) == _judged(slow), f"t={t}"
+            events += len(got)
+            t = round(t + (STEP if t < FINE else 30.0), 6)
+
+    asyncio.run(run())
+    dumped = fast.engine.dump(), slow.engine.dump()
+    assert json.dumps(dumped[0], sort_keys=True) == json.dumps(dumped[1], sort_keys=True)
+    assert events >= len(sc.expect)  # the faults happened: there was something to judge
+
+
+def test_the_shortcuts_leave_out_the_ports_of_a_healthy_fabric() -> None:
+    """Not a speed test: that the fast path is taken at all (else the above proves little)."""
+    clock = ManualClock()
+    source = MockSource.from_scenario("healthy", clock=clock)
+    pipeline = _pipeline(1.0, load_scenario("healthy").tick_seconds)
+    asked: dict[str, int] = {}
+    for det in pipeline.engine.detectors:
+        def counted(fresh: Pairs, now: float, active: Any, det: Any = det,
+                    needs: Any = det.needs) -> Pairs:
+            out: Pairs = needs(fresh, now, active)
+            asked[det.type] = len(out)
+            return out
+        det.needs = counted  # type: ignore[method-assign]
+
+    async def run() -> None:
+        for t in range(4):
+            clock.t = float(t)
+            await pipeline.poll(source)
+
+    asyncio.run(run())
+    ports = len(pipeline.views)
+    assert ports > 200
+    assert set(asked) == {d.type for d in pipeline.engine.detectors}
+    assert all(n < ports // 10 for n in asked.values()), asked
