@@ -52,6 +52,7 @@ __all__ = [
     "concat",
     "connection_cap",
     "crc32_combine",
+    "crc32_combine_py",
     "deflate_chunks",
     "gzip_parts",
     "hash_password",
@@ -219,9 +220,16 @@ def _shift(len2: int) -> int:
     return p
 
 
-def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
+def crc32_combine_py(crc1: int, crc2: int, len2: int) -> int:
     """CRC-32 of A+B from crc32(A), crc32(B) and len(B) (zlib's crc32_combine, pure Python)."""
     return _multmodp(_shift(len2), crc1) ^ crc2
+
+
+#: ``crc32_combine_py`` in C where python-isal is installed (0.4 against 7-30 us a call: a
+#: fabric publish combines one per segment, 2,300 at 36,720 ports); the same results.
+crc32_combine: Callable[[int, int, int], int] = crc32_combine_py
+with contextlib.suppress(ImportError):  # no wheel for this platform: the Python one
+    from isal.isal_zlib import crc32_combine
 
 
 @dataclass(frozen=True, slots=True)

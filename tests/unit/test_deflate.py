@@ -67,3 +67,16 @@ def test_segments_of_both_compressors_splice_into_one_stream(
     assert gzip.decompress(b"".join(gzip_parts(b"# head\n", concat(a, b), 1))) == (
         b"# head\n" + text + text[::-1])
     assert a.compressed_size < len(text) / 10  # it did compress
+
+
+@given(st.binary(max_size=5000), st.binary(max_size=5000))
+def test_both_crc_combines_give_the_crc_of_the_whole(a: bytes, b: bytes) -> None:
+    """The CRC of spliced streams is combined, never read from the text: ISA-L's combine
+    where python-isal is installed, the pure-Python one elsewhere; both as zlib counts."""
+    from exporters import http
+
+    whole = zlib.crc32(a + b)
+    assert http.crc32_combine_py(zlib.crc32(a), zlib.crc32(b), len(b)) == whole
+    assert http.crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == whole
+    if deflate._isal is not None:
+        assert http.crc32_combine is not http.crc32_combine_py  # the C one is really used
