@@ -281,7 +281,7 @@ class Engine:
             return seen is not None and not seen.stale
 
         # Only links where something holds or was holding can change: a healthy fabric costs
-        # one check per port and nothing more.
+        # its ``needs`` pass and nothing more.
         candidates = [k for k, v in verdicts.items() if isinstance(v, Finding)]
         candidates += [k for k in active if k in views]
         done: set[PortKey] = set()

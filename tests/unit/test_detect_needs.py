@@ -5,6 +5,8 @@ and must apply the same side effects ``check`` would have (window values, the BE
 attack: every shipped scenario played through two pipelines on the same clock, one with the
 shortcuts and one where every detector checks every port, compared on every poll: the events,
 each port's conditions, causes and BER, and at the end every detector's persisted state.
+Some scenarios are played again with ports that do not answer now and then (stale views: no
+vote, no verdict), where link faults are judged from one end.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pytest
 
 from ibmon.config import MockSourceConfig
 from ibmon.detect.base import Pairs
-from ibmon.model import PortKey
+from ibmon.model import PortKey, Snapshot, SourceError
 from ibmon.pipeline import Pipeline
 from ibmon.selfmetrics import SelfMetrics
 from ibmon.sources.mock import MockSource
@@ -39,6 +41,28 @@ def _pipeline(interval: float, tick: float | None) -> Pipeline:
                     fabric="test", tick_seconds=tick)
 
 
+class _Silencing:
+    """``source``, with a different ninth of its ports not answering every third poll (a
+    ``SourceError`` naming each: the pipeline keeps their last views, stale)."""
+
+    def __init__(self, source: MockSource) -> None:
+        self.source = source
+        self.polls = 0
+
+    async def sample(self) -> Snapshot:
+        snap = await self.source.sample()
+        self.polls += 1
+        if self.polls % 3 == 0:
+            for i, key in enumerate(list(snap.ports)):
+                if i % 9 == self.polls % 9:
+                    del snap.ports[key]
+                    snap.errors.append(SourceError("timeout", "test: not answering", key))
+        return snap
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.source, name)
+
+
 def _judged(pipeline: Pipeline) -> dict[PortKey, tuple[Any, ...]]:
     return {
         key: (view.symbol_error_ber, sorted(view.conditions), view.causes)
@@ -46,21 +70,27 @@ def _judged(pipeline: Pipeline) -> dict[PortKey, tuple[Any, ...]]:
     }
 
 
-@pytest.mark.parametrize("name", [n for n in list_scenarios() if n != "scale"])
-def test_detectors_judge_alike_with_and_without_their_shortcuts(name: str) -> None:
+CASES = [(n, False) for n in list_scenarios() if n != "scale"] + [
+    (n, True) for n in ("flap", "link-errors", "degraded")]
+
+
+@pytest.mark.parametrize(("name", "silent"), CASES)
+def test_detectors_judge_alike_with_and_without_their_shortcuts(name: str, silent: bool) -> None:
     sc = load_scenario(name)
     clock = ManualClock()
-    fast_source = MockSource.from_scenario(name, clock=clock)
-    slow_source = MockSource.from_scenario(name, clock=clock)
-    slow_source.epoch = fast_source.epoch  # the same wall clock: the same event times and ids
+    fast_mock = MockSource.from_scenario(name, clock=clock)
+    slow_mock = MockSource.from_scenario(name, clock=clock)
+    slow_mock.epoch = fast_mock.epoch  # the same wall clock: the same event times and ids
+    fast_source: Any = _Silencing(fast_mock) if silent else fast_mock
+    slow_source: Any = _Silencing(slow_mock) if silent else slow_mock
     fast = _pipeline(STEP, sc.tick_seconds)
     slow = _pipeline(STEP, sc.tick_seconds)
     for det in slow.engine.detectors:
         det.needs = _every_port  # type: ignore[method-assign]
-    events = 0
+    events = stale = 0
 
     async def run() -> None:
-        nonlocal events
+        nonlocal events, stale
         t = 0.0
         while t <= sc.duration:
             clock.t = t
@@ -69,12 +99,14 @@ def test_detectors_judge_alike_with_and_without_their_shortcuts(name: str) -> No
             assert got == want, f"t={t}"
             assert _judged(fast) == _judged(slow), f"t={t}"
             events += len(got)
+            stale += sum(v.stale for v in fast.views.values())
             t = round(t + (STEP if t < FINE else 30.0), 6)
 
     asyncio.run(run())
     dumped = fast.engine.dump(), slow.engine.dump()
     assert json.dumps(dumped[0], sort_keys=True) == json.dumps(dumped[1], sort_keys=True)
     assert events >= len(sc.expect)  # the faults happened: there was something to judge
+    assert (stale > 0) == silent
 
 
 def test_the_shortcuts_leave_out_the_ports_of_a_healthy_fabric() -> None:
