@@ -282,35 +282,24 @@ class IncreaseWindow:
 
 def totals_column(fresh: Pairs, name: str, default: int | None = None) -> list[int | None]:
     """The total of counter ``name`` of every port of ``fresh`` (``default`` where it has
-    none), for ``needs``.
-
-    The tracker's ``Totals`` of ports with the same counters share one index: for those
-    (nearly every port of a fabric) the counter's position is looked up once, not through a
-    method call per port.
-    """
-    index: Mapping[str, int] = next(
-        (t.index for _, v in fresh if type(t := v.totals) is Totals), {})
-    pos = index.get(name)
-    if pos is None:
-        return [v.totals.get(name, default) for _, v in fresh]
-    return [
-        t.packed[pos] if type(t := v.totals) is Totals and t.index is index
-        else t.get(name, default)
-        for _, v in fresh
-    ]
+    none), for ``needs``."""
+    return _column([view.totals for _, view in fresh], Totals, name, default)
 
 
 def rate_column(fresh: Pairs, name: str) -> list[float]:
     """The rate of counter ``name`` of every port of ``fresh``, NaN where it has none: only
-    for comparisons (``rate > threshold``), which NaN fails like a missing rate would. Read
-    like ``totals_column``."""
+    for comparisons (``rate > threshold``), which NaN fails like a missing rate would."""
+    return _column([view.rates for _, view in fresh], Rates, name, NO_RATE)
+
+
+def _column(maps: list[Any], packed: type[Totals | Rates], name: str, default: Any) -> list[Any]:
+    """``map.get(name, default)`` of every one of ``maps``. The tracker's packed mappings of
+    ports with the same counters share one index: for those (nearly every port of a fabric)
+    the counter's position is looked up once, not through a method call per port."""
     index: Mapping[str, int] = next(
-        (r.index for _, v in fresh if type(r := v.rates) is Rates and r.index), {})
+        (m.index for m in maps if type(m) is packed and m.index), {})
     pos = index.get(name)
     if pos is None:
-        return [v.rates.get(name, NO_RATE) for _, v in fresh]
-    return [
-        r.packed[pos] if type(r := v.rates) is Rates and r.index is index
-        else r.get(name, NO_RATE)
-        for _, v in fresh
-    ]
+        return [m.get(name, default) for m in maps]
+    return [m.packed[pos] if type(m) is packed and m.index is index else m.get(name, default)
+            for m in maps]
