@@ -447,7 +447,9 @@ def _packed_columns(totals: list[Mapping[str, int]]) -> dict[str, Sequence[int |
         for t in totals:
             if type(t) is not Totals or t.index is not index:
                 return None
-            extend(t.packed)  # a list once a total outgrew 64 bits: OverflowError
+            # the port's array, or a copy of its row of the tracker's column store; a list
+            # once a total outgrew 64 bits: OverflowError
+            extend(t.own())
     except (OverflowError, TypeError):
         return None
     width = len(index)

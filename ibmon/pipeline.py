@@ -50,6 +50,7 @@ from ibmon.polltime import MIN_POLL_TIMEOUT, POLL_TIMEOUT_INTERVALS, poll_timeou
 from ibmon.selfmetrics import SelfMetrics
 from ibmon.sources import Source
 from ibmon.state import FabricState, SourceStatus
+from ibmon.totals import Totals
 from ibmon.tracker import Tracker
 
 __all__ = [
@@ -508,9 +509,15 @@ def stale_view(view: PortView) -> PortView:
     claim a measurement that did not happen)."""
     if view.stale:
         return view
+    totals = view.totals
+    if type(totals) is Totals and (own := totals.own()) is not totals.packed:
+        # A row of the tracker's column store (``ibmon.trackcolumns``): its own copy, so a
+        # port that stays silent does not keep that poll's whole generation of totals.
+        totals = Totals(totals.index, own)
     return dataclasses.replace(
         view,
         stale=True,
+        totals=totals,
         rates={},
         hw_rates={},
         utilization_tx=None,

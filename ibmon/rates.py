@@ -11,8 +11,7 @@ replaces: same keys in the same order, same values, equal to that dict.
 
 from __future__ import annotations
 
-from array import array
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from math import isnan
 from typing import Any, Final, overload
 
@@ -23,17 +22,20 @@ NO_RATE: Final = float("nan")
 
 
 class Rates(Mapping[str, float]):
-    """``index`` maps each counter name to its position in ``packed`` (shared, never changed);
-    ``packed`` holds the rate or ``NO_RATE``. Neither is changed after construction."""
+    """``index`` maps each counter name to its position in ``packed`` after ``base`` (shared,
+    never changed); ``packed`` holds the rate or ``NO_RATE``: only this port's, or from
+    ``base`` on, this port's row of a poll's rates (``ibmon.trackcolumns``). Neither is
+    changed after construction."""
 
-    __slots__ = ("index", "packed")
+    __slots__ = ("base", "index", "packed")
 
-    def __init__(self, index: dict[str, int], values: array[float]) -> None:
+    def __init__(self, index: dict[str, int], values: Sequence[float], base: int = 0) -> None:
         self.index = index
         self.packed = values
+        self.base = base
 
     def __getitem__(self, name: str) -> float:
-        value = self.packed[self.index[name]]
+        value = self.packed[self.base + self.index[name]]
         if isnan(value):  # no rate
             raise KeyError(name)
         return value
@@ -46,18 +48,25 @@ class Rates(Mapping[str, float]):
         i = self.index.get(name)
         if i is None:
             return default
-        value = self.packed[i]
+        value = self.packed[self.base + i]
         return default if isnan(value) else value
 
     def __contains__(self, name: object) -> bool:
         i = self.index.get(name)  # type: ignore[call-overload]
-        return i is not None and not isnan(self.packed[i])
+        return i is not None and not isnan(self.packed[self.base + i])
+
+    def own(self) -> Sequence[float]:
+        """Only this port's rates, in the order of ``index``."""
+        packed = self.packed
+        if self.base or len(packed) != len(self.index):
+            return packed[self.base : self.base + len(self.index)]
+        return packed
 
     def __iter__(self) -> Iterator[str]:
-        return (n for n, v in zip(self.index, self.packed, strict=True) if not isnan(v))
+        return (n for n, v in zip(self.index, self.own(), strict=True) if not isnan(v))
 
     def __len__(self) -> int:
-        return sum(1 for v in self.packed if not isnan(v))
+        return sum(1 for v in self.own() if not isnan(v))
 
     def __repr__(self) -> str:
         return repr(dict(self.items()))

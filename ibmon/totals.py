@@ -23,18 +23,21 @@ __all__ = ["Totals"]
 
 
 class Totals(Mapping[str, int]):
-    """``index`` maps each counter name to its position in ``packed`` (shared between ports,
-    never changed); ``packed`` holds the totals. Neither is changed once a view holds them:
-    the tracker copies ``packed`` before it next accumulates into it."""
+    """``index`` maps each counter name to its position in ``packed`` after ``base`` (shared
+    between ports, never changed); ``packed`` holds the totals: only this port's, or, from
+    ``base`` on, this port's row of the tracker's column store (``ibmon.trackcolumns``).
+    Neither is changed once a view holds them: the tracker copies ``packed`` before it next
+    accumulates into it."""
 
-    __slots__ = ("index", "packed")
+    __slots__ = ("base", "index", "packed")
 
-    def __init__(self, index: dict[str, int], packed: Sequence[int]) -> None:
+    def __init__(self, index: dict[str, int], packed: Sequence[int], base: int = 0) -> None:
         self.index = index
         self.packed = packed
+        self.base = base
 
     def __getitem__(self, name: str) -> int:
-        return self.packed[self.index[name]]
+        return self.packed[self.base + self.index[name]]
 
     @overload
     def get(self, name: str, /) -> int | None: ...
@@ -42,7 +45,7 @@ class Totals(Mapping[str, int]):
     def get(self, name: str, /, default: int | Any) -> int | Any: ...
     def get(self, name: str, /, default: Any = None) -> Any:
         i = self.index.get(name)
-        return default if i is None else self.packed[i]
+        return default if i is None else self.packed[self.base + i]
 
     def __contains__(self, name: object) -> bool:
         return name in self.index
@@ -53,9 +56,17 @@ class Totals(Mapping[str, int]):
     def __len__(self) -> int:
         return len(self.index)
 
+    def own(self) -> Sequence[int]:
+        """Only this port's totals, in the order of ``index`` (``packed`` itself, or a copy
+        of its row)."""
+        packed = self.packed
+        if self.base or len(packed) != len(self.index):
+            return packed[self.base : self.base + len(self.index)]
+        return packed
+
     def as_dict(self) -> dict[str, int]:
         """A plain dict of the same totals, built in C (for JSON and comparisons)."""
-        return dict(zip(self.index, self.packed, strict=True))
+        return dict(zip(self.index, self.own(), strict=True))
 
     # The mixins' views read item by item through __getitem__; these are built in C.
     def keys(self) -> KeysView[str]:

@@ -301,5 +301,5 @@ def _column(maps: list[Any], packed: type[Totals | Rates], name: str, default: A
     pos = index.get(name)
     if pos is None:
         return [m.get(name, default) for m in maps]
-    return [m.packed[pos] if type(m) is packed and m.index is index else m.get(name, default)
-            for m in maps]
+    return [m.packed[m.base + pos] if type(m) is packed and m.index is index
+            else m.get(name, default) for m in maps]
