@@ -19,6 +19,14 @@ port's array as it is (``ibmon.totals.Totals``), and the tracker copies the arra
 that port's totals next change (an idle port's views share one array across polls). Resets,
 saturated and stale names are replaced, never mutated, so views share them too, and a port with
 none holds the shared empty ones. An idle port's view shares one all-zero ``Rates``.
+
+A poll of many ports (a fabric: ``Tracker.columns_from``) keeps the raw values and totals of
+the ports in the plain case (same counters as before, none pinned or stale) as rows of a
+column store instead and accounts them a block at a time with numpy (``ibmon.trackcolumns``);
+their views read their row of that poll's totals and rates in place. Every other port, and
+every row the store refuses (a reset, a counter reaching its narrow maximum, a total past 64
+bits), goes through the per-port rules below, which define the semantics; the store must give
+the same results to the bit (``tests/unit/test_tracker_columns.py``).
 """
 
 from __future__ import annotations
@@ -29,12 +37,16 @@ from array import array
 from collections.abc import Collection, Container, Iterable, Mapping, MutableSequence, Sequence
 from dataclasses import fields
 from operator import ne
-from typing import Any, Final
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from ibmon.counters import CATALOGUE
 from ibmon.model import GUID_RE, PortKey, PortSample, PortState, PortView, Snapshot
 from ibmon.rates import NO_RATE, Rates
 from ibmon.totals import Totals
+
+if TYPE_CHECKING:
+    from ibmon.trackcolumns import Block, Step
 
 __all__ = ["STATE_VERSION", "Tracker"]
 
@@ -63,7 +75,11 @@ _NO_CAUSES: Final[dict[str, str]] = {}
 #: The rates of a port whose interval was unusable (first sample, no time passed, not Active).
 _NO_RATES: Final = Rates({}, array("d"))
 _ACTIVE: Final = int(PortState.ACTIVE)
+_INF: Final = math.inf
 _NO_INDEX: Final[dict[str, int]] = {}
+#: What a port's own ``last`` and ``totals`` are while its ``Block`` row holds them.
+_IN_BLOCK: Final[tuple[int, ...]] = ()
+_IN_BLOCK_TOTALS: Final[MutableSequence[int]] = array("Q")
 
 _VIEW_FIELDS: Final = (
     "identity", "state", "phys_state", "rate_bytes_per_second", "active_width", "active_speed",
@@ -95,6 +111,7 @@ class _Port:
     """
 
     __slots__ = (
+        "block",
         "hw_last",
         "hw_resets",
         "hw_stale",
@@ -105,6 +122,7 @@ class _Port:
         "monotonic",
         "resets",
         "restored",
+        "row",
         "saturated",
         "shared",
         "stale",
@@ -113,6 +131,10 @@ class _Port:
     )
 
     def __init__(self) -> None:
+        #: The ``Block`` whose row ``row`` holds ``last`` and ``totals`` instead (large polls,
+        #: ``ibmon.trackcolumns``); ``row`` is -1 while the port keeps its own.
+        self.block: Block | None = None
+        self.row = -1
         self.keys: tuple[str, ...] = ()
         self.index: dict[str, int] = _NO_INDEX
         self.last: Sequence[int] = ()
@@ -139,7 +161,12 @@ class Tracker:
     samples of names missing from the catalogue (a source bug), for self-metrics and logs.
     """
 
+    #: Polls of at least this many ports account the plain ones in columns
+    #: (``ibmon.trackcolumns``); smaller ones, a node's HCAs, never import numpy.
+    columns_from: ClassVar[int] = 512
+
     __slots__ = (
+        "_blocks",
         "_keys",
         "_ports",
         "_tick",
@@ -154,6 +181,8 @@ class Tracker:
             raise ValueError(f"tick_seconds must be a positive number, got {tick_seconds!r}")
         self._tick = float(tick_seconds)
         self._ports: dict[PortKey, _Port] = {}
+        #: The column store of ports in the plain case, one ``Block`` per counter names.
+        self._blocks: dict[tuple[str, ...], Block] = {}
         #: Interned ``_Port.keys`` and their ``Rates`` index: the ports of a source share a
         #: handful of counter sets.
         self._keys: dict[tuple[str, ...], tuple[tuple[str, ...], dict[str, int]]] = {}
@@ -172,12 +201,17 @@ class Tracker:
         Ports merely missing from one snapshot are kept (they may come back); only the caller
         knows, from topology, when a port is really gone.
         """
-        return self._ports.pop(key, None) is not None
+        st = self._ports.pop(key, None)
+        if st is not None and st.block is not None:
+            st.block.release(st.row)
+        return st is not None
 
     # ------------------------------------------------------------------ hot path
 
     def update(self, snapshot: Snapshot) -> dict[PortKey, PortView]:
         """Account one poll; return views for exactly the ports in ``snapshot``."""
+        if len(snapshot.ports) >= self.columns_from and _columns() is not None:
+            return self._update_columns(snapshot)
         mono = snapshot.monotonic
         wall = snapshot.wall
         ports = self._ports
@@ -186,23 +220,165 @@ class Tracker:
             st = ports.get(key)
             if st is None:
                 st = ports[key] = _Port()
-            prev = st.monotonic
-            if st.restored:
-                st.restored = False
-                if (
-                    prev is not None
-                    and st.wall is not None
-                    and abs((st.wall - prev) - (wall - mono)) > _EPOCH_TOLERANCE_S
-                ):
-                    prev = None
-            inv_dt = 1.0 / (mono - prev) if prev is not None and mono > prev else 0.0
-            st.monotonic = mono
-            st.wall = wall
-            rates = self._counters(st, sample.counters, sample.wide, inv_dt)
+            views[key] = self._port(st, sample, self._interval(st, mono, wall))
+        return views
+
+    @staticmethod
+    def _interval(st: _Port, mono: float, wall: float) -> float:
+        """``1 / seconds`` since the port's last sample (0.0 when unusable); marks it read."""
+        prev = st.monotonic
+        if st.restored:
+            st.restored = False
+            if (
+                prev is not None
+                and st.wall is not None
+                and abs((st.wall - prev) - (wall - mono)) > _EPOCH_TOLERANCE_S
+            ):
+                prev = None
+        st.monotonic = mono
+        st.wall = wall
+        return 1.0 / (mono - prev) if prev is not None and mono > prev else 0.0
+
+    def _port(self, st: _Port, sample: PortSample, inv_dt: float) -> PortView:
+        """One port through the per-port rules (the definition of the semantics)."""
+        if st.block is not None:
+            self._evict(st)
+        rates = self._counters(st, sample.counters, sample.wide, inv_dt)
+        hw = sample.hw_counters
+        hw_rates = self._hw_counters(st, hw, inv_dt) if hw or st.hw_last else _NO_HW_RATES
+        st.shared = True  # the view holds st.totals: the tracker copies before changing it
+        return self._view(st, sample, Totals(st.index, st.totals), rates, hw_rates)
+
+    # ------------------------------------------------------------------ columns
+
+    def _update_columns(self, snapshot: Snapshot) -> dict[PortKey, PortView]:
+        """``update`` for a poll of many ports: the ports in the plain case (``_aligned``)
+        are accounted a block at a time (``ibmon.trackcolumns``), the others, and any row the
+        block refuses, one by one as in ``update``. Views come in the snapshot's order."""
+        cols = _columns()
+        assert cols is not None
+        mono = snapshot.monotonic
+        wall = snapshot.wall
+        ports = self._ports
+        for block in self._blocks.values():
+            block.begin()
+        out: list[PortView | None] = [None] * len(snapshot.ports)
+        slow: list[tuple[int, _Port, PortSample, float]] = []
+        batches: dict[tuple[str, ...], _Batch] = {}
+        for pos, (key, sample) in enumerate(snapshot.ports.items()):
+            st = ports.get(key)
+            if st is None:
+                st = ports[key] = _Port()
+            inv_dt = self._interval(st, mono, wall)
+            values = self._aligned(st, sample.counters, inv_dt)
+            if values is None:
+                slow.append((pos, st, sample, inv_dt))
+                continue
+            batch = batches.get(st.keys)
+            if batch is None:
+                batch = batches[st.keys] = _Batch(self._block(st.keys, cols))
+            batch.add(pos, st, sample, values, inv_dt)
+        for batch in batches.values():
+            arriving = [i for i, row in enumerate(batch.rows) if row < 0]
+            if arriving:  # ports new to the store: room for all of them at once
+                batch.block.reserve(len(arriving))
+                for i in arriving:
+                    st = batch.ports[i]
+                    self._admit(st, batch.block)
+                    batch.rows[i] = st.row
+            self._account(batch, cols, out)
+        for pos, st, sample, inv_dt in slow:
+            out[pos] = self._port(st, sample, inv_dt)
+        return dict(zip(snapshot.ports, out, strict=True))  # type: ignore[arg-type]
+
+    def _account(self, batch: _Batch, cols: ModuleType, out: list[PortView | None]) -> None:
+        """One block's ports of a poll: ``advance`` them, and make their views (into ``out``,
+        at each port's position in the snapshot); a refused row takes the per-port rules."""
+        block = batch.block
+        step: Step = cols.advance(block, batch.rows, batch.values, batch.inv_dt,
+                                  link_bytes=batch.link, tick=self._tick)
+        batch.values.clear()
+        width = block.width
+        totals_of = block.totals
+        rates_of = step.rates
+        util_tx = step.util_tx
+        util_rx = step.util_rx
+        wait_ratio = step.wait_ratio
+        k = 0  # the row among the accounted ones
+        for pos, st, sample, inv_dt, ok in zip(
+            batch.pos, batch.ports, batch.samples, batch.inv_dt, step.ok, strict=True
+        ):
+            if not ok:
+                out[pos] = self._port(st, sample, inv_dt)
+                continue
+            totals = Totals(st.index, totals_of, st.row * width)
+            rates = Rates(st.index, rates_of, k * width)
             hw = sample.hw_counters
             hw_rates = self._hw_counters(st, hw, inv_dt) if hw or st.hw_last else _NO_HW_RATES
-            views[key] = self._view(st, sample, rates, hw_rates)
-        return views
+            state = sample.state
+            if state is not None and state != _ACTIVE:
+                out[pos] = self._view(st, sample, totals, rates, hw_rates)
+            else:
+                out[pos] = self._build(st, sample, _link_bytes(sample.rate_bps), totals, rates,
+                                       hw_rates, util_tx[k], util_rx[k], wait_ratio[k])
+            k += 1
+
+    @staticmethod
+    def _aligned(st: _Port, counters: Mapping[str, int], inv_dt: float) -> array[int] | None:
+        """The sample's raw values packed in the order of the port's counters, if the port is
+        in the plain case a ``Block`` accounts: the same counters in the same order, none
+        pinned or stale, a usable interval, and its state in 64-bit arrays. Else None."""
+        if not inv_dt or st.saturated or st.stale or not st.keys:
+            return None
+        if st.block is None and (type(st.last) is not array or type(st.totals) is not array):
+            return None  # a value or total past 64 bits: the per-port rules keep it
+        values: array[int]
+        if type(counters) is Totals:
+            packed = counters.packed
+            if type(packed) is not array or packed.typecode != "Q":
+                return None
+            if counters.index is not st.index:
+                if tuple(counters.index) != st.keys:
+                    return None
+                st.index = counters.index  # equal: take the source's, shared by its ports
+            values = packed
+        else:
+            if tuple(counters) != st.keys:
+                return None
+            try:
+                values = array("Q", list(counters.values()))
+            except (OverflowError, TypeError):  # an invalid (negative) or oversized value
+                return None
+        return values if len(values) == len(st.keys) else None
+
+    def _block(self, keys: tuple[str, ...], cols: ModuleType) -> Block:
+        block: Block | None = self._blocks.get(keys)
+        if block is None:
+            names, index = self._intern(keys)
+            block = self._blocks[names] = cols.Block(
+                names, index, [_MULT[n] for n in names], [_NMAX[n] for n in names]
+            )
+        return block
+
+    @staticmethod
+    def _admit(st: _Port, block: Block) -> None:
+        """Move a port's raw values and totals into a row of ``block``."""
+        assert isinstance(st.last, array)
+        assert isinstance(st.totals, array)
+        st.row = block.take(st.last, st.totals)
+        st.block = block
+        st.last = _IN_BLOCK
+        st.totals = _IN_BLOCK_TOTALS
+        st.shared = False
+
+    @staticmethod
+    def _evict(st: _Port) -> None:
+        """Give the port its own arrays again, for the per-port rules."""
+        assert st.block is not None
+        st.last, st.totals = st.block.release(st.row)
+        st.block = None
+        st.row = -1
+        st.shared = False
 
     def _intern(self, names: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, int]]:
         """One tuple and one ``Rates`` index per distinct sequence of counter names."""
@@ -471,6 +647,7 @@ class Tracker:
         self,
         st: _Port,
         sample: PortSample,
+        totals: Totals,
         rates: Rates,
         hw_rates: dict[str, float],
     ) -> PortView:
@@ -479,26 +656,38 @@ class Tracker:
         left over from before it went down (decided here once, for every output). Its totals
         still accumulate. A state of ``None`` (a source that cannot tell) counts as Active."""
         rate_bps = sample.rate_bps
-        link_bytes: float | None = None
         util_tx: float | None = None
         util_rx: float | None = None
         if sample.state is not None and sample.state != _ACTIVE:
             rates = _NO_RATES
             hw_rates = _NO_HW_RATES
             rate_bps = None
-        if rate_bps is not None and math.isfinite(rate_bps) and rate_bps >= 0:
-            link_bytes = rate_bps / 8.0
-            if link_bytes > 0:
-                tx = rates.get("transmit_data")
-                if tx is not None:
-                    util_tx = min(1.0, tx / link_bytes)
-                rx = rates.get("receive_data")
-                if rx is not None:
-                    util_rx = min(1.0, rx / link_bytes)
+        link_bytes = _link_bytes(rate_bps)
+        if link_bytes is not None and link_bytes > 0:
+            tx = rates.get("transmit_data")
+            if tx is not None:
+                util_tx = min(1.0, tx / link_bytes)
+            rx = rates.get("receive_data")
+            if rx is not None:
+                util_rx = min(1.0, rx / link_bytes)
         wait = rates.get("transmit_wait")
         # rate is delta ticks per second, so ratio = delta * tick / dt = rate * tick.
         wait_ratio = None if wait is None else min(1.0, wait * self._tick)
-        st.shared = True  # the view holds st.totals: the tracker copies before changing it
+        return self._build(st, sample, link_bytes, totals, rates, hw_rates, util_tx, util_rx,
+                           wait_ratio)
+
+    @staticmethod
+    def _build(  # noqa: PLR0917 - per port per poll: positional arguments cost less
+        st: _Port,
+        sample: PortSample,
+        link_bytes: float | None,
+        totals: Totals,
+        rates: Rates,
+        hw_rates: dict[str, float],
+        util_tx: float | None,
+        util_rx: float | None,
+        wait_ratio: float | None,
+    ) -> PortView:
         # Positional: half the cost of keywords at 20,000 ports; _VIEW_FIELDS pins the order.
         return PortView(
             sample.identity,
@@ -508,7 +697,7 @@ class Tracker:
             sample.active_width,
             sample.active_speed,
             sample.link,
-            Totals(st.index, st.totals),
+            totals,
             rates,
             st.saturated,
             st.resets,
@@ -547,14 +736,15 @@ class Tracker:
         for (guid, port), st in self._ports.items():
             if st.monotonic is None or st.wall is None:
                 continue
+            last, totals = (st.last, st.totals) if st.block is None else st.block.row(st.row)
             ports.append(
                 {
                     "guid": guid,
                     "port": port,
                     "monotonic": st.monotonic,
                     "wall": st.wall,
-                    "last": dict(zip(st.keys, st.last, strict=True)),
-                    "total": dict(zip(st.keys, st.totals, strict=True)),
+                    "last": dict(zip(st.keys, last, strict=True)),
+                    "total": dict(zip(st.keys, totals, strict=True)),
                     "resets": dict(st.resets),
                     "saturated": sorted(st.saturated),
                     "stale": sorted(st.stale),
@@ -588,6 +778,59 @@ class Tracker:
             st.keys, st.index = self._intern(st.keys)
             ports[key] = st
         self._ports = ports
+        self._blocks = {}
+
+
+class _Batch:
+    """One poll's ports of one ``Block``, in the snapshot's order: where each goes in the
+    result (``pos``), and what ``advance`` takes."""
+
+    __slots__ = ("block", "inv_dt", "link", "ports", "pos", "rows", "samples", "values")
+
+    def __init__(self, block: Block) -> None:
+        self.block = block
+        self.pos: list[int] = []
+        self.ports: list[_Port] = []
+        self.samples: list[PortSample] = []
+        self.rows: list[int] = []
+        self.values: list[array[int]] = []
+        self.inv_dt: list[float] = []
+        self.link: list[float] = []
+
+    def add(
+        self, pos: int, st: _Port, sample: PortSample, values: array[int], inv_dt: float
+    ) -> None:
+        self.pos.append(pos)
+        self.ports.append(st)
+        self.samples.append(sample)
+        self.rows.append(st.row)
+        self.values.append(values)
+        self.inv_dt.append(inv_dt)
+        rate_bps = sample.rate_bps
+        self.link.append(rate_bps / 8.0 if rate_bps is not None and 0.0 < rate_bps < _INF else 0.0)
+
+
+_COLUMNS: list[ModuleType | None] = []
+
+
+def _columns() -> ModuleType | None:
+    """``ibmon.trackcolumns``, imported on first use; None without numpy (then every port
+    takes the per-port rules, which give the same results)."""
+    if not _COLUMNS:
+        try:
+            from ibmon import trackcolumns
+        except ImportError:  # pragma: no cover - numpy is a dependency
+            _COLUMNS.append(None)
+        else:
+            _COLUMNS.append(trackcolumns)
+    return _COLUMNS[0]
+
+
+def _link_bytes(rate_bps: float | None) -> float | None:
+    """The view's link rate in bytes per second, None unless ``rate_bps`` is a real rate."""
+    if rate_bps is not None and math.isfinite(rate_bps) and rate_bps >= 0:
+        return rate_bps / 8.0
+    return None
 
 
 def _pack(values: Collection[int]) -> Sequence[int]:

@@ -2,7 +2,8 @@
 
 Every import costs resident memory on each of 10,000 nodes (issue 12, target 2), so the daemon
 started with a sysfs-only config must not import the CLI's typer/rich machinery, YAML, the
-simulator (``mocks``), the MAD ctypes bindings, MQTT or prometheus_client (its exposition
+simulator (``mocks``), the MAD ctypes bindings, numpy (the tracker's column store, for
+fabric polls), MQTT or prometheus_client (its exposition
 module imports ``ssl``, which maps OpenSSL; ibmon's own types are ``ibmon.metrics``). The
 daemon runs for real, as ``python -m ibmon run`` in a subprocess, until it has completed a poll
 and served a scrape; then it is stopped with SIGTERM and, as the interpreter exits, an
@@ -33,6 +34,8 @@ FORBIDDEN = (
     "pydantic_settings", "aiohttp", "yarl", "multidict", "prometheus_client",
     # OpenSSL (4.5 MB) on a config without TLS: ``ibmon.sslgate``.
     "ssl", "_ssl", "_hashlib",
+    # the tracker's column store, for polls of hundreds of ports (17 MB with numpy)
+    "numpy", "ibmon.trackcolumns",
 )
 #: ``python -c`` program: run ``python -m ibmon ARGS`` and list ``sys.modules`` at exit.
 _HOOK = """

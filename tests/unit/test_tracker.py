@@ -8,6 +8,10 @@ can see (increments beyond a saturated maximum or wiped by a reset before being 
 down, rates are exact whenever the interval is usable, and a restart changes nothing. The
 model's counter widths and the x4 rule are written from the IBA tables, not read from the
 catalogue under test.
+
+Every test runs twice: with the per-port rules alone, and with every poll going through the
+column store first (``ibmon.trackcolumns``, which large polls use), which must not change a
+single result.
 """
 
 from __future__ import annotations
@@ -34,6 +38,15 @@ from ibmon.tracker import STATE_VERSION, Tracker
 GUID = "0x0002c90300a1b2c3"
 WALL0 = 1_700_000_000.0  # wall = WALL0 + monotonic: one consistent clock pair (same boot)
 DATA_WIDE = frozenset({"transmit_data", "receive_data", "transmit_packets", "receive_packets"})
+
+
+@pytest.fixture(autouse=True, scope="module", params=["per-port", "columns"])
+def _accounting(request: pytest.FixtureRequest) -> Any:
+    """Both ways of accounting a poll (``Tracker.columns_from``)."""
+    default = Tracker.columns_from
+    Tracker.columns_from = 1 if request.param == "columns" else default
+    yield
+    Tracker.columns_from = default
 
 
 def sample(

@@ -1,0 +1,238 @@
+"""The tracker's counter state in columns: one row per port, one column per counter, and the
+poll's arithmetic done for all rows at once (numpy).
+
+Why (issue 12, targets 3 and 4): on a fabric every port's counters move every poll, and the
+tracker visited each moved counter in Python (delta, x4, total, rate: about 4 us a port at
+36,720 ports), then copied the port's totals and built a rates array for its view. Here a
+``Block`` holds the raw values and totals of every port with the same counter names as rows of
+two flat ``array('Q')``s, and ``advance`` takes one poll's rows through the same rules in a few
+vector operations. Views read their row in place (``Totals`` and ``Rates`` take an offset),
+so nothing is copied or allocated per port but the two small mappings.
+
+Only the plain case is done here: a port whose sample names the same counters in the same
+order as its row, with no counter pinned or stale, and a usable interval. A row where any
+counter decreased (a reset), reached its narrow maximum, or would make a total outgrow 64 bits
+is refused untouched, and the tracker takes that port through its per-port rules instead
+(``ibmon.tracker``), which stay the definition of the semantics.
+
+Views must never change once published: the totals array is copied at the start of every poll
+(``begin``: one ``memcpy``), so the views of the previous poll keep the generation they read.
+numpy is imported only here, and the tracker imports this module only for samples of many
+ports: a node-local daemon never loads it (target 2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+from array import array
+from typing import Final, cast
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # no BLAS here: no idle thread pool for it
+
+import numpy as np  # after the line above, which numpy reads when it loads
+import numpy.typing as npt
+
+__all__ = ["Block", "Step", "advance"]
+
+_M_MMAP_THRESHOLD: Final = -3  # glibc's mallopt parameter
+_LARGE: Final = 128 << 10  # what deploy/systemd/ibmon.service sets (MALLOC_MMAP_THRESHOLD_)
+
+
+def _return_large_blocks() -> None:
+    """Have glibc map every allocation of 128 KiB and more on its own and unmap it when
+    freed, as the systemd unit asks with ``MALLOC_MMAP_THRESHOLD_`` (which stands if set).
+
+    A poll's vector operations make a few temporaries of several MB each (9.4 MB at 36,720
+    ports). By default glibc raises its mmap threshold to the size of the first such block
+    freed, and from then on serves them from the heap, between small objects that live on:
+    the heap cannot shrink, and RSS grew by about 25 MB a poll for five polls (in-process at
+    36,720 ports, then flat about 80 MB above the per-port tracker's). A fixed threshold
+    turns that raising off: RSS stays where the per-port tracker's was. Without glibc
+    (musl) there is no ``mallopt`` and nothing to do.
+    """
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return
+    with contextlib.suppress(OSError, AttributeError):  # not glibc
+        ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, _LARGE)
+
+
+_return_large_blocks()
+
+_ZERO: Final = (0.0,)
+_DELTA_LIMIT: Final = 1 << 62
+"""A delta from here up could overflow 64 bits once multiplied by 4 (only made-up values can
+move that much between two polls): such a row goes to the per-port rules, which widen."""
+
+
+class Block:
+    """Raw values (``last``) and totals of the ports with counter names ``keys``: row ``r``
+    is ``[r * width, (r + 1) * width)`` of each array, in the order of ``keys``.
+
+    ``totals`` is replaced, never changed, once a view holds a slice of it: ``begin`` starts
+    each poll on a copy. ``mult`` are the columns' multipliers.
+    """
+
+    __slots__ = ("free", "index", "keys", "last", "mult", "nmax", "rx", "totals", "tx", "wait",
+                 "width")
+
+    def __init__(
+        self, keys: tuple[str, ...], index: dict[str, int], mult: list[int], nmax: list[int]
+    ) -> None:
+        self.keys = keys
+        self.index = index
+        self.width = len(keys)
+        self.last: array[int] = array("Q")
+        self.totals: array[int] = array("Q")
+        self.free: list[int] = []
+        self.mult = np.array(mult, dtype=np.uint64)
+        #: Each column's narrow maximum (where it saturates); 0 for 64-bit-only counters.
+        self.nmax = np.array([max(m, 0) for m in nmax], dtype=np.uint64)
+        #: Columns of the counters that make the view's ratios, -1 where not counted.
+        self.tx = index.get("transmit_data", -1)
+        self.rx = index.get("receive_data", -1)
+        self.wait = index.get("transmit_wait", -1)
+
+    def begin(self) -> None:
+        """A new generation of totals for this poll; the last one stays with its views."""
+        self.totals = self.totals[:]
+
+    def reserve(self, rows: int) -> None:
+        """Room for ``rows`` more ports: exactly that, as a fabric's ports arrive in one poll
+        (every spare row is copied each poll and kept twice)."""
+        if len(self.free) < rows:
+            self._grow(rows - len(self.free))
+
+    def take(self, last: array[int], totals: array[int]) -> int:
+        """A row for a port, filled with its raw values and totals."""
+        if not self.free:
+            self._grow(1 + len(self.last) // (8 * self.width or 1))  # an eighth more
+        row = self.free.pop()
+        at = row * self.width
+        self.last[at : at + self.width] = last
+        self.totals[at : at + self.width] = totals
+        return row
+
+    def release(self, row: int) -> tuple[array[int], array[int]]:
+        """Give a row back; the port's raw values and totals, as its own arrays."""
+        at = row * self.width
+        last = self.last[at : at + self.width]
+        totals = self.totals[at : at + self.width]
+        self.free.append(row)
+        return last, totals
+
+    def row(self, row: int) -> tuple[array[int], array[int]]:
+        """A copy of one row's raw values and totals (for ``dump``)."""
+        at = row * self.width
+        return self.last[at : at + self.width], self.totals[at : at + self.width]
+
+    def _grow(self, more: int) -> None:
+        # New arrays rather than resized ones: views (and numpy) may hold the current ones.
+        rows = len(self.last) // self.width if self.width else 0
+        pad = bytes(8 * self.width * more)
+        last = self.last[:]
+        last.frombytes(pad)
+        totals = self.totals[:]
+        totals.frombytes(pad)
+        self.last, self.totals = last, totals
+        self.free.extend(range(rows + more - 1, rows - 1, -1))
+
+
+class Step:
+    """What ``advance`` answers for one poll's rows: whether each was accounted (``ok``), the
+    rates of the accounted ones packed one row after the other (no ``NaN``: every counter of
+    such a row has a rate), and for each accounted row its transmit and receive utilization
+    and transmit-wait ratio (None where the view has none)."""
+
+    __slots__ = ("ok", "rates", "util_rx", "util_tx", "wait_ratio")
+
+    def __init__(self, ok: list[bool], rates: array[float], util_tx: list[float | None],
+                 util_rx: list[float | None], wait_ratio: list[float | None]) -> None:
+        self.ok = ok
+        self.rates = rates
+        self.util_tx = util_tx
+        self.util_rx = util_rx
+        self.wait_ratio = wait_ratio
+
+
+def advance(
+    block: Block,
+    rows: list[int],
+    values: list[array[int]],
+    inv_dt: list[float],
+    *,
+    link_bytes: list[float],
+    tick: float,
+) -> Step:
+    """Account one poll for ``rows`` of ``block``, read as ``values`` (one array per row, in
+    the block's column order), ``inv_dt`` apart from their last reading, on links of
+    ``link_bytes`` per second (0.0 where unknown). A row that is not accounted is untouched.
+
+    The arithmetic is the tracker's for a port without pinned or stale counters: a counter
+    that moved adds ``delta * multiplier`` to its total and has the rate ``delta * multiplier
+    * inv_dt``, one that did not has the rate 0.0; utilization is ``min(1, data rate / link
+    rate)`` on a link of known, non-zero rate (else None), and the transmit-wait ratio
+    ``min(1, wait rate * tick)``: the same operations on the same doubles, so the same
+    results to the bit.
+    """
+    width = block.width
+    n = len(rows)
+    new = np.frombuffer(b"".join(values), dtype=np.uint64).reshape(n, width)
+    last = np.frombuffer(block.last, dtype=np.uint64).reshape(-1, width)
+    totals = np.frombuffer(block.totals, dtype=np.uint64).reshape(-1, width)
+    rows_at = np.array(rows, dtype=np.intp)
+    at: slice | npt.NDArray[np.intp] = rows_at
+    if n and rows[-1] - rows[0] == n - 1 and bool((np.diff(rows_at) == 1).all()):
+        at = slice(rows[0], rows[0] + n)  # the usual poll: rows in order, read in place
+    old = last[at]
+    delta = new - old  # 0 where unchanged; wraps where new < old: refused below
+    # A reset. The checks below catch it too (a wrapped delta is past the limit, or, as a
+    # total is never less than its last raw value times the multiplier, wraps the total):
+    # this one says so without that argument.
+    bad = new < old
+    bad |= delta >= _DELTA_LIMIT
+    # A narrow counter that moved onto its maximum: pinned, or read at 64 bits (the rules
+    # tell). A 64-bit-only column's "maximum" is 0: moving onto it is a reset anyway.
+    bad |= (new == block.nmax) & (delta != 0)
+    scaled = np.multiply(delta, block.mult, out=delta)
+    if isinstance(at, slice):
+        grown = totals[at]
+        grown += scaled  # in place: this poll's generation (``begin``), no view holds it yet
+    else:
+        grown = totals[at] + scaled
+    bad |= grown < scaled  # a total past 64 bits
+    refused = cast("npt.NDArray[np.bool_]", bad.any(axis=1))
+    ok = ~refused
+    everyone = not refused.any()
+    if everyone:
+        last[at] = new
+        totals[at] = grown  # a no-op in place
+        inv = np.array(inv_dt, dtype=np.float64)
+    else:
+        grown[refused] -= scaled[refused]  # as they were: modulo 2**64, exactly
+        totals[at] = grown
+        last[rows_at[ok]] = new[ok]
+        scaled = scaled[ok]
+        inv = np.array(inv_dt, dtype=np.float64)[ok]
+    packed: array[float] = array("d", _ZERO) * (width * len(inv))
+    rates = np.frombuffer(packed, dtype=np.float64).reshape(-1, width)
+    np.multiply(scaled, inv[:, None], out=rates)
+    link = np.array(link_bytes, dtype=np.float64)
+    if not everyone:
+        link = link[ok]
+    known = link > 0.0
+    everywhere = bool(known.all())
+    none: list[float | None] = [None] * len(link)
+    utilization: list[list[float | None]] = []
+    for column in (block.tx, block.rx):
+        if column < 0:
+            utilization.append(none)
+            continue
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio: list[float | None] = np.minimum(1.0, rates[:, column] / link).tolist()
+        if not everywhere:
+            ratio = [r if k else None for r, k in zip(ratio, known.tolist(), strict=True)]
+        utilization.append(ratio)
+    wait = none if block.wait < 0 else np.minimum(1.0, rates[:, block.wait] * tick).tolist()
+    return Step(ok.tolist(), packed, utilization[0], utilization[1], wait)

@@ -1,0 +1,204 @@
+"""The column store (``ibmon.trackcolumns``) accounts exactly as the per-port rules (issue 12).
+
+A poll of many ports takes the plain ones through numpy a block at a time and hands every
+other port, and any row a block refuses (a reset, a counter reaching its narrow maximum, a
+total past 64 bits), to the per-port rules. The attack: every shipped scenario played through
+two trackers on the same samples, one always per port and one always in columns, with ports
+that do not answer now and then and a restart from the persisted state half-way, compared on
+every poll (each view, field by field) and at the end (the persisted state and the counts of
+resets and saturations). ``test_tracker.py`` runs its property tests through both paths too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+
+from ibmon.model import PortIdentity, PortSample, Snapshot
+from ibmon.sources.mock import MockSource
+from ibmon.totals import Totals
+from ibmon.tracker import Tracker
+from mocks.scenario import ManualClock, list_scenarios, load_scenario
+
+
+class _PerPort(Tracker):
+    columns_from = 1 << 62
+
+
+class _Columns(Tracker):
+    columns_from = 1
+
+
+def _in_store(totals: object) -> bool:
+    """Whether a view's totals are a row of the column store (not the port's own array)."""
+    return type(totals) is Totals and len(totals.packed) != len(totals.index)
+
+
+def _restarted(tracker: Tracker, kind: type[Tracker]) -> Tracker:
+    fresh = kind()
+    fresh.load(json.loads(json.dumps(tracker.dump())))
+    return fresh
+
+
+def _as_dicts(snap: Snapshot) -> Snapshot:
+    """The same poll with each port's counters as a plain dict (how ``mad`` hands them)."""
+    ports = {k: dataclasses.replace(s, counters=dict(s.counters)) for k, s in snap.ports.items()}
+    return Snapshot(snap.source, snap.monotonic, snap.wall, ports, list(snap.errors))
+
+
+#: Every shipped scenario with the simulator's packed counters; the ones with resets and
+#: saturation again with counters as dicts (the ``mad`` source's form: another way in).
+CASES = [(n, False) for n in list_scenarios() if n != "scale"] + [
+    (n, True) for n in ("counter-reset", "saturation", "link-errors")]
+
+
+@pytest.mark.parametrize(("name", "dicts"), CASES)
+def test_columns_account_exactly_as_the_per_port_rules(name: str, dicts: bool) -> None:
+    sc = load_scenario(name)
+    clock = ManualClock()
+    source = MockSource.from_scenario(name, clock=clock)
+    per_port: Tracker = _PerPort(tick_seconds=sc.tick_seconds or 64e-9)
+    columns: Tracker = _Columns(tick_seconds=sc.tick_seconds or 64e-9)
+    polls = in_columns = 0
+    t = 0.0
+    while t <= min(sc.duration, 1800.0):
+        clock.t = t
+        snap = asyncio.run(source.sample())
+        if dicts:
+            snap = _as_dicts(snap)
+        polls += 1
+        if polls % 4 == 0:  # a ninth of the ports do not answer: their rows wait
+            for i, key in enumerate(list(snap.ports)):
+                if i % 9 == polls % 9:
+                    del snap.ports[key]
+        if polls == 40:  # a restart from the persisted state
+            per_port = _restarted(per_port, _PerPort)
+            columns = _restarted(columns, _Columns)
+        want = per_port.update(snap)
+        got = columns.update(snap)
+        assert list(got) == list(want)
+        for key, view in want.items():
+            assert got[key] == view, f"t={t} {key}"
+        in_columns += sum(_in_store(v.totals) for v in got.values())
+        t = round(t + 10.0, 6)
+    assert json.dumps(columns.dump(), sort_keys=True) == json.dumps(per_port.dump(), sort_keys=True)
+    assert (columns.resets_seen, columns.saturations_seen) == (
+        per_port.resets_seen, per_port.saturations_seen)
+    # Not a speed test: that the column store did the accounting (else this proves little).
+    assert in_columns > polls * len(want) // 2
+
+
+def test_published_column_views_never_change() -> None:
+    """Views of earlier polls keep their totals and rates while later polls (and growth,
+    and ports leaving and coming back) rewrite the store."""
+    tracker = _Columns()
+
+    def sample(port: int, value: int) -> PortSample:
+        return PortSample(PortIdentity(f"0x{port + 1:016x}", "1"), state=4, rate_bps=8e9,
+                          counters={"transmit_data": value, "symbol_errors": 0})
+
+    kept: list[tuple[dict[str, int], dict[str, float], Any]] = []
+    for step in range(1, 40):
+        ports = range(step * 20)  # more ports every poll: the blocks grow
+        snap = Snapshot("x", float(step), 1e9 + step,
+                        {(f"0x{p + 1:016x}", "1"): sample(p, step * (p + 1)) for p in ports
+                         if (p + step) % 7})  # some missing now and then
+        for view in tracker.update(snap).values():
+            kept.append((view.totals.as_dict(), dict(view.rates), view))  # type: ignore[attr-defined]
+        if step % 10 == 0:
+            for p in ports[::3]:
+                tracker.forget((f"0x{p + 1:016x}", "1"))
+    assert all(view.totals.as_dict() == totals and dict(view.rates) == rates
+               for totals, rates, view in kept)
+    assert any(_in_store(v.totals) for _, _, v in kept)
+
+
+_WIDE = frozenset({"transmit_data", "transmit_packets", "symbol_errors"})
+
+#: Sequences of one port's readings (counter: raw value; all read at 64 bits where ``wide``)
+#: that a block must refuse at some step, each for one of its reasons.
+REFUSALS = {
+    "reset": [{"transmit_data": 10}, {"transmit_data": 20}, {"transmit_data": 5},
+              {"transmit_data": 6}],
+    "narrow counter reaching its maximum": [
+        {"symbol_errors": 1}, {"symbol_errors": 2}, {"symbol_errors": 65535},
+        {"symbol_errors": 0}, {"symbol_errors": 3}],
+    "64-bit read at the narrow maximum": [
+        {"symbol_errors": 1, "wide": 1}, {"symbol_errors": 65535, "wide": 1},
+        {"symbol_errors": 65536, "wide": 1}],
+    # delta x 4 wraps 64 bits to exactly 0: only the delta limit sees it
+    "data delta past 64 bits once multiplied": [
+        {"transmit_data": 1, "wide": 1}, {"transmit_data": 2**62 + 1, "wide": 1},
+        {"transmit_data": 2**62 + 2, "wide": 1}],
+    # a total near 2**64 after a reset, then a small increase: only the total check sees it
+    "total past 64 bits": [
+        {"transmit_packets": 2**64 - 10, "wide": 1}, {"transmit_packets": 0, "wide": 1},
+        {"transmit_packets": 100, "wide": 1}, {"transmit_packets": 200, "wide": 1}],
+    "reset from the top of 64 bits": [
+        {"transmit_packets": 2**64 - 1, "wide": 1}, {"transmit_packets": 5, "wide": 1},
+        {"transmit_packets": 6, "wide": 1}],
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_a_block_refuses_what_the_per_port_rules_must_decide(case: str) -> None:
+    """Each reason a block refuses a row, on its own: the row is left to the per-port rules,
+    so both trackers agree at every step and in what they persist."""
+    key = ("0x0000000000000001", "1")
+    a, b = _PerPort(), _Columns()
+    for t, reading in enumerate(REFUSALS[case]):
+        counters = {k: v for k, v in reading.items() if k != "wide"}
+        wide = _WIDE if reading.get("wide") else frozenset()
+        snap = Snapshot("x", float(t), 1e9 + t, {key: PortSample(
+            PortIdentity(*key), state=4, counters=counters, wide=wide)})
+        want = a.update(snap)[key]
+        got = b.update(snap)[key]
+        assert got == want, t
+        assert b.dump() == a.dump(), t
+
+
+def test_the_renderer_reads_column_store_totals_as_packed_columns() -> None:
+    """The exposition reads a block of ports' totals column by column (``_packed_columns``);
+    rows of the column store must take that way, not the per-port fallback."""
+    from exporters.render import _columns, _packed_columns
+
+    clock = ManualClock()
+    source = MockSource.from_scenario("healthy", clock=clock)
+    tracker = _Columns()
+    for t in range(3):
+        clock.t = float(t)
+        views = tracker.update(asyncio.run(source.sample()))
+    totals = [v.totals for v in views.values()]
+    assert all(_in_store(t) for t in totals)
+    packed = _packed_columns(totals)
+    assert packed is not None
+    assert {k: list(v) for k, v in packed.items()} == {
+        k: list(v) for k, v in _columns(totals).items() if k in packed}
+
+
+def test_a_refused_row_among_rows_read_in_place_leaves_the_others_where_they_are() -> None:
+    """Rows in order are read in place (a slice, not an index array); when one of them is
+    refused the others must still be written to their own rows, wherever the run starts."""
+    a, b = _PerPort(), _Columns()
+    keys = [(f"0x{p:016x}", "1") for p in range(1, 6)]
+
+    def snap(t: float, readings: dict[int, int]) -> Snapshot:
+        return Snapshot("x", t, 1e9 + t, {keys[p]: PortSample(
+            PortIdentity(*keys[p]), state=4, counters={"transmit_data": v})
+            for p, v in readings.items()})
+
+    plan = [
+        {0: 10, 1: 10, 2: 10, 3: 10, 4: 10},
+        {0: 20, 1: 20, 2: 20, 3: 20, 4: 20},  # every port in its row
+        {1: 30, 2: 5, 3: 30},  # rows 1-3 in order, the middle one reset
+        {0: 40, 1: 40, 2: 40, 3: 40, 4: 40},
+    ]
+    for t, readings in enumerate(plan):
+        want = a.update(snap(float(t), readings))
+        got = b.update(snap(float(t), readings))
+        assert got == want, t
+    assert b.dump() == a.dump()
