@@ -61,6 +61,9 @@ def _return_large_blocks() -> None:
 _return_large_blocks()
 
 _ZERO: Final = (0.0,)
+_CHUNK: Final = 4096
+"""Rows taken through the vector operations at a time: their temporaries stay in the CPU's
+cache and a poll's peak memory does not grow with the fabric (1 MB each at 32 counters)."""
 _DELTA_LIMIT: Final = 1 << 62
 """A delta from here up could overflow 64 bits once multiplied by 4 (only made-up values can
 move that much between two polls): such a row goes to the per-port rules, which widen."""
@@ -70,8 +73,9 @@ class Block:
     """Raw values (``last``) and totals of the ports with counter names ``keys``: row ``r``
     is ``[r * width, (r + 1) * width)`` of each array, in the order of ``keys``.
 
-    ``totals`` is replaced, never changed, once a view holds a slice of it: ``begin`` starts
-    each poll on a copy. ``mult`` are the columns' multipliers.
+    ``totals`` is replaced, never changed, once a view reads a row of it: ``begin`` starts
+    each poll on a copy. ``mult`` are the columns' multipliers. A block has at least one
+    counter (ports without any never get a row).
     """
 
     __slots__ = ("free", "index", "keys", "last", "mult", "nmax", "rx", "totals", "tx", "wait",
@@ -107,7 +111,7 @@ class Block:
     def take(self, last: array[int], totals: array[int]) -> int:
         """A row for a port, filled with its raw values and totals."""
         if not self.free:
-            self._grow(1 + len(self.last) // (8 * self.width or 1))  # an eighth more
+            self._grow(1 + len(self.last) // (8 * self.width))  # an eighth more
         row = self.free.pop()
         at = row * self.width
         self.last[at : at + self.width] = last
@@ -116,11 +120,9 @@ class Block:
 
     def release(self, row: int) -> tuple[array[int], array[int]]:
         """Give a row back; the port's raw values and totals, as its own arrays."""
-        at = row * self.width
-        last = self.last[at : at + self.width]
-        totals = self.totals[at : at + self.width]
+        own = self.row(row)
         self.free.append(row)
-        return last, totals
+        return own
 
     def row(self, row: int) -> tuple[array[int], array[int]]:
         """A copy of one row's raw values and totals (for ``dump``)."""
@@ -129,7 +131,7 @@ class Block:
 
     def _grow(self, more: int) -> None:
         # New arrays rather than resized ones: views (and numpy) may hold the current ones.
-        rows = len(self.last) // self.width if self.width else 0
+        rows = len(self.last) // self.width
         pad = bytes(8 * self.width * more)
         last = self.last[:]
         last.frombytes(pad)
@@ -142,8 +144,9 @@ class Block:
 class Step:
     """What ``advance`` answers for one poll's rows: whether each was accounted (``ok``), the
     rates of the accounted ones packed one row after the other (no ``NaN``: every counter of
-    such a row has a rate), and for each accounted row its transmit and receive utilization
-    and transmit-wait ratio (None where the view has none)."""
+    such a row has a rate; room is left at the end for the refused ones), and for each
+    accounted row its transmit and receive utilization and transmit-wait ratio (None where
+    the view has none)."""
 
     __slots__ = ("ok", "rates", "util_rx", "util_tx", "wait_ratio")
 
@@ -178,12 +181,38 @@ def advance(
     """
     width = block.width
     n = len(rows)
+    packed: array[float] = array("d", _ZERO) * (width * n)  # the accounted rows', in order
+    rates = np.frombuffer(packed, dtype=np.float64).reshape(-1, width)
+    step = Step([], packed, [], [], [])
+    done = 0  # rows accounted so far: where the next chunk's rates go
+    for at in range(0, n, _CHUNK):
+        end = min(n, at + _CHUNK)
+        ok, got = _chunk(block, rows[at:end], values[at:end], inv_dt[at:end],
+                         rates[done : done + end - at])
+        step.ok += ok
+        _ratios(block, rates[done : done + got], link_bytes[at:end], ok, tick=tick, step=step)
+        done += got
+    return step
+
+
+def _chunk(
+    block: Block,
+    rows: list[int],
+    values: list[array[int]],
+    inv_dt: list[float],
+    rates: npt.NDArray[np.float64],
+) -> tuple[list[bool], int]:
+    """``advance`` for a few thousand rows (temporaries of a few MB at most, in cache): the
+    accounted rows' rates go to the start of ``rates``. Whether each row was accounted, and
+    how many were."""
+    width = block.width
+    n = len(rows)
     new = np.frombuffer(b"".join(values), dtype=np.uint64).reshape(n, width)
     last = np.frombuffer(block.last, dtype=np.uint64).reshape(-1, width)
     totals = np.frombuffer(block.totals, dtype=np.uint64).reshape(-1, width)
     rows_at = np.array(rows, dtype=np.intp)
     at: slice | npt.NDArray[np.intp] = rows_at
-    if n and rows[-1] - rows[0] == n - 1 and bool((np.diff(rows_at) == 1).all()):
+    if rows[-1] - rows[0] == n - 1 and bool((np.diff(rows_at) == 1).all()):
         at = slice(rows[0], rows[0] + n)  # the usual poll: rows in order, read in place
     old = last[at]
     delta = new - old  # 0 where unchanged; wraps where new < old: refused below
@@ -204,35 +233,47 @@ def advance(
     bad |= grown < scaled  # a total past 64 bits
     refused = cast("npt.NDArray[np.bool_]", bad.any(axis=1))
     ok = ~refused
-    everyone = not refused.any()
-    if everyone:
-        last[at] = new
-        totals[at] = grown  # a no-op in place
-        inv = np.array(inv_dt, dtype=np.float64)
-    else:
+    inv = np.array(inv_dt, dtype=np.float64)
+    if refused.any():
         grown[refused] -= scaled[refused]  # as they were: modulo 2**64, exactly
         totals[at] = grown
         last[rows_at[ok]] = new[ok]
         scaled = scaled[ok]
-        inv = np.array(inv_dt, dtype=np.float64)[ok]
-    packed: array[float] = array("d", _ZERO) * (width * len(inv))
-    rates = np.frombuffer(packed, dtype=np.float64).reshape(-1, width)
-    np.multiply(scaled, inv[:, None], out=rates)
+        inv = inv[ok]
+    else:
+        last[at] = new
+        totals[at] = grown  # a no-op in place
+    got = len(inv)
+    np.multiply(scaled, inv[:, None], out=rates[:got])
+    return cast("list[bool]", ok.tolist()), got
+
+
+def _ratios(
+    block: Block,
+    rates: npt.NDArray[np.float64],
+    link_bytes: list[float],
+    ok: list[bool],
+    *,
+    tick: float,
+    step: Step,
+) -> None:
+    """The utilization and transmit-wait ratio of the accounted rows (``rates``), onto
+    ``step``'s lists."""
     link = np.array(link_bytes, dtype=np.float64)
-    if not everyone:
-        link = link[ok]
+    if len(rates) != len(link):
+        link = link[np.array(ok, dtype=np.bool_)]
     known = link > 0.0
     everywhere = bool(known.all())
-    none: list[float | None] = [None] * len(link)
-    utilization: list[list[float | None]] = []
-    for column in (block.tx, block.rx):
+    for column, out in ((block.tx, step.util_tx), (block.rx, step.util_rx)):
         if column < 0:
-            utilization.append(none)
+            out.extend([None] * len(link))
             continue
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio: list[float | None] = np.minimum(1.0, rates[:, column] / link).tolist()
         if not everywhere:
             ratio = [r if k else None for r, k in zip(ratio, known.tolist(), strict=True)]
-        utilization.append(ratio)
-    wait = none if block.wait < 0 else np.minimum(1.0, rates[:, block.wait] * tick).tolist()
-    return Step(ok.tolist(), packed, utilization[0], utilization[1], wait)
+        out.extend(ratio)
+    if block.wait < 0:
+        step.wait_ratio += [None] * len(link)
+    else:
+        step.wait_ratio += np.minimum(1.0, rates[:, block.wait] * tick).tolist()

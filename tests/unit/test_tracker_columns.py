@@ -18,11 +18,19 @@ from typing import Any
 
 import pytest
 
+from ibmon import trackcolumns
 from ibmon.model import PortIdentity, PortSample, Snapshot
 from ibmon.sources.mock import MockSource
 from ibmon.totals import Totals
 from ibmon.tracker import Tracker
 from mocks.scenario import ManualClock, list_scenarios, load_scenario
+
+
+@pytest.fixture(autouse=True)
+def _small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of a few dozen rows at a time (a fabric's polls take thousands), so that every
+    poll here crosses chunk boundaries; ``test_tracker.py`` takes the single-chunk way."""
+    monkeypatch.setattr(trackcolumns, "_CHUNK", 37)
 
 
 class _PerPort(Tracker):
