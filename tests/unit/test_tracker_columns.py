@@ -182,10 +182,13 @@ def test_the_renderer_reads_column_store_totals_as_packed_columns() -> None:
         views = tracker.update(asyncio.run(source.sample()))
     totals = [v.totals for v in views.values()]
     assert all(_in_store(t) for t in totals)
-    packed = _packed_columns(totals)
-    assert packed is not None
-    assert {k: list(v) for k, v in packed.items()} == {
-        k: list(v) for k, v in _columns(totals).items() if k in packed}
+    # rows of the store, and the same with one port's own copy among them (a silent port's)
+    mixed = [*totals[:5], Totals(totals[5].index, totals[5].own()), *totals[6:]]  # type: ignore[attr-defined]
+    for case in (totals, mixed, totals[::-1]):
+        packed = _packed_columns(case)
+        assert packed is not None
+        assert {k: list(v) for k, v in packed.items()} == {
+            k: list(v) for k, v in _columns(case).items() if k in packed}
 
 
 def test_a_refused_row_among_rows_read_in_place_leaves_the_others_where_they_are() -> None:
