@@ -70,23 +70,18 @@ move that much between two polls): such a row goes to the per-port rules, which 
 
 
 class Block:
-    """Raw values (``last``) and totals of the ports with counter names ``keys``: row ``r``
-    is ``[r * width, (r + 1) * width)`` of each array, in the order of ``keys``.
+    """Raw values (``last``) and totals of the ports with the counters of ``index`` (name:
+    column): row ``r`` is ``[r * width, (r + 1) * width)`` of each array.
 
     ``totals`` is replaced, never changed, once a view reads a row of it: ``begin`` starts
     each poll on a copy. ``mult`` are the columns' multipliers. A block has at least one
     counter (ports without any never get a row).
     """
 
-    __slots__ = ("free", "index", "keys", "last", "mult", "nmax", "rx", "totals", "tx", "wait",
-                 "width")
+    __slots__ = ("free", "last", "mult", "nmax", "rx", "totals", "tx", "wait", "width")
 
-    def __init__(
-        self, keys: tuple[str, ...], index: dict[str, int], mult: list[int], nmax: list[int]
-    ) -> None:
-        self.keys = keys
-        self.index = index
-        self.width = len(keys)
+    def __init__(self, index: dict[str, int], mult: list[int], nmax: list[int]) -> None:
+        self.width = len(index)
         self.last: array[int] = array("Q")
         self.totals: array[int] = array("Q")
         self.free: list[int] = []

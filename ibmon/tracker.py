@@ -31,6 +31,7 @@ the same results to the bit (``tests/unit/test_tracker_columns.py``).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from array import array
@@ -279,13 +280,11 @@ class Tracker:
                 batch = batches[st.keys] = _Batch(self._block(st.keys, cols))
             batch.add(pos, st, sample, values, inv_dt)
         for batch in batches.values():
-            arriving = [i for i, row in enumerate(batch.rows) if row < 0]
+            arriving = [st for st in batch.ports if st.block is None]
             if arriving:  # ports new to the store: room for all of them at once
                 batch.block.reserve(len(arriving))
-                for i in arriving:
-                    st = batch.ports[i]
+                for st in arriving:
                     self._admit(st, batch.block)
-                    batch.rows[i] = st.row
             self._account(batch, cols, out)
         for pos, st, sample, inv_dt in slow:
             out[pos] = self._port(st, sample, inv_dt)
@@ -295,8 +294,8 @@ class Tracker:
         """One block's ports of a poll: ``advance`` them, and make their views (into ``out``,
         at each port's position in the snapshot); a refused row takes the per-port rules."""
         block = batch.block
-        step: Step = cols.advance(block, batch.rows, batch.values, batch.inv_dt,
-                                  link_bytes=batch.link, tick=self._tick)
+        step: Step = cols.advance(block, [st.row for st in batch.ports], batch.values,
+                                  batch.inv_dt, link_bytes=batch.link, tick=self._tick)
         batch.values.clear()
         width = block.width
         totals_of = block.totals
@@ -356,7 +355,7 @@ class Tracker:
         if block is None:
             names, index = self._intern(keys)
             block = self._blocks[names] = cols.Block(
-                names, index, [_MULT[n] for n in names], [_NMAX[n] for n in names]
+                index, [_MULT[n] for n in names], [_NMAX[n] for n in names]
             )
         return block
 
@@ -785,14 +784,13 @@ class _Batch:
     """One poll's ports of one ``Block``, in the snapshot's order: where each goes in the
     result (``pos``), and what ``advance`` takes."""
 
-    __slots__ = ("block", "inv_dt", "link", "ports", "pos", "rows", "samples", "values")
+    __slots__ = ("block", "inv_dt", "link", "ports", "pos", "samples", "values")
 
     def __init__(self, block: Block) -> None:
         self.block = block
         self.pos: list[int] = []
         self.ports: list[_Port] = []
         self.samples: list[PortSample] = []
-        self.rows: list[int] = []
         self.values: list[array[int]] = []
         self.inv_dt: list[float] = []
         self.link: list[float] = []
@@ -803,27 +801,21 @@ class _Batch:
         self.pos.append(pos)
         self.ports.append(st)
         self.samples.append(sample)
-        self.rows.append(st.row)
         self.values.append(values)
         self.inv_dt.append(inv_dt)
         rate_bps = sample.rate_bps
         self.link.append(rate_bps / 8.0 if rate_bps is not None and 0.0 < rate_bps < _INF else 0.0)
 
 
-_COLUMNS: list[ModuleType | None] = []
-
-
+@functools.cache
 def _columns() -> ModuleType | None:
     """``ibmon.trackcolumns``, imported on first use; None without numpy (then every port
     takes the per-port rules, which give the same results)."""
-    if not _COLUMNS:
-        try:
-            from ibmon import trackcolumns
-        except ImportError:  # pragma: no cover - numpy is a dependency
-            _COLUMNS.append(None)
-        else:
-            _COLUMNS.append(trackcolumns)
-    return _COLUMNS[0]
+    try:
+        from ibmon import trackcolumns
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        return None
+    return trackcolumns
 
 
 def _link_bytes(rate_bps: float | None) -> float | None:
