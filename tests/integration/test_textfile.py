@@ -90,7 +90,9 @@ def test_node_exporter_serves_the_scan_next_to_its_own_series(
     target = textfiles / "ibmon.prom"
     old = os.umask(0o077)  # systemd's UMask=0077 must not make the file unreadable to others
     try:
-        proc = scan(live_tree, target)
+        # 3 s apart: the simulator rewrites the tree every second after a render that itself
+        # takes a while, so 1.5 s sometimes saw no rewrite in between (all rates 0)
+        proc = scan(live_tree, target, interval="3")
     finally:
         os.umask(old)
     assert proc.returncode == 0, proc.stderr
