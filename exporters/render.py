@@ -441,22 +441,42 @@ def _packed_columns(totals: list[Mapping[str, int]]) -> dict[str, Sequence[int |
     if type(first) is not Totals:
         return None
     index = first.index
-    rows: array[int] = array("Q")
-    extend = rows.extend
-    try:
-        for t in totals:
-            if type(t) is not Totals or t.index is not index:
-                return None
-            # the port's array, or a copy of its row of the tracker's column store; a list
-            # once a total outgrew 64 bits: OverflowError
-            extend(t.own())
-    except (OverflowError, TypeError):
-        return None
     width = len(index)
+    # Ports in exposition order are consecutive rows of the tracker's column store (its rows
+    # are reserved in the order a source reports ports, which is this order): a block is then
+    # one or a few runs of one array, cut as slices, instead of a copy of every port's row.
+    rows: Sequence[int]
+    runs: list[tuple[Sequence[int], int, int]] = []
+    packed: Sequence[int] = ()
+    start = end = -1
+    for t in totals:
+        if type(t) is not Totals or t.index is not index:
+            return None
+        if t.packed is packed and t.base == end:
+            end += width
+            continue
+        runs.append((packed, start, end))
+        packed = t.packed
+        start = t.base
+        end = start + width
+    runs.append((packed, start, end))
+    del runs[0]  # the empty run before the first port
+    packed, start, end = runs[0]
+    if len(runs) > 1 or type(packed) is not array:
+        rows = array("Q")
+        try:
+            for packed, start, end in runs:
+                # a list once a total outgrew 64 bits: OverflowError
+                rows.extend(packed[start:end])
+        except (OverflowError, TypeError):
+            return None
+        start, end = 0, len(rows)
+    else:
+        rows = packed
     zeros = _zeros(len(totals))
     columns: dict[str, Sequence[int | None]] = {}
     for name, i in index.items():
-        column = rows[i::width]
+        column = rows[start + i : end : width]
         # Most error counters of a fabric are zero on every port: their columns, kept until
         # the next publish to compare with, share one array (7 MB at 36,720 ports).
         columns[name] = zeros if column == zeros else column
