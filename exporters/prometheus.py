@@ -134,9 +134,7 @@ class _Compressor:
     def compress(self, views: list[PortView]) -> Deflated:
         renderer = self.renderer
         if renderer.prepare(views) or self._descriptive is None:
-            self._descriptive = None  # release the old segment before building the new one
-            self._descriptive = deflate_chunks(renderer.descriptive_chunks(), GZIP_LEVEL,
-                                               final=False)
+            self._descriptive = renderer.descriptive_deflated(GZIP_LEVEL)
         tail = renderer.series_deflated(views, GZIP_LEVEL)
         return concat(self._descriptive, tail)
 

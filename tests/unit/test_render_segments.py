@@ -14,7 +14,7 @@ import exporters.render as render
 from exporters.http import Deflated
 from exporters.render import PortRenderer
 from ibmon.counters import CATALOGUE
-from ibmon.model import PortIdentity, PortView
+from ibmon.model import LinkInfo, PortIdentity, PortView
 from ibmon.totals import Totals
 
 ERRORS = ("symbol_errors", "receive_errors", "link_downed")
@@ -165,3 +165,57 @@ def test_a_small_fabric_is_compressed_whole_and_reads_the_same() -> None:
     body = renderer.series_deflated(views, 1)
     assert len(body.parts) == 1
     assert _inflate(body) == _full_render(views)
+
+
+def _linked(i: int, width: str, node_desc: str = "host") -> PortView:
+    link = None if i % 5 == 4 else LinkInfo(
+        remote_guid=f"0x{1000 + i:016x}", remote_port="1", remote_node_desc='sw"\\1',
+        active_width="4X", active_speed="HDR", max_width="4X", max_speed="HDR")
+    return PortView(identity=PortIdentity(guid=f"0x{i:016x}", port="1", node_desc=node_desc),
+                    link=link, active_width=width, active_speed="HDR")
+
+
+def _descriptive(views: list[PortView]) -> bytes:
+    renderer = PortRenderer()
+    renderer.prepare(views)
+    return b"".join(renderer.descriptive_chunks())
+
+
+def test_descriptive_segments_inflate_to_a_full_render(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Link widths change, a port is renamed, a link goes, ports come and go: the cached
+    ``_info`` blocks always read like a render from scratch."""
+    monkeypatch.setattr(render, "SEGMENT_PORTS", 4)
+    monkeypatch.setattr(render, "CACHE_MIN_PORTS", 0)
+    views = [_linked(i, "4X") for i in range(17)]
+    renderer = PortRenderer(keep_descriptive=False)
+    steps = [
+        lambda v: v,
+        lambda v: [*v[:6], replace(v[6], active_width="1X"), *v[7:]],  # a degraded link
+        lambda v: [*v[:6], replace(v[6], active_width="4X"), *v[7:]],  # and back
+        lambda v: [*v[:9], _linked(9, "4X", "renamed"), *v[10:]],  # a port's identity
+        lambda v: [*v[:2], replace(v[2], link=None), *v[3:]],  # a link goes away
+        lambda v: [*v[:3], *v[5:], _linked(40, "2X")],  # ports come and go
+        lambda v: [*v[:-1], replace(v[-1], active_width="4X"), _linked(41, "4X")],
+    ]
+    for n, step in enumerate(steps):
+        views = step(views)
+        renderer.prepare(views)
+        assert _inflate(renderer.descriptive_deflated(1)) == _descriptive(views), n
+
+
+def test_a_changed_link_costs_its_block_of_the_link_family(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(render, "SEGMENT_PORTS", 4)
+    monkeypatch.setattr(render, "CACHE_MIN_PORTS", 0)
+    views = [_linked(i, "4X") for i in range(12)]
+    renderer = PortRenderer(keep_descriptive=False)
+    renderer.prepare(views)
+    first = renderer.descriptive_deflated(1)
+    views[5] = replace(views[5], active_width="1X")
+    assert renderer.prepare(views)  # the descriptive families changed
+    second = renderer.descriptive_deflated(1)
+    new = [p for p in second.parts if all(p is not q for q in first.parts)]
+    assert len(new) == 1  # ports 4-7 of the link family; the info family is untouched
+    assert b'active_width="1X"' in zlib.decompressobj(-zlib.MAX_WBITS).decompress(new[0])
+    assert _inflate(second) == _descriptive(views)
