@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Final
 from pydantic import BaseModel, ConfigDict
 
 from ibmon.detect.cause import SUSPECT, action, end_name, far_end, preferred
+from ibmon.detect.columns import Fresh, read_column
 from ibmon.events import EventType, Severity, severity_rank
 from ibmon.model import PortKey, PortView
 from ibmon.rates import NO_RATE, Rates
@@ -283,23 +284,14 @@ class IncreaseWindow:
 def totals_column(fresh: Pairs, name: str, default: int | None = None) -> list[int | None]:
     """The total of counter ``name`` of every port of ``fresh`` (``default`` where it has
     none), for ``needs``."""
-    return _column([view.totals for _, view in fresh], Totals, name, default)
+    if isinstance(fresh, Fresh):
+        return fresh.column(Totals, name, default)
+    return read_column([view.totals for _, view in fresh], Totals, name, default)
 
 
 def rate_column(fresh: Pairs, name: str) -> list[float]:
     """The rate of counter ``name`` of every port of ``fresh``, NaN where it has none: only
     for comparisons (``rate > threshold``), which NaN fails like a missing rate would."""
-    return _column([view.rates for _, view in fresh], Rates, name, NO_RATE)
-
-
-def _column(maps: list[Any], packed: type[Totals | Rates], name: str, default: Any) -> list[Any]:
-    """``map.get(name, default)`` of every one of ``maps``. The tracker's packed mappings of
-    ports with the same counters share one index: for those (nearly every port of a fabric)
-    the counter's position is looked up once, not through a method call per port."""
-    index: Mapping[str, int] = next(
-        (m.index for m in maps if type(m) is packed and m.index), {})
-    pos = index.get(name)
-    if pos is None:
-        return [m.get(name, default) for m in maps]
-    return [m.packed[m.base + pos] if type(m) is packed and m.index is index
-            else m.get(name, default) for m in maps]
+    if isinstance(fresh, Fresh):
+        return fresh.column(Rates, name, NO_RATE)
+    return read_column([view.rates for _, view in fresh], Rates, name, NO_RATE)

@@ -30,6 +30,7 @@ from ibmon.detect.base import (
     key_from_json,
     key_to_json,
 )
+from ibmon.detect.columns import Fresh
 from ibmon.detect.congestion import Congestion
 from ibmon.detect.counters import CounterReset, CounterSaturated
 from ibmon.detect.errors import Discards, HighBer, LinkIntegrity, ReceiveErrors
@@ -189,7 +190,7 @@ class Engine:
         linked = self._linked
         # The ports read this poll, once for every detector: stale views (ports that did not
         # answer) count as present, so they never "vanish", but no detector judges them.
-        fresh: Pairs = []
+        fresh = Fresh()
         for key, seen in views.items():
             link = seen.link
             if link is not None:

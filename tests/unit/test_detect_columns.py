@@ -1,0 +1,91 @@
+"""Detectors read a counter of every answered port once per poll (``ibmon.detect.columns``):
+gathered from the tracker's column store where ports are its rows, port by port elsewhere.
+Both ways must read exactly what ``mapping.get`` reads (issue 12: CPU per poll)."""
+
+from __future__ import annotations
+
+import asyncio
+from array import array
+from dataclasses import replace
+
+import pytest
+
+from ibmon.counters import CATALOGUE
+from ibmon.detect import columns
+from ibmon.detect.base import rate_column, totals_column
+from ibmon.detect.columns import Fresh
+from ibmon.model import PortView
+from ibmon.rates import NO_RATE, Rates
+from ibmon.sources.mock import MockSource
+from ibmon.totals import Totals
+from ibmon.tracker import Tracker
+from mocks.scenario import ManualClock
+
+pytest.importorskip("numpy", reason="the gather needs numpy (a runtime dependency)")
+
+
+class _Columns(Tracker):
+    columns_from = 1  # the column store for any poll
+
+
+def _fresh(views: list[PortView]) -> Fresh:
+    fresh = Fresh()
+    fresh.extend((v.identity.key, v) for v in views)
+    return fresh
+
+
+def _views() -> list[PortView]:
+    """A poll of a column tracker (rows of its store), with ports read another way among them:
+    their own arrays, a plain dict, another counter order, a total past 64 bits, no rates."""
+    clock = ManualClock()
+    source = MockSource.from_scenario("healthy", clock=clock)
+    tracker = _Columns()
+    for t in range(3):
+        clock.t = float(t * 10)
+        views = list(tracker.update(asyncio.run(source.sample())).values())
+    first = views[0].totals
+    assert isinstance(first, Totals) and len(first.packed) > len(first)  # a row of the store
+    names = list(first.index)
+    other = {n: i for i, n in enumerate(reversed(names))}
+    odd = {
+        3: Totals(first.index, array("Q", first.own())),  # a silent port's copy of its row
+        5: dict(views[5].totals),
+        7: Totals(other, array("Q", [views[7].totals[n] for n in other])),
+        9: Totals(first.index, [1 << 70, *list(views[9].totals.values())[1:]]),
+    }
+    for i, totals in odd.items():
+        views[i] = replace(views[i], totals=totals)
+    views[11] = replace(views[11], rates={})
+    return views
+
+
+@pytest.mark.parametrize("gather_from", [1, 10**9])
+def test_columns_read_what_get_reads(gather_from: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(columns, "GATHER_FROM", gather_from)
+    views = _views()
+    fresh = _fresh(views)
+    for spec in CATALOGUE:
+        for default in (None, -1):
+            assert totals_column(fresh, spec.name, default) == [
+                v.totals.get(spec.name, default) for v in views], spec.name
+        got = rate_column(fresh, spec.name)
+        want = [v.rates.get(spec.name, NO_RATE) for v in views]
+        assert [repr(x) for x in got] == [repr(x) for x in want], spec.name
+    reader = fresh._readers[Totals]
+    # the store's rows are gathered; only the ports read another way go one by one
+    assert (reader._shared is not None) == (gather_from == 1)
+    if gather_from == 1:
+        assert reader._odd == [3, 5, 7, 9]
+        assert fresh._readers[Rates]._odd == [11]
+
+
+def test_a_gather_leaves_the_store_free_to_grow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gather reads the store's array through a buffer view only while it copies: an
+    exported buffer would make the tracker's next growth fail (BufferError)."""
+    monkeypatch.setattr(columns, "GATHER_FROM", 1)
+    views = _views()
+    fresh = _fresh(views)
+    totals_column(fresh, CATALOGUE[0].name)
+    shared = fresh._readers[Totals]._shared
+    assert isinstance(shared, array)
+    shared.extend(array("Q", [0] * 64))
