@@ -18,11 +18,13 @@ from typing import Any
 import pytest
 
 from ibmon.config import MockSourceConfig
+from ibmon.detect import columns
 from ibmon.detect.base import Pairs
 from ibmon.model import PortKey, Snapshot, SourceError
 from ibmon.pipeline import Pipeline
 from ibmon.selfmetrics import SelfMetrics
 from ibmon.sources.mock import MockSource
+from ibmon.tracker import Tracker
 from mocks.scenario import ManualClock, list_scenarios, load_scenario
 
 #: Simulated seconds played at 2 s polls (every shipped scenario's faults start and end
@@ -74,8 +76,20 @@ CASES = [(n, False) for n in list_scenarios() if n != "scale"] + [
     (n, True) for n in ("flap", "link-errors", "degraded")]
 
 
+@pytest.fixture(params=["per-port", "column-store"])
+def store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways the shortcuts read counters: port by port, and (as on a fabric of 512+
+    ports) gathered from the tracker's column store (``ibmon.detect.columns``)."""
+    if request.param == "column-store":
+        monkeypatch.setattr(Tracker, "columns_from", 1)
+        monkeypatch.setattr(columns, "GATHER_FROM", 1)
+    return str(request.param)
+
+
 @pytest.mark.parametrize(("name", "silent"), CASES)
-def test_detectors_judge_alike_with_and_without_their_shortcuts(name: str, silent: bool) -> None:
+def test_detectors_judge_alike_with_and_without_their_shortcuts(
+    name: str, silent: bool, store: str
+) -> None:
     sc = load_scenario(name)
     clock = ManualClock()
     fast_mock = MockSource.from_scenario(name, clock=clock)
