@@ -231,6 +231,13 @@ crc32_combine: Callable[[int, int, int], int] = crc32_combine_py
 with contextlib.suppress(ImportError):  # no wheel for this platform: the Python one
     from isal.isal_zlib import crc32_combine
 
+#: CRC-32 of the body as it is compressed: ISA-L's where installed (its folding with carry-less
+#: multiplication: 0.014 against 0.2 ms for 730 kB, about 10 ms a publish at 36,720 ports),
+#: else zlib's; the same values.
+crc32: Callable[[bytes, int], int] = zlib.crc32
+with contextlib.suppress(ImportError):
+    from isal.isal_zlib import crc32
+
 
 @dataclass(frozen=True, slots=True)
 class Deflated:
@@ -264,7 +271,7 @@ def deflate_chunks(chunks: Iterable[bytes], level: int, *, final: bool = True) -
     for chunk in chunks:
         if piece := comp.compress(chunk):
             parts.append(piece)
-        crc = zlib.crc32(chunk, crc)
+        crc = crc32(chunk, crc)
         size += len(chunk)
         del chunk  # a lazy producer builds the next chunk without this one alive
     parts.append(comp.flush(zlib.Z_FINISH if final else zlib.Z_SYNC_FLUSH))

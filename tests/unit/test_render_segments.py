@@ -71,12 +71,16 @@ def _change(views: list[PortView], rng: random.Random) -> list[PortView]:
     return out
 
 
+@pytest.mark.parametrize("slice_lines", [render.SLICE_LINES, 3])
 @pytest.mark.parametrize("seed", range(6))
 def test_cached_segments_inflate_to_a_full_render(
-    seed: int, monkeypatch: pytest.MonkeyPatch
+    seed: int, slice_lines: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Also with a block's lines compressed a few at a time (``SLICE_LINES``): non-finite
+    floats and escaped labels read the same across the slices' seams."""
     monkeypatch.setattr(render, "SEGMENT_PORTS", 4)
     monkeypatch.setattr(render, "CACHE_MIN_PORTS", 0)
+    monkeypatch.setattr(render, "SLICE_LINES", slice_lines)
     rng = random.Random(seed)
     views = [_view(i, rng, rng.choice(("leaf01", '"}\\x'))) for i in range(23)]
     cached = PortRenderer(keep_descriptive=False)
@@ -181,11 +185,15 @@ def _descriptive(views: list[PortView]) -> bytes:
     return b"".join(renderer.descriptive_chunks())
 
 
-def test_descriptive_segments_inflate_to_a_full_render(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("slice_lines", [render.SLICE_LINES, 3])
+def test_descriptive_segments_inflate_to_a_full_render(
+    slice_lines: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Link widths change, a port is renamed, a link goes, ports come and go: the cached
     ``_info`` blocks always read like a render from scratch."""
     monkeypatch.setattr(render, "SEGMENT_PORTS", 4)
     monkeypatch.setattr(render, "CACHE_MIN_PORTS", 0)
+    monkeypatch.setattr(render, "SLICE_LINES", slice_lines)
     views = [_linked(i, "4X") for i in range(17)]
     renderer = PortRenderer(keep_descriptive=False)
     steps = [
