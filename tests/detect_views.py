@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from ibmon.detect import columns
 from ibmon.model import LinkInfo, PortIdentity, PortView
 
 GUID = "0x0002c90300a1b2c3"
@@ -34,3 +37,14 @@ def link(width: str = "4X", speed: str = "EDR", max_width: str = "4X",
     return LinkInfo(remote_guid=PEER, remote_port="12", remote_node_desc="leaf03",
                     active_width=width, active_speed=speed, max_width=max_width,
                     max_speed=max_speed)
+
+
+@pytest.fixture(autouse=True, params=["each-answer", "memo"])
+def shortcut_reuse(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every detector test of a module that imports this runs twice: as a node's few ports
+    are judged (every ``needs`` answer computed each poll), and as a fabric's 512+ are
+    (``GATHER_FROM``: answers kept from poll to poll by ``columns.Memo`` and computed again
+    only where a port's inputs or the detector's state for it changed)."""
+    if request.param == "memo":
+        monkeypatch.setattr(columns, "GATHER_FROM", 1)
+    return str(request.param)

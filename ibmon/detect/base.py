@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Final
 from pydantic import BaseModel, ConfigDict
 
 from ibmon.detect.cause import SUSPECT, action, end_name, far_end, preferred
-from ibmon.detect.columns import Fresh, read_column
+from ibmon.detect.columns import Fresh, Memo, read_column, with_keep
 from ibmon.events import EventType, Severity, severity_rank
 from ibmon.model import PortKey, PortView
 from ibmon.rates import NO_RATE, Rates
@@ -220,9 +220,11 @@ class IncreaseWindow:
         self.grain = grain
         self._last: dict[PortKey, int] = {}
         self._hist: dict[PortKey, deque[tuple[float, int]]] = {}
+        self._memo = Memo()  # ``changes``' answers of the last poll
 
     def observe(self, key: PortKey, now: float, total: int) -> int:
         """Record the port's current total; return its increase within the trailing window."""
+        self._memo.touch(key)
         prev = self._last.get(key)
         self._last[key] = total
         hist = self._hist.get(key)
@@ -252,12 +254,20 @@ class IncreaseWindow:
         recorded, no increase is left in the window, and it is not in ``keep``)."""
         last = self._last
         hist = self._hist
-        return [
-            total is None or key in keep or key in hist or last.get(key) != total
-            for (key, _), total in zip(fresh, totals, strict=True)
-        ]
+        reuse = self._memo.redo(fresh, totals)
+        if reuse is None:
+            answers = [total is None or key in hist or last.get(key) != total
+                       for (key, _), total in zip(fresh, totals, strict=True)]
+        else:
+            answers, redo = reuse
+            for i in redo:
+                key, total = fresh[i][0], totals[i]
+                answers[i] = total is None or key in hist or last.get(key) != total
+        self._memo.keep(answers)
+        return with_keep(fresh, answers, keep)
 
     def forget(self, key: PortKey) -> None:
+        self._memo.touch(key)
         self._last.pop(key, None)
         self._hist.pop(key, None)
 
@@ -279,6 +289,7 @@ class IncreaseWindow:
             for r in data.get("hist", [])
         }
         self._last, self._hist = last, hist
+        self._memo.clear()
 
 
 def totals_column(fresh: Pairs, name: str, default: int | None = None) -> list[int | None]:

@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Final, Literal, get_args
 
+from ibmon.detect.columns import Fresh, Memo
 from ibmon.model import PortIdentity, PortKey, PortState, PortView
 from ibmon.totals import Totals
 
@@ -267,8 +268,8 @@ class DetailWindow:
     costs one dict lookup and one comparison per poll, and one small tuple of memory.
     """
 
-    __slots__ = ("_absent", "_details", "_hist", "_last", "_shared", "_zeros", "aggregate",
-                 "window")
+    __slots__ = ("_absent", "_details", "_hist", "_last", "_memo", "_shared", "_zeros",
+                 "aggregate", "window")
 
     def __init__(self, aggregate: str, details: tuple[str, ...], window: float) -> None:
         self.aggregate = aggregate
@@ -286,8 +287,10 @@ class DetailWindow:
         # same totals): at first sight a fabric's ports all record the same baseline, and an
         # equal tuple per port was 5 MB at 36,720 ports.
         self._shared: tuple[float, int, int, tuple[int, ...]] | None = None
+        self._memo = Memo()  # ``moves``' answers of the last poll
 
     def observe(self, key: PortKey, now: float, totals: Mapping[str, int]) -> None:
+        self._memo.touch(key)
         agg = totals.get(self.aggregate)
         if agg is None:
             return
@@ -325,13 +328,26 @@ class DetailWindow:
         whose aggregate and number of totals are the ones recorded, with no history."""
         last = self._last
         hist = self._hist
-        return [
-            agg is not None and (
-                (rec := last.get(key)) is None or rec[1] != agg or key in hist
-                or (len(t.index) if type(t := view.totals) is Totals else len(t)) != rec[2]
-            )
-            for (key, view), agg in zip(fresh, aggregates, strict=True)
-        ]
+        sizes = (fresh.sizes(Totals) if type(fresh) is Fresh else
+                 [len(t.index) if type(t := view.totals) is Totals else len(t)
+                  for _, view in fresh])
+        reuse = self._memo.redo(fresh, aggregates, sizes)
+        if reuse is None:
+            answers = [
+                agg is not None and (
+                    (rec := last.get(key)) is None or rec[1] != agg or key in hist
+                    or size != rec[2])
+                for (key, _), agg, size in zip(fresh, aggregates, sizes, strict=True)
+            ]
+        else:
+            answers, redo = reuse
+            for i in redo:
+                key, agg, size = fresh[i][0], aggregates[i], sizes[i]
+                answers[i] = agg is not None and (
+                    (rec := last.get(key)) is None or rec[1] != agg or key in hist
+                    or size != rec[2])
+        self._memo.keep(answers)
+        return answers
 
     def increase(self, key: PortKey, now: float) -> tuple[int, dict[str, int]]:
         """(aggregate increase, detail increases) within the trailing window.
@@ -354,5 +370,6 @@ class DetailWindow:
         return cur[1] - ref[1], out
 
     def forget(self, key: PortKey) -> None:
+        self._memo.touch(key)
         self._last.pop(key, None)
         self._hist.pop(key, None)

@@ -30,7 +30,7 @@ from ibmon.detect.base import (
     key_from_json,
     key_to_json,
 )
-from ibmon.detect.columns import Fresh
+from ibmon.detect.columns import Fresh, PortOrder
 from ibmon.detect.congestion import Congestion
 from ibmon.detect.counters import CounterReset, CounterSaturated
 from ibmon.detect.errors import Discards, HighBer, LinkIntegrity, ReceiveErrors
@@ -165,6 +165,7 @@ class Engine:
         #: whose link is down, and a link fault must still be judged (and raised) once per link.
         self._linked: dict[PortKey, LinkInfo] = {}
         self._offset: float | None = None  # wall - monotonic of the latest poll
+        self._order: PortOrder | None = None  # the answered ports of the latest poll
         self._pending: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ polling
@@ -190,7 +191,7 @@ class Engine:
         linked = self._linked
         # The ports read this poll, once for every detector: stale views (ports that did not
         # answer) count as present, so they never "vanish", but no detector judges them.
-        fresh = Fresh()
+        fresh = Fresh(self._order)
         for key, seen in views.items():
             link = seen.link
             if link is not None:
@@ -212,6 +213,9 @@ class Engine:
             if left is not None and not left.stale:  # a stale view keeps what it showed
                 left.conditions = frozenset()
                 left.causes = {}
+        # The answered ports' order, kept for the next poll: the detectors' memos tell "the
+        # same ports in the same order" by this object.
+        self._order = fresh.known_order
         return events
 
     def _instants(

@@ -41,6 +41,7 @@ from ibmon.detect.cause import (
     peer_note,
     peer_summary,
 )
+from ibmon.detect.columns import Memo, with_keep
 from ibmon.events import Severity
 from ibmon.model import PortKey, PortState, PortView
 
@@ -166,19 +167,29 @@ class LinkIntegrity(PortDetector):
         self._last: dict[PortKey, tuple[int, ...]] = {}
         self._since: dict[PortKey, tuple[float, dict[str, int]]] = {}
         self._zeros: tuple[int, ...] = (0,) * len(settings.counters)
+        self._memo = Memo()  # ``needs``' answers of the last poll
 
     def needs(self, fresh: Pairs, now: float, active: Container[PortKey]) -> Pairs:
         # Unchanged totals and no increase within the hold: nothing to record or report.
         last = self._last
         since = self._since
         columns = [totals_column(fresh, c, -1) for c in self._s.counters]
-        return [
-            pair
-            for pair, values in zip(fresh, zip(*columns, strict=True), strict=True)
-            if last.get(pair[0]) != values or pair[0] in since or pair[0] in active
-        ]
+        reuse = self._memo.redo(fresh, *columns)
+        if reuse is None:
+            answers = [
+                last.get(key) != values or key in since
+                for (key, _), values in zip(fresh, zip(*columns, strict=True), strict=True)
+            ]
+        else:
+            answers, redo = reuse
+            for i in redo:
+                key = fresh[i][0]
+                answers[i] = last.get(key) != tuple(c[i] for c in columns) or key in since
+        self._memo.keep(answers)
+        return list(compress(fresh, with_keep(fresh, answers, active)))
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
+        self._memo.touch(key)
         totals = view.totals
         values = tuple(totals.get(c, -1) for c in self._s.counters)
         prev = self._last.get(key)
@@ -219,6 +230,7 @@ class LinkIntegrity(PortDetector):
         )
 
     def forget(self, key: PortKey) -> None:
+        self._memo.touch(key)
         self._last.pop(key, None)
         self._since.pop(key, None)
 
@@ -238,6 +250,7 @@ class LinkIntegrity(PortDetector):
             key_from_json(r[:2]): (float(r[2]) - offset, {str(k): int(v) for k, v in r[3].items()})
             for r in data.get("since", [])
         }
+        self._memo.clear()
 
 
 #: How several detail counters of one cause read in a sentence.
@@ -292,11 +305,8 @@ class _RateDetector(PortDetector):
         threshold = self._s.threshold
         moves = self._window.moves(fresh, totals_column(fresh, self.counter))
         rates = rate_column(fresh, self.counter)
-        return [
-            pair
-            for pair, moved, rate in zip(fresh, moves, rates, strict=True)
-            if moved or rate > threshold or pair[0] in active
-        ]
+        picks = [moved or rate > threshold for moved, rate in zip(moves, rates, strict=True)]
+        return list(compress(fresh, with_keep(fresh, picks, active)))
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
         self._window.observe(key, now, view.totals)

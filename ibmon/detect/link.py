@@ -28,9 +28,10 @@ from ibmon.detect.base import (
     key_to_json,
     totals_column,
 )
+from ibmon.detect.columns import Memo, with_keep
 from ibmon.events import Severity
 from ibmon.linkspeed import SPEED_ORDER, WIDTH_LANES
-from ibmon.model import PortKey, PortState, PortView
+from ibmon.model import LinkInfo, PortKey, PortState, PortView
 
 __all__ = ["LinkDegraded", "LinkFlapping", "PortDown"]
 
@@ -62,11 +63,24 @@ class PortDown(PortDetector):
         assert isinstance(settings, PortDownSettings)
         self._severity: Severity = settings.severity
         self._was_active: set[PortKey] = set()
+        self._memo = Memo()  # ``needs``' answers of the last poll
 
     def needs(self, fresh: Pairs, now: float, active: Container[PortKey]) -> Pairs:
         up = _ACTIVE
-        self._was_active.update([key for key, view in fresh if view.state == up])
-        return [pair for pair in fresh if pair[1].state != up or pair[0] in active]
+        states = [view.state for _, view in fresh]
+        reuse = self._memo.redo(fresh, states)
+        if reuse is None:
+            self._was_active.update(
+                [key for (key, _), s in zip(fresh, states, strict=True) if s == up])
+            answers = [s != up for s in states]
+        else:  # an Active port whose state is unchanged was recorded Active already
+            answers, redo = reuse
+            for i in redo:
+                answers[i] = states[i] != up
+                if states[i] == up:
+                    self._was_active.add(fresh[i][0])
+        self._memo.keep(answers)
+        return list(compress(fresh, with_keep(fresh, answers, active)))
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
         state = view.state
@@ -86,6 +100,7 @@ class PortDown(PortDetector):
         )
 
     def forget(self, key: PortKey) -> None:
+        self._memo.touch(key)
         self._was_active.discard(key)
 
     def dump(self, offset: float) -> Any:
@@ -95,6 +110,7 @@ class PortDown(PortDetector):
         if not isinstance(data, list):
             raise ValueError("port_down: expected a list")
         self._was_active = {key_from_json(k) for k in data}
+        self._memo.clear()
 
 
 class LinkFlappingSettings(DetectorSettings):
@@ -185,6 +201,7 @@ class LinkDegraded(PortDetector):
         #: (active width, active speed, max width, max speed) -> whether a link running so
         #: is fine (``_grade`` is True): a handful of combinations on any fabric.
         self._fine: dict[tuple[str, str, str, str], bool] = {}
+        self._memo = Memo()  # ``needs``' answers of the last poll (a function of its inputs)
 
     def begin(self, now: float, views: Mapping[PortKey, PortView]) -> None:
         super().begin(now, views)
@@ -211,20 +228,29 @@ class LinkDegraded(PortDetector):
     def needs(self, fresh: Pairs, now: float, active: Container[PortKey]) -> Pairs:
         # An Active port whose link names all four rates, in a combination already graded
         # fine, gets None from ``check``.
+        # The answer is the same for the same state and link (equal objects): kept a poll.
         fine = self._fine
-        out: Pairs = []
-        for pair in fresh:
-            key, view = pair
-            link = view.link
-            if view.state == _ACTIVE and link is not None and key not in active:
-                rates = (link.active_width, link.active_speed, link.max_width, link.max_speed)
-                ok = fine.get(rates)
-                if ok is None:
-                    ok = fine[rates] = all(rates) and _grade(*rates) is True
-                if ok:
-                    continue
-            out.append(pair)
-        return out
+
+        def picked(state: int | None, link: LinkInfo | None) -> bool:
+            if state != _ACTIVE or link is None:
+                return True
+            rates = (link.active_width, link.active_speed, link.max_width, link.max_speed)
+            ok = fine.get(rates)
+            if ok is None:
+                ok = fine[rates] = all(rates) and _grade(*rates) is True
+            return not ok
+
+        states = [view.state for _, view in fresh]
+        links = [view.link for _, view in fresh]
+        reuse = self._memo.redo(fresh, states, links)
+        if reuse is None:
+            answers = list(map(picked, states, links))
+        else:
+            answers, redo = reuse
+            for i in redo:
+                answers[i] = picked(states[i], links[i])
+        self._memo.keep(answers)
+        return list(compress(fresh, with_keep(fresh, answers, active)))
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
         if view.state != _ACTIVE:

@@ -8,6 +8,7 @@ cabled links while they are down (docs/infiniband.md §5), so a down link is not
 from __future__ import annotations
 
 from collections.abc import Container, Mapping
+from itertools import compress
 from typing import Any
 
 from pydantic import Field
@@ -22,6 +23,7 @@ from ibmon.detect.base import (
     key_from_json,
     key_to_json,
 )
+from ibmon.detect.columns import Memo
 from ibmon.events import Severity
 from ibmon.model import PortIdentity, PortKey, PortView
 
@@ -50,6 +52,7 @@ class TopologyChanged(PortDetector):
         self._absent: dict[PortKey, int] = {}
         self._baseline = True
         self._first = True
+        self._memo = Memo()  # ``needs``' answers of the last poll
 
     def begin(self, now: float, views: Mapping[PortKey, PortView]) -> None:
         self._first = self._baseline
@@ -57,23 +60,31 @@ class TopologyChanged(PortDetector):
 
     def needs(self, fresh: Pairs, now: float, active: Container[PortKey]) -> Pairs:
         # A port seen before whose far end is the one recorded, or not named this poll, gets
-        # None; ``check`` would only have recorded its identity (for ``vanished``).
+        # None; ``check`` would only have recorded its identity (for ``vanished``). A port whose
+        # identity and link are the objects of the last poll has them recorded already.
         peers = self._peers
         idents = self._idents
-        out: Pairs = []
-        for pair in fresh:
-            key, view = pair
+
+        def picked(key: PortKey, view: PortView) -> bool:
             idents[key] = view.identity
             old = peers.get(key, _UNSEEN)
             link = view.link
-            if old is _UNSEEN or (
+            return old is _UNSEEN or bool(
                 link is not None and link.remote_guid
-                and (old is None or old != (link.remote_guid, link.remote_port))
-            ):
-                out.append(pair)
-        return out
+                and (old is None or old != (link.remote_guid, link.remote_port)))
+
+        reuse = self._memo.redo(fresh, [v.identity for _, v in fresh], [v.link for _, v in fresh])
+        if reuse is None:
+            answers = [picked(key, view) for key, view in fresh]
+        else:
+            answers, redo = reuse
+            for i in redo:
+                answers[i] = picked(*fresh[i])
+        self._memo.keep(answers)
+        return list(compress(fresh, answers))
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
+        self._memo.touch(key)
         link = view.link
         peer: _Peer = (link.remote_guid, link.remote_port) if link and link.remote_guid else None
         self._idents[key] = view.identity
@@ -116,6 +127,7 @@ class TopologyChanged(PortDetector):
                 continue
             self._absent.pop(key, None)
             self._peers.pop(key, None)
+            self._memo.touch(key)
             ident = self._idents.pop(key, None) or PortIdentity(guid=key[0], port=key[1])
             name = ident.node_desc or ident.device or ident.guid
             out.append(
@@ -133,6 +145,7 @@ class TopologyChanged(PortDetector):
         return out
 
     def forget(self, key: PortKey) -> None:
+        self._memo.touch(key)
         self._peers.pop(key, None)
         self._idents.pop(key, None)
         self._absent.pop(key, None)
@@ -149,3 +162,4 @@ class TopologyChanged(PortDetector):
             peers[key_from_json(r[:2])] = (str(p[0]), str(p[1])) if p else None
         self._peers = peers
         self._baseline = not peers
+        self._memo.clear()

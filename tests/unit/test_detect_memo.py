@@ -1,0 +1,154 @@
+"""Detectors keep last poll's ``needs`` answers and compute again only what changed (issue 12).
+
+``columns.Memo`` reuses a port's answer when its inputs (its error totals, state, identity,
+link) compare equal to the previous poll's and nothing the detector keeps about it changed
+(``touch``). The attack: scenarios played through two pipelines on the same clock, one with
+the memos and one whose memos never reuse anything, compared on every poll: each detector must
+pick exactly the same ports. A memo that kept a stale answer picks a port too many (slower,
+and, the other way round, a fault missed); one that ignored a touch keeps picking a port that
+went quiet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from ibmon.config import MockSourceConfig
+from ibmon.detect import columns
+from ibmon.detect.base import Pairs
+from ibmon.detect.columns import Fresh, Memo, PortOrder, with_keep
+from ibmon.model import PortIdentity, PortKey, PortView
+from ibmon.pipeline import Pipeline
+from ibmon.selfmetrics import SelfMetrics
+from ibmon.sources.mock import MockSource
+from ibmon.tracker import Tracker
+from mocks.scenario import ManualClock, load_scenario
+
+
+class _Afresh(Memo):
+    """A memo that never reuses an answer: every poll computes all of them."""
+
+    __slots__ = ()
+
+    def redo(self, fresh: Any, *inputs: Any) -> None:
+        return None
+
+
+def _memos(pipeline: Pipeline) -> list[tuple[Any, Memo]]:
+    found = []
+    for det in pipeline.engine.detectors:
+        for owner in (det, getattr(det, "_window", None)):
+            memo = getattr(owner, "_memo", None)
+            if isinstance(memo, Memo):
+                found.append((owner, memo))
+    return found
+
+
+def _recording(pipeline: Pipeline, picked: dict[str, list[PortKey]]) -> None:
+    for det in pipeline.engine.detectors:
+        def needs(fresh: Pairs, now: float, active: Any, det: Any = det,
+                  inner: Any = det.needs) -> Pairs:
+            out: Pairs = inner(fresh, now, active)
+            picked[det.type] = [key for key, _ in out]
+            return out
+        det.needs = needs  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("name", ["demo", "flap", "link-errors", "degraded"])
+def test_memoized_answers_equal_answers_computed_afresh(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Tracker, "columns_from", 1)  # as on a fabric: the column store,
+    monkeypatch.setattr(columns, "GATHER_FROM", 1)  # gathered columns and memos
+    sc = load_scenario(name)
+    clock = ManualClock()
+    sources = [MockSource.from_scenario(name, clock=clock) for _ in range(2)]
+    sources[1].epoch = sources[0].epoch
+    pipelines = [Pipeline(MockSourceConfig(name="mock", interval=2.0), metrics=SelfMetrics(),
+                          fabric="test", tick_seconds=sc.tick_seconds) for _ in range(2)]
+    memos = _memos(pipelines[0])
+    assert len(memos) >= 7  # every detector whose needs looks ports up
+    for owner, _ in _memos(pipelines[1]):
+        owner._memo = _Afresh()
+    picked: list[dict[str, list[PortKey]]] = [{}, {}]
+    for pipeline, record in zip(pipelines, picked, strict=True):
+        _recording(pipeline, record)
+    reused = 0
+
+    async def run() -> None:
+        nonlocal reused
+        t = 0.0
+        while t <= sc.duration:
+            clock.t = t
+            got = [e.model_dump() for e in await pipelines[0].poll(sources[0])]
+            want = [e.model_dump() for e in await pipelines[1].poll(sources[1])]
+            assert picked[0] == picked[1], f"t={t}"
+            assert got == want, f"t={t}"
+            reused += sum(bool(memo._answers) for _, memo in memos)
+            t = round(t + (2.0 if t < 900 else 30.0), 6)
+
+    asyncio.run(run())
+    assert reused > 0  # the memos were used, not recomputed every poll
+
+
+def _fresh(keys: list[PortKey], previous: PortOrder | None = None) -> Fresh:
+    fresh = Fresh(previous)
+    fresh.extend((key, PortView(identity=PortIdentity(guid=key[0], port=key[1])))
+                 for key in keys)
+    return fresh
+
+
+def test_a_memo_computes_again_what_changed_and_nothing_else(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(columns, "GATHER_FROM", 4)
+    keys = [(f"0x{i:04x}", "1") for i in range(6)]
+    memo = Memo()
+    fresh = _fresh(keys)
+    assert memo.redo(fresh, [0] * 6) is None  # first sight: everything
+    memo.keep([False] * 6)
+    fresh = _fresh(keys, fresh.known_order)
+    assert fresh.order() is not None and fresh.known_order is not None
+    values = [0, 0, 7, 0, 0, 0]
+    memo.touch(keys[4])
+    memo.touch(("0xgone", "1"))  # a port no longer answering: nothing to redo
+    reuse = memo.redo(fresh, values)
+    assert reuse is not None
+    answers, redo = reuse
+    assert (answers, sorted(redo)) == ([False] * 6, [2, 4])
+    answers[2] = True
+    memo.keep(answers)
+    fresh = _fresh(keys, fresh.known_order)
+    assert memo.redo(fresh, list(values)) == ([False, False, True, False, False, False], [])
+    memo.keep(answers)
+    # another order of ports, a cleared memo, a different number of inputs: everything
+    assert memo.redo(_fresh(keys[::-1], fresh.known_order), values) is None
+    memo.keep(answers)
+    fresh = _fresh(keys[::-1], fresh.known_order)
+    memo.clear()
+    assert memo.redo(fresh, values) is None
+    memo.keep(answers)
+    assert memo.redo(_fresh(keys[::-1], fresh.known_order), values, values) is None
+    # too few ports for a memo (a node's HCAs): nothing is kept
+    memo = Memo()
+    few = _fresh(keys[:3])
+    assert memo.redo(few, [0] * 3) is None
+    memo.keep([False] * 3)
+    assert memo.redo(_fresh(keys[:3], few.known_order), [0] * 3) is None
+
+
+@pytest.mark.parametrize("gather_from", [1, 512])
+def test_kept_conditions_are_picked_with_or_without_an_order(
+    gather_from: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(columns, "GATHER_FROM", gather_from)
+    keys = [(f"0x{i:04x}", "1") for i in range(5)]
+    fresh = _fresh(keys)
+    Memo().redo(fresh, [0] * 5)  # asks for the order where a memo is used
+    active = {keys[1]: object(), ("0xgone", "1"): object()}
+    answers = [False, False, False, True, False]
+    assert with_keep(fresh, answers, active) == [False, True, False, True, False]
+    assert answers == [False, False, False, True, False]  # the memo's copy is not changed
