@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import builtins
 from collections import deque
-from collections.abc import Container, Mapping
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
@@ -248,7 +248,7 @@ class IncreaseWindow:
 
     def changes(
         self, fresh: Pairs, totals: list[int | None], keep: Container[PortKey]
-    ) -> list[bool]:
+    ) -> Sequence[int]:
         """For each port of ``fresh``, given its current total (``totals_column``): False
         when ``observe`` would answer 0 and leave it as it is (its total is the last one
         recorded, no increase is left in the window, and it is not in ``keep``)."""
@@ -256,8 +256,8 @@ class IncreaseWindow:
         hist = self._hist
         reuse = self._memo.redo(fresh, totals)
         if reuse is None:
-            answers = [total is None or key in hist or last.get(key) != total
-                       for (key, _), total in zip(fresh, totals, strict=True)]
+            answers = bytearray([total is None or key in hist or last.get(key) != total
+                                 for (key, _), total in zip(fresh, totals, strict=True)])
         else:
             answers, redo = reuse
             for i in redo:

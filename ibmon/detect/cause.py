@@ -322,7 +322,7 @@ class DetailWindow:
             hist.popleft()
 
     def moves(self, fresh: Sequence[tuple[PortKey, PortView]],
-              aggregates: list[int | None]) -> list[bool]:
+              aggregates: list[int | None]) -> bytearray:
         """For each port of ``fresh`` (with its ``aggregate`` total): whether ``observe``
         could record or drop anything for it. False only for a port without the aggregate or
         whose aggregate and number of totals are the ones recorded, with no history."""
@@ -333,12 +333,12 @@ class DetailWindow:
                   for _, view in fresh])
         reuse = self._memo.redo(fresh, aggregates, sizes)
         if reuse is None:
-            answers = [
+            answers = bytearray([
                 agg is not None and (
                     (rec := last.get(key)) is None or rec[1] != agg or key in hist
                     or size != rec[2])
                 for (key, _), agg, size in zip(fresh, aggregates, sizes, strict=True)
-            ]
+            ])
         else:
             answers, redo = reuse
             for i in redo:

@@ -14,13 +14,14 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Collection, Container, Mapping, Sequence
+from operator import attrgetter
 from typing import Any
 
 from ibmon.model import PortKey, PortView
 from ibmon.rates import Rates
 from ibmon.totals import Totals
 
-__all__ = ["GATHER_FROM", "Fresh", "Memo", "PortOrder", "read_column", "with_keep"]
+__all__ = ["GATHER_FROM", "Fresh", "Memo", "PortOrder", "attribute", "read_column", "with_keep"]
 
 #: Below this many ports a column is read port by port: the gather's setup costs more.
 GATHER_FROM = 512
@@ -56,17 +57,26 @@ class Fresh(list[tuple[PortKey, PortView]]):
     of its ports (``order``), the previous poll's (``previous``) when it is the same.
     """
 
-    __slots__ = ("_order", "_previous", "_readers")
+    __slots__ = ("_attributes", "_order", "_previous", "_readers")
 
     def __init__(self, previous: PortOrder | None = None) -> None:
         super().__init__()
         self._readers: dict[type, _Reader] = {}
+        self._attributes: dict[str, list[Any]] = {}
         self._previous = previous
         self._order: PortOrder | None = None
 
     def column(self, kind: type[Totals | Rates], name: str, default: Any) -> list[Any]:
         """``mapping.get(name, default)`` of every port's totals (``Totals``) or rates."""
         return self._reader(kind).column(name, default)
+
+    def attribute(self, name: str) -> list[Any]:
+        """Every view's attribute ``name``: one list a poll, however many detectors read it
+        (and keep it in their memos)."""
+        values = self._attributes.get(name)
+        if values is None:
+            values = self._attributes[name] = list(map(attrgetter(name), (v for _, v in self)))
+        return values
 
     def sizes(self, kind: type[Totals | Rates]) -> list[int]:
         """How many counters every port's totals (``Totals``) or rates have."""
@@ -112,7 +122,7 @@ class Memo:
     def __init__(self) -> None:
         self._order: PortOrder | None = None
         self._inputs: tuple[Sequence[object], ...] = ()
-        self._answers: list[bool] = []
+        self._answers = bytearray()  # 1 where ``needs`` picked the port
         self._touched: set[PortKey] = set()
 
     def touch(self, key: PortKey) -> None:
@@ -123,11 +133,11 @@ class Memo:
         """The detector's state was replaced (``load``): compute every answer again."""
         self._order = None
         self._inputs = ()
-        self._answers = []
+        self._answers = bytearray()
         self._touched.clear()
 
     def redo(self, fresh: Sequence[tuple[PortKey, PortView]], *inputs: Sequence[object]
-             ) -> tuple[list[bool], list[int]] | None:
+             ) -> tuple[bytearray, list[int]] | None:
         """(last poll's answers, a copy to update, and the positions whose answer must be
         computed again), or None when every answer must be; then ``keep`` the answers."""
         order = fresh.order() if type(fresh) is Fresh and len(fresh) >= GATHER_FROM else None
@@ -151,13 +161,20 @@ class Memo:
             touched.clear()
         return self._answers.copy(), list(redo)
 
-    def keep(self, answers: list[bool]) -> None:
+    def keep(self, answers: bytearray) -> None:
         """This poll's answers (before ``with_keep``), for the next poll."""
-        self._answers = answers if self._order is not None else []
+        self._answers = answers if self._order is not None else bytearray()
 
 
-def with_keep(fresh: Sequence[tuple[PortKey, PortView]], answers: list[bool],
-              keep: Container[PortKey]) -> list[bool]:
+def attribute(fresh: Sequence[tuple[PortKey, PortView]], name: str) -> list[Any]:
+    """Every view's attribute ``name`` (shared for the poll when ``fresh`` is a ``Fresh``)."""
+    if type(fresh) is Fresh:
+        return fresh.attribute(name)
+    return [getattr(view, name) for _, view in fresh]
+
+
+def with_keep(fresh: Sequence[tuple[PortKey, PortView]], answers: bytearray,
+              keep: Container[PortKey]) -> Sequence[int]:
     """``answers`` with every port in ``keep`` (the conditions a detector holds) picked too."""
     if not keep:
         return answers

@@ -176,10 +176,10 @@ class LinkIntegrity(PortDetector):
         columns = [totals_column(fresh, c, -1) for c in self._s.counters]
         reuse = self._memo.redo(fresh, *columns)
         if reuse is None:
-            answers = [
+            answers = bytearray([
                 last.get(key) != values or key in since
                 for (key, _), values in zip(fresh, zip(*columns, strict=True), strict=True)
-            ]
+            ])
         else:
             answers, redo = reuse
             for i in redo:
@@ -305,7 +305,8 @@ class _RateDetector(PortDetector):
         threshold = self._s.threshold
         moves = self._window.moves(fresh, totals_column(fresh, self.counter))
         rates = rate_column(fresh, self.counter)
-        picks = [moved or rate > threshold for moved, rate in zip(moves, rates, strict=True)]
+        picks = bytearray([moved or rate > threshold
+                           for moved, rate in zip(moves, rates, strict=True)])
         return list(compress(fresh, with_keep(fresh, picks, active)))
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:

@@ -28,7 +28,7 @@ from ibmon.detect.base import (
     key_to_json,
     totals_column,
 )
-from ibmon.detect.columns import Memo, with_keep
+from ibmon.detect.columns import Memo, attribute, with_keep
 from ibmon.events import Severity
 from ibmon.linkspeed import SPEED_ORDER, WIDTH_LANES
 from ibmon.model import LinkInfo, PortKey, PortState, PortView
@@ -67,12 +67,12 @@ class PortDown(PortDetector):
 
     def needs(self, fresh: Pairs, now: float, active: Container[PortKey]) -> Pairs:
         up = _ACTIVE
-        states = [view.state for _, view in fresh]
+        states = attribute(fresh, "state")
         reuse = self._memo.redo(fresh, states)
         if reuse is None:
             self._was_active.update(
                 [key for (key, _), s in zip(fresh, states, strict=True) if s == up])
-            answers = [s != up for s in states]
+            answers = bytearray([s != up for s in states])
         else:  # an Active port whose state is unchanged was recorded Active already
             answers, redo = reuse
             for i in redo:
@@ -240,11 +240,11 @@ class LinkDegraded(PortDetector):
                 ok = fine[rates] = all(rates) and _grade(*rates) is True
             return not ok
 
-        states = [view.state for _, view in fresh]
-        links = [view.link for _, view in fresh]
+        states = attribute(fresh, "state")
+        links = attribute(fresh, "link")
         reuse = self._memo.redo(fresh, states, links)
         if reuse is None:
-            answers = list(map(picked, states, links))
+            answers = bytearray(map(picked, states, links))
         else:
             answers, redo = reuse
             for i in redo:

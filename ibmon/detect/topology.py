@@ -23,7 +23,7 @@ from ibmon.detect.base import (
     key_from_json,
     key_to_json,
 )
-from ibmon.detect.columns import Memo
+from ibmon.detect.columns import Memo, attribute
 from ibmon.events import Severity
 from ibmon.model import PortIdentity, PortKey, PortView
 
@@ -73,9 +73,9 @@ class TopologyChanged(PortDetector):
                 link is not None and link.remote_guid
                 and (old is None or old != (link.remote_guid, link.remote_port)))
 
-        reuse = self._memo.redo(fresh, [v.identity for _, v in fresh], [v.link for _, v in fresh])
+        reuse = self._memo.redo(fresh, attribute(fresh, "identity"), attribute(fresh, "link"))
         if reuse is None:
-            answers = [picked(key, view) for key, view in fresh]
+            answers = bytearray([picked(key, view) for key, view in fresh])
         else:
             answers, redo = reuse
             for i in redo:

@@ -109,7 +109,7 @@ def test_a_memo_computes_again_what_changed_and_nothing_else(
     memo = Memo()
     fresh = _fresh(keys)
     assert memo.redo(fresh, [0] * 6) is None  # first sight: everything
-    memo.keep([False] * 6)
+    memo.keep(bytearray(6))
     fresh = _fresh(keys, fresh.known_order)
     assert fresh.order() is not None and fresh.known_order is not None
     values = [0, 0, 7, 0, 0, 0]
@@ -118,11 +118,11 @@ def test_a_memo_computes_again_what_changed_and_nothing_else(
     reuse = memo.redo(fresh, values)
     assert reuse is not None
     answers, redo = reuse
-    assert (answers, sorted(redo)) == ([False] * 6, [2, 4])
+    assert (answers, sorted(redo)) == (bytearray(6), [2, 4])
     answers[2] = True
     memo.keep(answers)
     fresh = _fresh(keys, fresh.known_order)
-    assert memo.redo(fresh, list(values)) == ([False, False, True, False, False, False], [])
+    assert memo.redo(fresh, list(values)) == (bytearray([0, 0, 1, 0, 0, 0]), [])
     memo.keep(answers)
     # another order of ports, a cleared memo, a different number of inputs: everything
     assert memo.redo(_fresh(keys[::-1], fresh.known_order), values) is None
@@ -136,7 +136,7 @@ def test_a_memo_computes_again_what_changed_and_nothing_else(
     memo = Memo()
     few = _fresh(keys[:3])
     assert memo.redo(few, [0] * 3) is None
-    memo.keep([False] * 3)
+    memo.keep(bytearray(3))
     assert memo.redo(_fresh(keys[:3], few.known_order), [0] * 3) is None
 
 
@@ -149,6 +149,6 @@ def test_kept_conditions_are_picked_with_or_without_an_order(
     fresh = _fresh(keys)
     Memo().redo(fresh, [0] * 5)  # asks for the order where a memo is used
     active = {keys[1]: object(), ("0xgone", "1"): object()}
-    answers = [False, False, False, True, False]
-    assert with_keep(fresh, answers, active) == [False, True, False, True, False]
-    assert answers == [False, False, False, True, False]  # the memo's copy is not changed
+    answers = bytearray([0, 0, 0, 1, 0])
+    assert list(map(bool, with_keep(fresh, answers, active))) == [False, True, False, True, False]
+    assert answers == bytearray([0, 0, 0, 1, 0])  # the memo's copy is not changed
