@@ -266,6 +266,10 @@ class Tracker:
         out: list[PortView | None] = [None] * len(snapshot.ports)
         slow: list[tuple[int, _Port, PortSample, float]] = []
         batches: dict[tuple[str, ...], _Batch] = {}
+        # The ports of a fabric share one interned tuple of counter names (``_intern``): the
+        # previous port's batch is found by identity, without hashing 20-40 names a port.
+        keys: tuple[str, ...] | None = None
+        batch: _Batch | None = None
         for pos, (key, sample) in enumerate(snapshot.ports.items()):
             st = ports.get(key)
             if st is None:
@@ -275,9 +279,11 @@ class Tracker:
             if values is None:
                 slow.append((pos, st, sample, inv_dt))
                 continue
-            batch = batches.get(st.keys)
-            if batch is None:
-                batch = batches[st.keys] = _Batch(self._block(st.keys, cols))
+            if st.keys is not keys or batch is None:
+                keys = st.keys
+                batch = batches.get(keys)
+                if batch is None:
+                    batch = batches[keys] = _Batch(self._block(keys, cols))
             batch.add(pos, st, sample, values, inv_dt)
         for batch in batches.values():
             arriving = [st for st in batch.ports if st.block is None]

@@ -207,7 +207,7 @@ class _Reader:
     """Columns of one kind of mapping of a ``Fresh``: gathered from the array most of its ports
     share (``_shared``), the other ports read one by one (``_odd``)."""
 
-    __slots__ = ("_bases", "_index", "_kind", "_maps", "_odd", "_shared")
+    __slots__ = ("_bases", "_index", "_kind", "_maps", "_odd", "_shared", "_sizes")
 
     def __init__(self, fresh: Fresh, kind: type[Totals | Rates]) -> None:
         # Any: ``Totals``/``Rates`` or, from a caller other than the tracker, plain mappings
@@ -220,6 +220,7 @@ class _Reader:
         self._shared: array[Any] | None = None
         self._bases: Any = None
         self._odd: list[int] = []
+        self._sizes: list[int] | None = None
         np = sys.modules.get("numpy")
         if np is None or len(maps) < GATHER_FROM or not self._index:
             return
@@ -243,13 +244,18 @@ class _Reader:
         self._bases = np.array(bases, dtype=np.intp)
 
     def sizes(self) -> list[int]:
+        """Once a poll: the memos of all detectors that read it keep the same list."""
+        if self._sizes is not None:
+            return self._sizes
         kind = self._kind
         if self._shared is None:
-            return [len(m.index) if type(m) is kind else len(m) for m in self._maps]
-        sizes = [len(self._index)] * len(self._maps)
-        for i in self._odd:
-            m = self._maps[i]
-            sizes[i] = len(m.index) if type(m) is kind else len(m)
+            sizes = [len(m.index) if type(m) is kind else len(m) for m in self._maps]
+        else:
+            sizes = [len(self._index)] * len(self._maps)
+            for i in self._odd:
+                m = self._maps[i]
+                sizes[i] = len(m.index) if type(m) is kind else len(m)
+        self._sizes = sizes
         return sizes
 
     def column(self, name: str, default: Any) -> list[Any]:
