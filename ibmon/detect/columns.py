@@ -30,23 +30,43 @@ _DTYPES = {"Q": "uint64", "d": "float64"}
 
 
 class PortOrder:
-    """The keys of a poll's answered ports, in order, and where each one is.
+    """The keys of a poll's answered ports, in order, and where some of them are.
 
     ``Fresh.order`` hands out the previous poll's object when the keys are the same in the same
     order (nearly every poll of a fabric), so a ``Memo`` tells "same ports" by identity.
     """
 
-    __slots__ = ("_where", "keys")
+    __slots__ = ("_found", "keys")
 
     def __init__(self, keys: list[PortKey]) -> None:
         self.keys = keys
-        self._where: dict[PortKey, int] | None = None
+        # Only the keys asked about (the ports a detector checked or holds a condition on, a
+        # few on a fabric), kept with the order: an index of every key was 2.6 MB at 36,720
+        # ports. None: not among the keys.
+        self._found: dict[PortKey, int | None] = {}
 
-    def where(self) -> dict[PortKey, int]:
-        """Each key's position (built on first use, then kept with the order)."""
-        if self._where is None:
-            self._where = {key: i for i, key in enumerate(self.keys)}
-        return self._where
+    def positions(self, keys: Collection[PortKey]) -> list[int]:
+        """Where those of ``keys`` that are among this order's keys are."""
+        found = self._found
+        missing = [key for key in keys if key not in found]
+        if len(found) + len(missing) > len(self.keys):  # bounded: absent keys could keep coming
+            found.clear()
+            missing = list(keys)
+        if len(missing) > _INDEX_SCANS:
+            # Many at once (a fabric's first polls touch every port): one pass over all keys,
+            # not kept, so the few keys asked about poll after poll stay all that is kept.
+            wanted = set(keys)
+            return [i for i, key in enumerate(self.keys) if key in wanted]
+        for key in missing:  # each a search in C from the start of the keys, then kept
+            try:
+                found[key] = self.keys.index(key)
+            except ValueError:
+                found[key] = None
+        return [i for key in keys if (i := found[key]) is not None]
+
+
+#: Keys looked up one by one (``list.index``) before one pass over all keys costs less.
+_INDEX_SCANS = 8
 
 
 class Fresh(list[tuple[PortKey, PortView]]):
@@ -156,8 +176,7 @@ class Memo:
                 redo.update([i for i, (a, b) in enumerate(zip(new, prev, strict=True))
                              if a is not b and a != b])
         if touched:
-            where = order.where()
-            redo.update([i for key in touched if (i := where.get(key)) is not None])
+            redo.update(order.positions(touched))
             touched.clear()
         return self._answers.copy(), list(redo)
 
@@ -181,12 +200,9 @@ def with_keep(fresh: Sequence[tuple[PortKey, PortView]], answers: bytearray,
     order = fresh.known_order if type(fresh) is Fresh else None
     if order is None or not isinstance(keep, Collection):
         return [a or key in keep for (key, _), a in zip(fresh, answers, strict=True)]
-    where = order.where()
     out = answers.copy()
-    for key in keep:
-        i = where.get(key)
-        if i is not None:
-            out[i] = True
+    for i in order.positions(keep):
+        out[i] = True
     return out
 
 

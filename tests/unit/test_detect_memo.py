@@ -152,3 +152,16 @@ def test_kept_conditions_are_picked_with_or_without_an_order(
     answers = bytearray([0, 0, 0, 1, 0])
     assert list(map(bool, with_keep(fresh, answers, active))) == [False, True, False, True, False]
     assert answers == bytearray([0, 0, 0, 1, 0])  # the memo's copy is not changed
+
+
+@pytest.mark.parametrize("asked", [3, 40])
+def test_an_order_finds_positions_one_by_one_or_in_one_pass(asked: int) -> None:
+    """A few keys are searched for and remembered with the order; many at once (every port
+    touched on a fabric's first polls) take one pass and are not kept (no index of every
+    port)."""
+    keys = [(f"0x{i:04x}", "1") for i in range(100)]
+    order = PortOrder(keys)
+    wanted = [keys[i] for i in range(99, 99 - asked, -1)] + [("0xgone", "1")]
+    assert sorted(order.positions(wanted)) == list(range(100 - asked, 100))
+    assert sorted(order.positions(set(wanted))) == list(range(100 - asked, 100))
+    assert len(order._found) == (0 if asked > 8 else asked + 1)
