@@ -27,6 +27,9 @@ __all__ = ["GATHER_FROM", "Fresh", "Memo", "PortOrder", "attribute", "read_colum
 GATHER_FROM = 512
 
 _DTYPES = {"Q": "uint64", "d": "float64"}
+#: Keys ``PortOrder.positions`` looks up one by one (``list.index``, then kept); from more at
+#: once, one pass over all keys costs less.
+_INDEX_SCANS = 8
 
 
 class PortOrder:
@@ -64,9 +67,6 @@ class PortOrder:
                 found[key] = None
         return [i for key in keys if (i := found[key]) is not None]
 
-
-#: Keys looked up one by one (``list.index``) before one pass over all keys costs less.
-_INDEX_SCANS = 8
 
 
 class Fresh(list[tuple[PortKey, PortView]]):
@@ -158,8 +158,9 @@ class Memo:
 
     def redo(self, fresh: Sequence[tuple[PortKey, PortView]], *inputs: Sequence[object]
              ) -> tuple[bytearray, list[int]] | None:
-        """(last poll's answers, a copy to update, and the positions whose answer must be
-        computed again), or None when every answer must be; then ``keep`` the answers."""
+        """A copy of last poll's answers and the positions whose answer must be computed
+        again, or None when every answer must be. Either way the caller then ``keep``s this
+        poll's answers."""
         order = fresh.order() if type(fresh) is Fresh and len(fresh) >= GATHER_FROM else None
         old = self._inputs
         same = order is not None and order is self._order and len(old) == len(inputs)
