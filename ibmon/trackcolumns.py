@@ -27,6 +27,7 @@ import contextlib
 import ctypes
 import os
 from array import array
+from collections.abc import Sequence
 from typing import Final, cast
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # no BLAS here: no idle thread pool for it
@@ -164,12 +165,12 @@ def advance(
     values: list[array[int]],
     inv_dt: list[float],
     *,
-    link_bytes: list[float],
+    link_bytes: Sequence[float | None],
     tick: float,
 ) -> Step:
     """Account one poll for ``rows`` of ``block``, read as ``values`` (one array per row, in
     the block's column order), ``inv_dt`` apart from their last reading, on links of
-    ``link_bytes`` per second (0.0 where unknown). A row that is not accounted is untouched.
+    ``link_bytes`` per second (None where unknown). A row that is not accounted is untouched.
 
     The arithmetic is the tracker's for a port without pinned or stale counters: a counter
     that moved adds ``delta * multiplier`` to its total and has the rate ``delta * multiplier
@@ -251,7 +252,7 @@ def _chunk(
 def _ratios(
     block: Block,
     rates: npt.NDArray[np.float64],
-    link_bytes: list[float],
+    link_bytes: Sequence[float | None],
     ok: list[bool],
     *,
     tick: float,
@@ -259,7 +260,7 @@ def _ratios(
 ) -> None:
     """The utilization and transmit-wait ratio of the accounted rows (``rates``), onto
     ``step``'s lists."""
-    link = np.array(link_bytes, dtype=np.float64)
+    link = np.array(link_bytes, dtype=np.float64)  # None becomes NaN: not > 0, no ratio
     if len(rates) != len(link):
         link = link[np.array(ok, dtype=np.bool_)]
     known = link > 0.0

@@ -37,7 +37,7 @@ import math
 from array import array
 from collections.abc import Collection, Container, Iterable, Mapping, MutableSequence, Sequence
 from dataclasses import fields
-from operator import ne
+from operator import attrgetter, ne
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
@@ -76,7 +76,7 @@ _NO_CAUSES: Final[dict[str, str]] = {}
 #: The rates of a port whose interval was unusable (first sample, no time passed, not Active).
 _NO_RATES: Final = Rates({}, array("d"))
 _ACTIVE: Final = int(PortState.ACTIVE)
-_INF: Final = math.inf
+_RATE_BPS: Final = attrgetter("rate_bps")
 _NO_INDEX: Final[dict[str, int]] = {}
 #: What a port's own ``last`` and ``totals`` are while its ``Block`` row holds them.
 _IN_BLOCK: Final[tuple[int, ...]] = ()
@@ -284,7 +284,13 @@ class Tracker:
                 batch = batches.get(keys)
                 if batch is None:
                     batch = batches[keys] = _Batch(self._block(keys, cols))
-            batch.add(pos, st, sample, values, inv_dt)
+            # Appended here rather than by a method of the batch: a call less per port (and
+            # no tuple a port, which the cyclic GC would scan).
+            batch.pos.append(pos)
+            batch.ports.append(st)
+            batch.samples.append(sample)
+            batch.values.append(values)
+            batch.inv_dt.append(inv_dt)
         for batch in batches.values():
             arriving = [st for st in batch.ports if st.block is None]
             if arriving:  # ports new to the store: room for all of them at once
@@ -300,8 +306,11 @@ class Tracker:
         """One block's ports of a poll: ``advance`` them, and make their views (into ``out``,
         at each port's position in the snapshot); a refused row takes the per-port rules."""
         block = batch.block
+        # The view's link rate, one float a port shared by the view and the ratios (where it
+        # is None, ``advance`` reads NaN: no utilization).
+        links = list(map(_link_bytes, map(_RATE_BPS, batch.samples)))
         step: Step = cols.advance(block, [st.row for st in batch.ports], batch.values,
-                                  batch.inv_dt, link_bytes=batch.link, tick=self._tick)
+                                  batch.inv_dt, link_bytes=links, tick=self._tick)
         batch.values.clear()
         width = block.width
         totals_of = block.totals
@@ -310,8 +319,8 @@ class Tracker:
         util_rx = step.util_rx
         wait_ratio = step.wait_ratio
         k = 0  # the row among the accounted ones
-        for pos, st, sample, inv_dt, ok in zip(
-            batch.pos, batch.ports, batch.samples, batch.inv_dt, step.ok, strict=True
+        for pos, st, sample, inv_dt, ok, link in zip(
+            batch.pos, batch.ports, batch.samples, batch.inv_dt, step.ok, links, strict=True
         ):
             if not ok:
                 out[pos] = self._port(st, sample, inv_dt)
@@ -324,8 +333,8 @@ class Tracker:
             if state is not None and state != _ACTIVE:
                 out[pos] = self._view(st, sample, totals, rates, hw_rates)
             else:
-                out[pos] = self._build(st, sample, _link_bytes(sample.rate_bps), totals, rates,
-                                       hw_rates, util_tx[k], util_rx[k], wait_ratio[k])
+                out[pos] = self._build(st, sample, link, totals, rates, hw_rates, util_tx[k],
+                                       util_rx[k], wait_ratio[k])
             k += 1
 
     @staticmethod
@@ -790,7 +799,7 @@ class _Batch:
     """One poll's ports of one ``Block``, in the snapshot's order: where each goes in the
     result (``pos``), and what ``advance`` takes."""
 
-    __slots__ = ("block", "inv_dt", "link", "ports", "pos", "samples", "values")
+    __slots__ = ("block", "inv_dt", "ports", "pos", "samples", "values")
 
     def __init__(self, block: Block) -> None:
         self.block = block
@@ -799,18 +808,6 @@ class _Batch:
         self.samples: list[PortSample] = []
         self.values: list[array[int]] = []
         self.inv_dt: list[float] = []
-        self.link: list[float] = []
-
-    def add(
-        self, pos: int, st: _Port, sample: PortSample, values: array[int], inv_dt: float
-    ) -> None:
-        self.pos.append(pos)
-        self.ports.append(st)
-        self.samples.append(sample)
-        self.values.append(values)
-        self.inv_dt.append(inv_dt)
-        rate_bps = sample.rate_bps
-        self.link.append(rate_bps / 8.0 if rate_bps is not None and 0.0 < rate_bps < _INF else 0.0)
 
 
 @functools.cache

@@ -125,6 +125,38 @@ def test_published_column_views_never_change() -> None:
     assert any(_in_store(v.totals) for _, _, v in kept)
 
 
+#: Link rates a source may report: unknown, zero, nonsense, and real ones (float and int).
+ODD_RATES: list[float | int | None] = [None, 0.0, -8e9, float("nan"), float("inf"), 8e9, 10**11]
+
+
+def test_odd_link_rates_give_the_per_port_rules_link_rate_and_ratios() -> None:
+    """The columns take each view's link rate from the sample once and hand it to the
+    ratios; an unknown, zero or nonsensical rate must give no utilization there exactly as
+    the per-port rules decide it, and the same ``rate_bytes_per_second``."""
+    a, b = _PerPort(), _Columns()
+
+    def poll(step: int) -> Snapshot:
+        return Snapshot("x", float(step), 1e9 + step, {
+            (f"0x{p + 1:016x}", "1"): PortSample(
+                PortIdentity(f"0x{p + 1:016x}", "1"), state=4,
+                rate_bps=ODD_RATES[p % len(ODD_RATES)],
+                counters={"transmit_data": 1000 * step * (p + 1),
+                          "receive_data": 500 * step * (p + 1), "transmit_wait": 7 * step})
+            for p in range(3 * len(ODD_RATES))})
+
+    for step in range(1, 4):
+        snap = poll(step)
+        want, got = a.update(snap), b.update(snap)
+        assert got == want
+    assert any(_in_store(v.totals) for v in got.values())
+    by_rate = {repr(ODD_RATES[i % len(ODD_RATES)]): v for i, v in enumerate(got.values())}
+    assert by_rate["8000000000.0"].utilization_tx is not None
+    assert by_rate["0.0"].rate_bytes_per_second == 0.0
+    for odd in ("None", "0.0", "-8000000000.0", "nan", "inf"):
+        assert by_rate[odd].utilization_tx is None, odd
+        assert by_rate[odd].utilization_rx is None, odd
+
+
 _WIDE = frozenset({"transmit_data", "transmit_packets", "symbol_errors"})
 
 #: Sequences of one port's readings (counter: raw value; all read at 64 bits where ``wide``)
