@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Collection, Container, Mapping, Sequence
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from ibmon.model import PortKey, PortView
@@ -27,6 +27,9 @@ __all__ = ["GATHER_FROM", "Fresh", "Memo", "PortOrder", "attribute", "read_colum
 GATHER_FROM = 512
 
 _DTYPES = {"Q": "uint64", "d": "float64"}
+_VIEW = itemgetter(1)
+_TOTALS = attrgetter("totals")
+_RATES = attrgetter("rates")
 #: Keys ``PortOrder.positions`` looks up one by one (``list.index``, then kept); from more at
 #: once, one pass over all keys costs less.
 _INDEX_SCANS = 8
@@ -77,7 +80,7 @@ class Fresh(list[tuple[PortKey, PortView]]):
     of its ports (``order``), the previous poll's (``previous``) when it is the same.
     """
 
-    __slots__ = ("_attributes", "_order", "_previous", "_readers")
+    __slots__ = ("_attributes", "_order", "_previous", "_readers", "_views")
 
     def __init__(self, previous: PortOrder | None = None) -> None:
         super().__init__()
@@ -85,6 +88,7 @@ class Fresh(list[tuple[PortKey, PortView]]):
         self._attributes: dict[str, list[Any]] = {}
         self._previous = previous
         self._order: PortOrder | None = None
+        self._views: list[PortView] | None = None
 
     def column(self, kind: type[Totals | Rates], name: str, default: Any) -> list[Any]:
         """``mapping.get(name, default)`` of every port's totals (``Totals``) or rates."""
@@ -95,8 +99,15 @@ class Fresh(list[tuple[PortKey, PortView]]):
         (and keep it in their memos)."""
         values = self._attributes.get(name)
         if values is None:
-            values = self._attributes[name] = list(map(attrgetter(name), (v for _, v in self)))
+            values = self._attributes[name] = list(map(attrgetter(name), self.views()))
         return values
+
+    def views(self) -> list[PortView]:
+        """The views alone, in order: listed once a poll, then every column read from them
+        is one ``map`` in C."""
+        if self._views is None:
+            self._views = list(map(_VIEW, self))
+        return self._views
 
     def sizes(self, kind: type[Totals | Rates]) -> list[int]:
         """How many counters every port's totals (``Totals``) or rates have."""
@@ -228,8 +239,7 @@ class _Reader:
 
     def __init__(self, fresh: Fresh, kind: type[Totals | Rates]) -> None:
         # Any: ``Totals``/``Rates`` or, from a caller other than the tracker, plain mappings
-        maps: list[Any] = (
-            [v.totals for _, v in fresh] if kind is Totals else [v.rates for _, v in fresh])
+        maps: list[Any] = list(map(_TOTALS if kind is Totals else _RATES, fresh.views()))
         self._maps = maps
         self._kind = kind
         self._index: Mapping[str, int] = next(
