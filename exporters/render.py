@@ -497,7 +497,7 @@ def _joined(segments: list[Deflated], *, final: bool) -> Deflated:
 
 
 _Pairs = Sequence[tuple[str, PortView]]  # (cached guid/port label text, view)
-_Lines = Callable[[_Pairs, "_EscapeMemo"], list[str]]
+_Lines = Callable[["_Block", "_EscapeMemo"], list[str]]
 _Keys = Callable[["_Block"], Sequence[object] | None]
 _KeyLines = Callable[[Sequence[str], Sequence[object] | None], list[str]]
 
@@ -611,6 +611,9 @@ def _columns(totals: list[Mapping[str, int]]) -> dict[str, Sequence[int | None]]
 
 
 _TOTALS = attrgetter("totals")
+_UTIL_TX = attrgetter("utilization_tx")
+_UTIL_RX = attrgetter("utilization_rx")
+_WAIT = attrgetter("xmit_wait_ratio")
 _IDENTITY = attrgetter("identity")
 _LINK = attrgetter("link")
 _WIDTH = attrgetter("active_width")
@@ -625,8 +628,8 @@ class _Family:
     view they depend on (``keys``: one value per view, compared with ``==`` between renders).
     ``keys`` is None for families whose values change every poll anyway (rates): caching them
     would cost a comparison and save nothing. The lines come from the labels and the keys
-    alone (``key_lines``: the counter families, read as columns) or from (labels, view) pairs
-    (``lines``); exactly one of the two is set."""
+    alone (``key_lines``: the counter families, read as columns) or from the block (``lines``:
+    its (labels, view) pairs, or columns of its views); exactly one of the two is set."""
 
     header: str
     lines: _Lines | None
@@ -643,21 +646,21 @@ class _Family:
             assert self.keys is not None
             return self.key_lines(block.labels, self.keys(block) if keys is None else keys)
         assert self.lines is not None
-        return self.lines(block.pairs, names)
+        return self.lines(block, names)
 
 
-def _state_lines(pairs: _Pairs, names: _EscapeMemo) -> list[str]:
-    return [f"ibmon_port_state{{{lb}}} {v.state}\n" for lb, v in pairs if v.state is not None]
+def _state_lines(block: _Block, names: _EscapeMemo) -> list[str]:
+    return [f"ibmon_port_state{{{lb}}} {v.state}\n" for lb, v in block.pairs if v.state is not None]
 
 
-def _phys_lines(pairs: _Pairs, names: _EscapeMemo) -> list[str]:
+def _phys_lines(block: _Block, names: _EscapeMemo) -> list[str]:
     return [f"ibmon_port_physical_state{{{lb}}} {v.phys_state}\n"
-            for lb, v in pairs if v.phys_state is not None]
+            for lb, v in block.pairs if v.phys_state is not None]
 
 
-def _rate_lines(pairs: _Pairs, names: _EscapeMemo) -> list[str]:
+def _rate_lines(block: _Block, names: _EscapeMemo) -> list[str]:
     return [f"ibmon_port_rate_bytes_per_second{{{lb}}} {float(v.rate_bytes_per_second)!r}\n"
-            for lb, v in pairs if v.rate_bytes_per_second is not None]
+            for lb, v in block.pairs if v.rate_bytes_per_second is not None]
 
 
 def _counter_family(name: str, head: str, header: str) -> _Family:
@@ -674,61 +677,73 @@ def _counter_family(name: str, head: str, header: str) -> _Family:
     return _Family(header, None, keys, key_lines=key_lines)
 
 
-def _hw_lines(pairs: _Pairs, names: _EscapeMemo) -> list[str]:
+def _hw_lines(block: _Block, names: _EscapeMemo) -> list[str]:
     return [f'ibmon_port_hw_stat_total{{{lb},stat="{names[k]}"}} {n}\n'
-            for lb, v in pairs if v.hw_totals for k, n in v.hw_totals.items()]
+            for lb, v in block.pairs if v.hw_totals for k, n in v.hw_totals.items()]
 
 
-def _hw_gauge_lines(pairs: _Pairs, names: _EscapeMemo) -> list[str]:
+def _hw_gauge_lines(block: _Block, names: _EscapeMemo) -> list[str]:
     return [f'ibmon_port_hw_stat{{{lb},stat="{names[k]}"}} {n}\n'
-            for lb, v in pairs if v.hw_gauges for k, n in v.hw_gauges.items()]
+            for lb, v in block.pairs if v.hw_gauges for k, n in v.hw_gauges.items()]
 
 
-def _util_lines(pairs: _Pairs, names: _EscapeMemo) -> list[str]:
-    util: list[str] = []
-    for lb, v in pairs:
-        if v.utilization_tx is not None:
-            util.append(f'ibmon_port_utilization_ratio{{{lb},direction="transmit"}} '
-                        f"{float(v.utilization_tx)!r}\n")
-        if v.utilization_rx is not None:
-            util.append(f'ibmon_port_utilization_ratio{{{lb},direction="receive"}} '
-                        f"{float(v.utilization_rx)!r}\n")
-    return util
+def _util_lines(block: _Block, names: _EscapeMemo) -> list[str]:
+    # Read as two columns (``map`` in C), and both directions' lines as one string where a
+    # port has both: half the strings of a line each, the family that changes on every port
+    # every poll.
+    views = block.views
+    return [
+        f'ibmon_port_utilization_ratio{{{lb},direction="transmit"}} {float(tx)!r}\n'
+        f'ibmon_port_utilization_ratio{{{lb},direction="receive"}} {float(rx)!r}\n'
+        if tx is not None and rx is not None else _one_util(lb, tx, rx)
+        for lb, tx, rx in zip(block.labels, map(_UTIL_TX, views), map(_UTIL_RX, views),
+                              strict=True)
+        if tx is not None or rx is not None
+    ]
 
 
-def _wait_lines(pairs: _Pairs, names: _EscapeMemo) -> list[str]:
-    return [f"ibmon_port_transmit_wait_ratio{{{lb}}} {float(v.xmit_wait_ratio)!r}\n"
-            for lb, v in pairs if v.xmit_wait_ratio is not None]
+def _one_util(lb: str, tx: float | None, rx: float | None) -> str:
+    """The utilization line of a port that has only one direction's."""
+    if tx is not None:
+        return f'ibmon_port_utilization_ratio{{{lb},direction="transmit"}} {float(tx)!r}\n'
+    assert rx is not None
+    return f'ibmon_port_utilization_ratio{{{lb},direction="receive"}} {float(rx)!r}\n'
 
 
-def _ber_lines(pairs: _Pairs, names: _EscapeMemo) -> list[str]:
+def _wait_lines(block: _Block, names: _EscapeMemo) -> list[str]:
+    return [f"ibmon_port_transmit_wait_ratio{{{lb}}} {float(w)!r}\n"
+            for lb, w in zip(block.labels, map(_WAIT, block.views), strict=True)
+            if w is not None]
+
+
+def _ber_lines(block: _Block, names: _EscapeMemo) -> list[str]:
     return [f"ibmon_port_symbol_error_ber{{{lb}}} {float(v.symbol_error_ber)!r}\n"
-            for lb, v in pairs if v.symbol_error_ber is not None]
+            for lb, v in block.pairs if v.symbol_error_ber is not None]
 
 
-def _cond_lines(pairs: _Pairs, names: _EscapeMemo) -> list[str]:
+def _cond_lines(block: _Block, names: _EscapeMemo) -> list[str]:
     # frozensets iterate in hash order, which changes between runs: sort for stable output.
     return [f'ibmon_port_condition{{{lb},condition="{names[c]}"}} 1\n'
-            for lb, v in pairs if v.conditions for c in sorted(v.conditions)]
+            for lb, v in block.pairs if v.conditions for c in sorted(v.conditions)]
 
 
-def _cause_lines(pairs: _Pairs, names: _EscapeMemo) -> list[str]:
+def _cause_lines(block: _Block, names: _EscapeMemo) -> list[str]:
     return [f'ibmon_port_condition_cause{{{lb},condition="{names[c]}",cause="{names[k]}"}} 1\n'
-            for lb, v in pairs if v.causes for c, k in sorted(v.causes.items())]
+            for lb, v in block.pairs if v.causes for c, k in sorted(v.causes.items())]
 
 
-def _sat_lines(pairs: _Pairs, names: _EscapeMemo) -> list[str]:
+def _sat_lines(block: _Block, names: _EscapeMemo) -> list[str]:
     return [f'ibmon_port_saturated{{{lb},counter="{names[c]}"}} 1\n'
-            for lb, v in pairs if v.saturated for c in sorted(v.saturated)]
+            for lb, v in block.pairs if v.saturated for c in sorted(v.saturated)]
 
 
-def _stale_lines(pairs: _Pairs, names: _EscapeMemo) -> list[str]:
-    return [f"ibmon_port_stale{{{lb}}} 1\n" for lb, v in pairs if v.stale]
+def _stale_lines(block: _Block, names: _EscapeMemo) -> list[str]:
+    return [f"ibmon_port_stale{{{lb}}} 1\n" for lb, v in block.pairs if v.stale]
 
 
-def _resets_lines(pairs: _Pairs, names: _EscapeMemo) -> list[str]:
+def _resets_lines(block: _Block, names: _EscapeMemo) -> list[str]:
     return [f'ibmon_port_resets_total{{{lb},counter="{names[c]}"}} {n}\n'
-            for lb, v in pairs if v.resets for c, n in sorted(v.resets.items())]
+            for lb, v in block.pairs if v.resets for c, n in sorted(v.resets.items())]
 
 
 def _attr_keys(attr: str) -> _Keys:

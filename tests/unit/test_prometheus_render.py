@@ -294,6 +294,26 @@ def test_float_formatting() -> None:
     assert not re.search(r" [-+]?(inf|nan|infinity)$", text, re.MULTILINE)
 
 
+def test_utilization_renders_each_direction_a_port_has() -> None:
+    """Both directions' lines come from one string where a port has both; a port with one
+    direction (a source that reads only one data counter) or none still gets exactly its
+    own lines, in port order, transmit before receive."""
+    base = _port_b()
+    views = [
+        replace(base, identity=replace(base.identity, port=str(n)), utilization_tx=tx,
+                utilization_rx=rx)
+        for n, (tx, rx) in enumerate([(0.25, 0.5), (0.125, None), (None, 0.75), (None, None),
+                                      (1, 0)], start=1)
+    ]
+    text = render_ports(views).decode()
+    lines = [ln for ln in text.split("\n") if ln.startswith("ibmon_port_utilization_ratio{")]
+    got = [(re.search(r'port="(\d)"', ln)[1], re.search(r'direction="(\w+)"', ln)[1],  # type: ignore[index]
+            ln.rsplit(" ", 1)[1]) for ln in lines]
+    assert got == [("1", "transmit", "0.25"), ("1", "receive", "0.5"),
+                   ("2", "transmit", "0.125"), ("3", "receive", "0.75"),
+                   ("5", "transmit", "1.0"), ("5", "receive", "0.0")]
+
+
 def test_escaping_helpers() -> None:
     assert escape_label_value('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
     assert escape_label_value("plain") == "plain"
