@@ -286,11 +286,23 @@ def test_float_formatting() -> None:
     assert float(format_float(0.1 + 0.2)) == 0.1 + 0.2  # shortest round-trip repr
     view = replace(_port_b(), rate_bytes_per_second=float("nan"), utilization_tx=float("inf"),
                    utilization_rx=float("-inf"), symbol_error_ber=1e300)
-    text = render_ports([view]).decode()
-    assert text.count(" NaN\n") == 1
+    # Each float family's column on its own: a value that is not finite beside finite ones.
+    other = replace(_port_a(), utilization_rx=float("nan"), xmit_wait_ratio=float("nan"),
+                    symbol_error_ber=float("-inf"))
+    alone = render_ports([other]).decode()
+    assert alone.count(" NaN\n") == 2
+    assert re.search(r'^ibmon_port_utilization_ratio\{.*"receive"\} NaN$', alone, re.MULTILINE)
+    text = render_ports([view, other]).decode()
+    assert text.count(" NaN\n") == 3
     assert 'direction="transmit"} +Inf\n' in text
     assert 'direction="receive"} -Inf\n' in text
     assert "} 1e+300\n" in text
+    assert re.search(r"^ibmon_port_transmit_wait_ratio\{.*\} NaN$", text, re.MULTILINE)
+    assert re.search(r"^ibmon_port_symbol_error_ber\{.*\} -Inf$", text, re.MULTILINE)
+    assert re.search(r"^ibmon_port_rate_bytes_per_second\{.*\} 25000000000\.0$", text,
+                     re.MULTILINE)
+    assert re.search(r'^ibmon_port_utilization_ratio\{.*"transmit"\} 0\.25$', text,
+                     re.MULTILINE)
     assert not re.search(r" [-+]?(inf|nan|infinity)$", text, re.MULTILINE)
 
 
