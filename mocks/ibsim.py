@@ -23,6 +23,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -175,6 +176,8 @@ class IbSim:
         self._console_lock = threading.Lock()
         self._marker = itertools.count(1)
         self._log: Path = Path()
+        #: Times ``revive`` found the simulator dead and started it again.
+        self.restarts = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -242,6 +245,27 @@ class IbSim:
     @property
     def running(self) -> bool:
         return self._ibsim is not None and self._ibsim.poll() is None
+
+    def revive(self) -> bool:
+        """Start the simulator again if it has exited; True if it had to.
+
+        ibsim exits by itself (``IBPANIC`` in ``sim_ctl_connect_client``) when a tool dies
+        between asking to attach and being connected, which a tool killed on a timeout can do
+        at any moment: a limit of the simulator, not of the program under test. Tests that have
+        tools killed on purpose call this before each test, so that such a kill costs at most
+        the test it happened in, not every later test of the module. The fabric comes back from
+        the same netfile, swept again by opensm; the death is reported on stderr.
+        """
+        if self.running:
+            return False
+        proc = self._ibsim
+        status = "never started" if proc is None else f"exit status {proc.returncode}"
+        print(f"ibsim had exited ({status}), restarting it; its output ended: "
+              f"{self.output()[-1500:]!r}", file=sys.stderr)
+        self.stop()
+        self.start()
+        self.restarts += 1
+        return True
 
     def tool_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """An environment for a child tool: ``base`` (default os.environ) plus ``env``."""
@@ -384,7 +408,11 @@ class IbSim:
                 raise ValueError(f"console line longer than {MAX_CONSOLE_LINE} bytes: {line!r}")
         proc = self._ibsim
         if proc is None or proc.stdin is None or proc.poll() is not None:
-            raise IbSimError("ibsim is not running")
+            # How it ended (a negative code is the signal) and its last words: a simulator
+            # that died under a test is otherwise undiagnosable from the failure alone.
+            status = "never started" if proc is None else f"exit status {proc.returncode}"
+            raise IbSimError(f"ibsim is not running ({status}); its output ends: "
+                             f"{self.output()[-1500:]!r}")
         with self._console_lock:
             marker = f"# ibmon-sync-{next(self._marker)}"
             with self._cond:

@@ -395,6 +395,7 @@ def daemon(sim: IbSim, tools: Tools, tmp_path: Path) -> Iterator[Callable[..., D
     watch = TotalsWatch()
 
     def start(**source: str) -> Daemon:
+        sim.revive()  # the kills these tests cause can take ibsim down (IbSim.revive)
         sim.reap_clients()
         d = Daemon(sim, tools, tmp_path, watch, **source)
         made.append(d)
@@ -630,6 +631,7 @@ def test_no_process_outlives_its_poll(
 def captures(sim: IbSim, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """What the real tools print on this fabric: a switch's and a CA's perfquery answers (both
     kinds), ibnetdiscover -p and its cache."""
+    sim.revive()
     sim.reap_clients()
     cache = tmp_path_factory.mktemp("captures") / "fabric.cache"
 
@@ -674,3 +676,24 @@ def test_fakes_are_on_the_path(tools: Tools) -> None:
         assert shutil.which(name)
         text = (tools.bin / name).read_text()
         assert repr(require_binary(name)) in text
+
+
+def test_a_simulator_that_died_is_revived_for_the_next_test(
+    sim: IbSim, daemon: Callable[..., Daemon]
+) -> None:
+    """ibsim exits by itself when a tool dies while attaching (its IBPANIC in
+    sim_ctl_connect_client), which the kills these tests cause can trigger. Taken down the
+    hard way here, it must come back for the next test: running, answering its console, the
+    subnet swept, and a daemon polling every port of it."""
+    assert not sim.revive()  # a running simulator is left alone
+    proc = sim._ibsim
+    assert proc is not None
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    restarts = sim.restarts
+    assert sim.revive()
+    assert sim.running and sim.restarts == restarts + 1
+    assert sim.subnet_up_count() >= 1
+    sim.console("Attached")
+    d = daemon()  # waits for a first complete poll: every port answered
+    d.stop()
