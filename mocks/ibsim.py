@@ -258,14 +258,18 @@ class IbSim:
         """
         if self.running:
             return False
-        proc = self._ibsim
-        status = "never started" if proc is None else f"exit status {proc.returncode}"
-        print(f"ibsim had exited ({status}), restarting it; its output ended: "
-              f"{self.output()[-1500:]!r}", file=sys.stderr)
+        print(f"ibsim had exited, restarting it: {self._ended()}", file=sys.stderr)
         self.stop()
         self.start()
         self.restarts += 1
         return True
+
+    def _ended(self) -> str:
+        """How ibsim ended (a negative status is the signal) and its last output: a simulator
+        that died under a test is otherwise undiagnosable from the failure alone."""
+        proc = self._ibsim
+        status = "never started" if proc is None else f"exit status {proc.returncode}"
+        return f"{status}; its output ends: {self.output()[-1500:]!r}"
 
     def tool_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """An environment for a child tool: ``base`` (default os.environ) plus ``env``."""
@@ -408,11 +412,7 @@ class IbSim:
                 raise ValueError(f"console line longer than {MAX_CONSOLE_LINE} bytes: {line!r}")
         proc = self._ibsim
         if proc is None or proc.stdin is None or proc.poll() is not None:
-            # How it ended (a negative code is the signal) and its last words: a simulator
-            # that died under a test is otherwise undiagnosable from the failure alone.
-            status = "never started" if proc is None else f"exit status {proc.returncode}"
-            raise IbSimError(f"ibsim is not running ({status}); its output ends: "
-                             f"{self.output()[-1500:]!r}")
+            raise IbSimError(f"ibsim is not running ({self._ended()})")
         with self._console_lock:
             marker = f"# ibmon-sync-{next(self._marker)}"
             with self._cond:
