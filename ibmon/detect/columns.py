@@ -71,7 +71,6 @@ class PortOrder:
         return [i for key in keys if (i := found[key]) is not None]
 
 
-
 class Fresh(list[tuple[PortKey, PortView]]):
     """The engine's ``fresh``: this poll's answered ports, in order, as (key, view) pairs.
 
