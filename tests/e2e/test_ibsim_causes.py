@@ -37,6 +37,7 @@ from typing import Any
 import pytest
 
 from ibmon.config import load_settings
+from ibmon.counters import BY_PMA
 from ibmon.daemon import Daemon
 from ibmon.sources.diags import DiagsSource, SubprocessRunner
 from mocks.ibsim import IbSim
@@ -183,19 +184,37 @@ async def test_each_cause_is_named_alike_by_event_api_explain_and_alert(tmp_path
                 p.start()
                 procs.append(p)
                 stack.callback(p.stop)
-            await asyncio.sleep(3)  # a few clean polls: baselines, nothing fires
+            # Baselines before any fault: a port first read after its one-off increase would
+            # take the raised value as its start and never see it rise (seen on a loaded CI
+            # machine, where the first polls took longer than a fixed wait). Two reads of each
+            # port that changes once (its rates exist), zero where the fault will show.
+            def read_clean(desc: str, port: int, counters: dict[str, int]) -> bool:
+                guid, number = key(desc, port)
+                body = http_get(f"{base}/api/v1/ports/{guid}/{number}")["port"]
+                names = [BY_PMA[name].name for name in counters]
+                return bool(body["rates"]) and all(body["totals"].get(n) == 0 for n in names)
+
+            await asyncio.to_thread(
+                wait_until, "two clean polls of each one-off fault's port",
+                lambda: all(read_clean(d, p, c) for _, _, _, d, p, c in ONCE), 60, procs)
             assert [e for e in daemon.bus.history if e.port is not None] == []
             for _, _, _, desc, port, counters in ONCE:
                 sim.set_counters(node_id(desc), port, counters)
             sim.unlink(node_id(UPLINK[0]), UPLINK[1])
             with injector(sim):
-                def all_alerts() -> bool:
-                    return all(any(a["guid"] == key(d, p)[0] and a["port"] == str(p)
-                                   for a in firing(prom, alert))
-                               for _, _, alert, d, p, _ in expected)
+                missing: list[str] = []  # the alerts not firing yet, named on a timeout
 
-                await asyncio.to_thread(wait_until, "every case's alert firing in Prometheus",
-                                        all_alerts, DEADLINE, procs)
+                def all_alerts() -> bool:
+                    missing[:] = [f"{alert} on {d}[{p}]" for _, _, alert, d, p, _ in expected
+                                  if not any(a["guid"] == key(d, p)[0] and a["port"] == str(p)
+                                             for a in firing(prom, alert))]
+                    return not missing
+
+                try:
+                    await asyncio.to_thread(wait_until, "every case's alert firing in Prometheus",
+                                            all_alerts, DEADLINE, procs)
+                except AssertionError as exc:
+                    raise AssertionError(f"{exc}; not firing: {missing}") from None
                 await asyncio.to_thread(
                     wait_until, "every case's alert at the webhook",
                     lambda: all(any(a["labels"]["guid"] == key(d, p)[0]
