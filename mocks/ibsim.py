@@ -114,6 +114,17 @@ def _sizing(netfile: str) -> list[str]:
     return args
 
 
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` exists (a zombie does: not yet reaped, so maybe not detached either)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _kill_group(proc: subprocess.Popen[bytes], grace: float) -> None:
     """SIGTERM the process group, SIGKILL it after ``grace`` seconds, and reap the leader."""
     if proc.poll() is None:
@@ -258,13 +269,13 @@ class IbSim:
         """
         if self.running:
             return False
-        print(f"ibsim had exited, restarting it: {self._ended()}", file=sys.stderr)
+        print(f"ibsim had exited, restarting it: {self.how_it_ended()}", file=sys.stderr)
         self.stop()
         self.start()
         self.restarts += 1
         return True
 
-    def _ended(self) -> str:
+    def how_it_ended(self) -> str:
         """How ibsim ended (a negative status is the signal) and its last output: a simulator
         that died under a test is otherwise undiagnosable from the failure alone."""
         proc = self._ibsim
@@ -412,7 +423,7 @@ class IbSim:
                 raise ValueError(f"console line longer than {MAX_CONSOLE_LINE} bytes: {line!r}")
         proc = self._ibsim
         if proc is None or proc.stdin is None or proc.poll() is not None:
-            raise IbSimError(f"ibsim is not running ({self._ended()})")
+            raise IbSimError(f"ibsim is not running ({self.how_it_ended()})")
         with self._console_lock:
             marker = f"# ibmon-sync-{next(self._marker)}"
             with self._cond:
@@ -485,20 +496,30 @@ class IbSim:
         umad2sim detaches only on a clean exit, so every tool killed by a timeout keeps one of
         ibsim's 10 client slots until this runs.
         """
+        # A slot is freed by number. Listed once, a client that was still exiting cleanly when
+        # listed is gone when checked, and its slot may already belong to a new tool: freeing
+        # it then cuts that live tool off (its writes fail: "umad2sim_write: cannot write").
+        # So a slot is freed only if a second listing, taken after its pid was found dead,
+        # still shows that pid: a dead client cannot give its slot up, so it is still the
+        # holder, and nothing but this frees the slot before the "X".
+        dead = {slot: pid for slot, pid in self._attached() if not _alive(pid)}
+        if not dead:
+            return 0
         gone = 0
+        for slot, pid in self._attached():
+            if dead.get(slot) == pid:
+                self.console(f"X {slot}")
+                gone += 1
+        return gone
+
+    def _attached(self) -> list[tuple[int, int]]:
+        """(slot, pid) of every attached client."""
+        out = []
         for line in self.console("Attached").splitlines():
             m = re.match(r"^Client\s+(\d+):\s+pid\s+(\d+)", line.strip())
-            if not m:
-                continue
-            pid = int(m.group(2))
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                self.console(f"X {m.group(1)}")
-                gone += 1
-            except PermissionError:
-                pass
-        return gone
+            if m:
+                out.append((int(m.group(1)), int(m.group(2))))
+        return out
 
     def error(self, node_id: str, port: int | None, rate: int, attribute: int | None = None) -> str:
         """Drop ``rate`` percent of the MADs arriving at that port (0 turns it off)."""

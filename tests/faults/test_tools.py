@@ -94,6 +94,8 @@ try:
         ctl = json.load(f)
 except (OSError, ValueError):
     ctl = {{}}
+if ctl.get("hold"):  # not attached to ibsim yet: safe to kill (Tools.hold)
+    time.sleep(3600)
 args = sys.argv[1:]
 lid = args[args.index("-l") + 1] if "-l" in args else ""
 mode = ctl.get(lid, ctl.get("*", ""))
@@ -146,6 +148,8 @@ try:
         ctl = json.load(f)
 except (OSError, ValueError):
     ctl = {{}}
+if ctl.get("hold"):  # not attached to ibsim yet: safe to kill (Tools.hold)
+    time.sleep(3600)
 args = sys.argv[1:]
 mode = ctl.get("discover", "") if "-p" in args else ""
 if mode == "hang":
@@ -183,8 +187,12 @@ class Tools:
         self.bin.mkdir()
         self.control = tmp / "control.json"
         self.mark = f"ibmon-f2-escapee-{os.getpid()}-{time.monotonic_ns()}"
+        self.real: set[str] = set()
+        self._ctl: dict[str, Any] = {}
+        self._held = False
         for name, template in (("perfquery", PERFQUERY), ("ibnetdiscover", IBNETDISCOVER)):
             real = require_binary(name)
+            self.real.add(real)
             path = self.bin / name
             path.write_text(template.format(python=sys.executable, real=real,
                                             control=str(self.control), mark=self.mark,
@@ -193,9 +201,42 @@ class Tools:
         self.set({})
 
     def set(self, ctl: dict[str, Any]) -> None:
+        self._ctl = ctl
+        self._write()
+
+    def _write(self) -> None:
         tmp = self.control.with_suffix(".tmp")
-        tmp.write_text(json.dumps(ctl))
+        tmp.write_text(json.dumps({**self._ctl, "hold": True} if self._held else self._ctl))
         tmp.replace(self.control)
+
+    def hold(self, timeout: float = 10.0) -> None:
+        """Hold every new tool before it attaches to ibsim, then wait (up to ``timeout``) for
+        the real tools already running to end: a daemon stopped or killed now kills none
+        while it attaches. ibsim exits when a client dies between asking to attach and being
+        connected (its IBPANIC in ``sim_ctl_connect_client``), taking the module's simulator
+        down; on a fabric a killed perfquery costs nothing, so the daemon rightly kills its
+        tools on a stop, and this is the harness's care, not the daemon's."""
+        self._held = True
+        self._write()
+        deadline = time.monotonic() + timeout
+        while self.running_real() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def release(self) -> None:
+        """New tools run again, as the control file says."""
+        self._held = False
+        self._write()
+
+    def running_real(self) -> set[int]:
+        """Pids of the real tools running (a fake that ran one, or became one)."""
+        out = set()
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                with contextlib.suppress(OSError):
+                    argv0 = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0", 1)[0]
+                    if argv0.decode(errors="replace") in self.real:
+                        out.add(int(name))
+        return out
 
     def turns(self) -> int:
         """How many junk answers the fake perfquery gave."""
@@ -246,6 +287,7 @@ class Daemon:
     def __init__(self, sim: IbSim, tools: Tools, tmp: Path, watch: TotalsWatch,
                  **source: str) -> None:
         self.sim, self.tools, self.watch = sim, tools, watch
+        tools.release()  # a daemon stopped before this one held them
         self.log = tmp / "daemon.log"
         # The MAD timeout is the source's default (1 s): the faults here are in the tools, and a
         # tighter one loses healthy nodes to a busy simulator, which no test is about.
@@ -370,6 +412,7 @@ class Daemon:
         self._stop_reaper.set()
         self._reaper.join(timeout=5)
         if self.proc.poll() is None:
+            self.tools.hold()
             self.proc.send_signal(signal.SIGTERM)
             try:
                 rc = self.proc.wait(timeout=20)
@@ -384,6 +427,7 @@ class Daemon:
     def kill(self) -> None:
         self._stop_reaper.set()
         if self.proc.poll() is None:
+            self.tools.hold()
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
@@ -404,6 +448,8 @@ def daemon(sim: IbSim, tools: Tools, tmp_path: Path) -> Iterator[Callable[..., D
     yield start
     for d in made:
         d.kill()
+    # Said here, not by the next test's "ibsim is not running": the test that took it down.
+    assert sim.running, f"ibsim died during this test: {sim.how_it_ended()}"
 
 
 def port_of(s: Scrape, desc: str) -> tuple[str, str, int]:
