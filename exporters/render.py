@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from ibmon.counters import CATALOGUE
 from ibmon.model import LinkInfo, PortIdentity, PortKey, PortView
+from ibmon.rowview import RowView, packed
 from ibmon.totals import Totals
 
 if TYPE_CHECKING:
@@ -531,55 +532,63 @@ class _Block:
         """Each port's total of ``name`` (None where the port does not count it), or None when
         no port of the block counts it."""
         if self._counters is None:
-            totals = list(map(_TOTALS, self.views))
-            self._counters = _packed_columns(totals)
+            self._counters = _packed_columns(self.views)
             if self._counters is None:
-                self._counters = _columns(totals)
+                self._counters = _columns(list(map(_TOTALS, self.views)))
         return self._counters.get(name)
 
 
-def _packed_columns(totals: list[Mapping[str, int]]) -> dict[str, Sequence[int | None]] | None:
-    """The columns of totals that are all ``Totals`` on one index, packed in 64 bits; else
-    None."""
-    if not totals:
+def _packed_columns(views: Sequence[PortView]) -> dict[str, Sequence[int | None]] | None:
+    """The columns of the views' totals when they are all packed on one index (rows of the
+    tracker's store: ``RowView``, or ``Totals``) in 64 bits; else None."""
+    if not views:
         return {}
-    first = totals[0]
-    if type(first) is not Totals:
+    first = packed(views[0], Totals)
+    if first is None:
         return None
-    index = first.index
+    index = first[0]
     width = len(index)
     # Ports in exposition order are consecutive rows of the tracker's column store (its rows
     # are reserved in the order a source reports ports, which is this order): a block is then
     # one or a few runs of one array, cut as slices, instead of a copy of every port's row.
     rows: Sequence[int]
     runs: list[tuple[Sequence[int], int, int]] = []
-    packed: Sequence[int] = ()
+    rows_of: Sequence[int] = ()
     start = end = -1
-    for t in totals:
-        if type(t) is not Totals or t.index is not index:
-            return None
-        if t.packed is packed and t.base == end:
+    for v in views:
+        # A RowView's rows read in place; any other view's totals must be a Totals.
+        if type(v) is RowView:
+            store = v.rows
+            if store.index is not index:
+                return None
+            array_of, base = store.totals, v.row
+        else:
+            t = v.totals
+            if type(t) is not Totals or t.index is not index:
+                return None
+            array_of, base = t.packed, t.base
+        if array_of is rows_of and base == end:
             end += width
             continue
-        runs.append((packed, start, end))
-        packed = t.packed
-        start = t.base
+        runs.append((rows_of, start, end))
+        rows_of = array_of
+        start = base
         end = start + width
-    runs.append((packed, start, end))
+    runs.append((rows_of, start, end))
     del runs[0]  # the empty run before the first port
-    packed, start, end = runs[0]
-    if len(runs) > 1 or type(packed) is not array:
+    rows_of, start, end = runs[0]
+    if len(runs) > 1 or type(rows_of) is not array:
         rows = array("Q")
         try:
-            for packed, start, end in runs:
+            for rows_of, start, end in runs:
                 # a list once a total outgrew 64 bits: OverflowError
-                rows.extend(packed[start:end])
+                rows.extend(rows_of[start:end])
         except (OverflowError, TypeError):
             return None
         start, end = 0, len(rows)
     else:
-        rows = packed
-    zeros = _zeros(len(totals))
+        rows = rows_of
+    zeros = _zeros(len(views))
     columns: dict[str, Sequence[int | None]] = {}
     for name, i in index.items():
         column = rows[start + i : end : width]

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import IntEnum
+from operator import attrgetter
 
 __all__ = [
     "GUID_RE",
@@ -169,7 +170,7 @@ class Topology:
     unreachable: frozenset[str] = frozenset()
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class PortView:
     """What ibmon knows about a port after the tracker: totals, rates, health.
 
@@ -211,3 +212,16 @@ class PortView:
     @property
     def key(self) -> PortKey:
         return self.identity.key
+
+    def __eq__(self, other: object) -> bool:
+        # Field by field, as the dataclass's would, but across subclasses: a view whose rows
+        # stay in the tracker's store (``ibmon.rowview.RowView``) equals a plain one.
+        if not isinstance(other, PortView):
+            return NotImplemented
+        return _fields_of(self) == _fields_of(other)  # a tuple's: identical values are equal
+
+    __hash__ = None  # type: ignore[assignment]  # mutable: unhashable, as with the dataclass's eq
+
+
+#: A view's fields, in order, as one tuple (its ``__eq__``).
+_fields_of = attrgetter(*(f.name for f in fields(PortView)))

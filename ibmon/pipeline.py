@@ -32,7 +32,6 @@ caller measures where it publishes the merged state (``observe_publish``).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import gc
 import sys
 import time
@@ -47,6 +46,7 @@ from ibmon.detect.engine import ActiveCondition, Engine
 from ibmon.events import Event
 from ibmon.model import PortKey, PortView, Snapshot
 from ibmon.polltime import MIN_POLL_TIMEOUT, POLL_TIMEOUT_INTERVALS, poll_timeout
+from ibmon.rowview import replaced
 from ibmon.selfmetrics import SelfMetrics
 from ibmon.sources import Source
 from ibmon.state import FabricState, SourceStatus
@@ -514,7 +514,7 @@ def stale_view(view: PortView) -> PortView:
         # A row of the tracker's column store (``ibmon.trackcolumns``): its own copy, so a
         # port that stays silent does not keep that poll's whole generation of totals.
         totals = Totals(totals.index, own)
-    return dataclasses.replace(
+    return replaced(
         view,
         stale=True,
         totals=totals,

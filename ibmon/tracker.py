@@ -23,10 +23,11 @@ none holds the shared empty ones. An idle port's view shares one all-zero ``Rate
 A poll of many ports (a fabric: ``Tracker.columns_from``) keeps the raw values and totals of
 the ports in the plain case (same counters as before, none pinned or stale) as rows of a
 column store instead and accounts them a block at a time with numpy (``ibmon.trackcolumns``);
-their views read their row of that poll's totals and rates in place. Every other port, and
-every row the store refuses (a reset, a counter reaching its narrow maximum, a total past 64
-bits), goes through the per-port rules below, which define the semantics; the store must give
-the same results to the bit (``tests/unit/test_tracker_columns.py``).
+their views (``ibmon.rowview.RowView``) keep where their rows of that poll's totals and rates
+are, and make the mappings only when read. Every other port, and every row the store refuses
+(a reset, a counter reaching its narrow maximum, a total past 64 bits), goes through the
+per-port rules below, which define the semantics; the store must give the same results to the
+bit (``tests/unit/test_tracker_columns.py``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 from ibmon.counters import CATALOGUE
 from ibmon.model import GUID_RE, PortKey, PortSample, PortState, PortView, Snapshot
 from ibmon.rates import NO_RATE, Rates
+from ibmon.rowview import Rows, RowView
 from ibmon.totals import Totals
 
 if TYPE_CHECKING:
@@ -318,6 +320,7 @@ class Tracker:
         util_tx = step.util_tx
         util_rx = step.util_rx
         wait_ratio = step.wait_ratio
+        rows = Rows(_NO_INDEX, totals_of, rates_of)  # the ports' shared index, from the first
         k = 0  # the row among the accounted ones
         for pos, st, sample, inv_dt, ok, link in zip(
             batch.pos, batch.ports, batch.samples, batch.inv_dt, step.ok, links, strict=True
@@ -325,16 +328,23 @@ class Tracker:
             if not ok:
                 out[pos] = self._port(st, sample, inv_dt)
                 continue
-            totals = Totals(st.index, totals_of, st.row * width)
-            rates = Rates(st.index, rates_of, k * width)
+            if st.index is not rows.index:  # the block's ports share one (equal ones: rarely)
+                rows = Rows(st.index, totals_of, rates_of)
             hw = sample.hw_counters
             hw_rates = self._hw_counters(st, hw, inv_dt) if hw or st.hw_last else _NO_HW_RATES
             state = sample.state
             if state is not None and state != _ACTIVE:
-                out[pos] = self._view(st, sample, totals, rates, hw_rates)
+                out[pos] = self._view(st, sample, Totals(st.index, totals_of, st.row * width),
+                                      _NO_RATES, hw_rates)
             else:
-                out[pos] = self._build(st, sample, link, totals, rates, hw_rates, util_tx[k],
-                                       util_rx[k], wait_ratio[k])
+                # Positional, like _build's PortView: the rows' mappings are made when read.
+                out[pos] = RowView(
+                    rows, st.row * width, k * width, sample.identity, sample.state,
+                    sample.phys_state, link, sample.active_width, sample.active_speed,
+                    sample.link, st.saturated, st.resets,
+                    dict(st.hw_totals) if st.hw_totals else _NO_COUNTS, hw_rates, util_tx[k],
+                    util_rx[k], wait_ratio[k], None, _NO_NAMES, sample.hw_gauges or _NO_COUNTS,
+                    False, _NO_CAUSES)
             k += 1
 
     @staticmethod

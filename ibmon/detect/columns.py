@@ -19,6 +19,7 @@ from typing import Any
 
 from ibmon.model import PortKey, PortView
 from ibmon.rates import Rates
+from ibmon.rowview import RowView, packed
 from ibmon.totals import Totals
 
 __all__ = ["GATHER_FROM", "Fresh", "Memo", "PortOrder", "attribute", "read_column", "with_keep"]
@@ -232,42 +233,64 @@ def read_column(maps: Sequence[Any], kind: type[Totals | Rates], name: str, defa
 
 class _Reader:
     """Columns of one kind of mapping of a ``Fresh``: gathered from the array most of its ports
-    share (``_shared``), the other ports read one by one (``_odd``)."""
+    share (``_shared``), the other ports read one by one (``_odd``). The tracker's views keep
+    their rows in that array (``ibmon.rowview.RowView``): those are read in place, no mapping
+    is made for them."""
 
-    __slots__ = ("_bases", "_index", "_kind", "_maps", "_odd", "_shared", "_sizes")
+    __slots__ = ("_attr", "_bases", "_index", "_kind", "_maps", "_odd", "_shared", "_sizes",
+                 "_views")
 
     def __init__(self, fresh: Fresh, kind: type[Totals | Rates]) -> None:
-        # Any: ``Totals``/``Rates`` or, from a caller other than the tracker, plain mappings
-        maps: list[Any] = list(map(_TOTALS if kind is Totals else _RATES, fresh.views()))
-        self._maps = maps
+        views = fresh.views()
+        self._views = views
         self._kind = kind
-        self._index: Mapping[str, int] = next(
-            (m.index for m in maps if type(m) is kind and m.index), {})
+        self._attr = _TOTALS if kind is Totals else _RATES
+        # Any: ``Totals``/``Rates`` or, from a caller other than the tracker, plain mappings;
+        # made only where a column is read port by port (``maps``)
+        self._maps: list[Any] | None = None
         self._shared: array[Any] | None = None
         self._bases: Any = None
         self._odd: list[int] = []
         self._sizes: list[int] | None = None
         np = sys.modules.get("numpy")
-        if np is None or len(maps) < GATHER_FROM or not self._index:
+        rows = [r for v in (views[0], views[len(views) // 2], views[-1])
+                if (r := packed(v, kind)) is not None and r[0]] if views else []
+        self._index: Mapping[str, int] = rows[0][0] if rows else next(
+            (m.index for m in self.maps() if type(m) is kind and m.index), {})
+        if np is None or len(views) < GATHER_FROM or not self._index:
             return
         index = self._index
         # The store's array is much longer than a port's own: take the longest of three probes.
-        probes: list[Any] = [m for m in (maps[0], maps[len(maps) // 2], maps[-1])
-                              if type(m) is kind and m.index is index and type(m.packed) is array
-                              and m.packed.typecode in _DTYPES]
+        probes = [a for i, a, _ in rows
+                  if i is index and type(a) is array and a.typecode in _DTYPES]
         if not probes:
             return
-        shared: array[Any] = max((m.packed for m in probes), key=len)
+        shared: array[Any] = max(probes, key=len)
         bases: list[int] = []
         odd = self._odd
-        for i, m in enumerate(maps):
-            if type(m) is kind and m.index is index and m.packed is shared:
-                bases.append(m.base)
+        attr = self._attr
+        in_rows = kind is Totals
+        for i, v in enumerate(views):
+            if type(v) is RowView:
+                store = v.rows
+                if store.index is index and (store.totals if in_rows else store.rates) is shared:
+                    bases.append(v.row if in_rows else v.at)
+                    continue
             else:
-                bases.append(0)
-                odd.append(i)
+                m = attr(v)
+                if type(m) is kind and m.index is index and m.packed is shared:
+                    bases.append(m.base)
+                    continue
+            bases.append(0)
+            odd.append(i)
         self._shared = shared
         self._bases = np.array(bases, dtype=np.intp)
+
+    def maps(self) -> list[Any]:
+        """Every port's mapping (made for a ``RowView``), for a port-by-port read."""
+        if self._maps is None:
+            self._maps = list(map(self._attr, self._views))
+        return self._maps
 
     def sizes(self) -> list[int]:
         """Once a poll: the memos of all detectors that read it keep the same list."""
@@ -275,30 +298,35 @@ class _Reader:
             return self._sizes
         kind = self._kind
         if self._shared is None:
-            sizes = [len(m.index) if type(m) is kind else len(m) for m in self._maps]
+            sizes = [len(m.index) if type(m) is kind else len(m) for m in self.maps()]
         else:
-            sizes = [len(self._index)] * len(self._maps)
+            sizes = [len(self._index)] * len(self._views)
             for i in self._odd:
-                m = self._maps[i]
+                m = self._attr(self._views[i])
                 sizes[i] = len(m.index) if type(m) is kind else len(m)
         self._sizes = sizes
         return sizes
 
     def column(self, name: str, default: Any) -> list[Any]:
         shared = self._shared
+        if shared is None:
+            return read_column(self.maps(), self._kind, name, default)
         index = self._index
         pos = index.get(name)
-        if shared is None or pos is None:
-            return read_column(self._maps, self._kind, name, default)
-        np = sys.modules["numpy"]
-        # A view of the array only while gathering: an exported buffer would stop the tracker
-        # from growing it.
-        values: list[Any] = np.frombuffer(shared, dtype=_DTYPES[shared.typecode])[
-            self._bases + pos].tolist()
+        values: list[Any]
+        if pos is None:  # not a counter of the shared rows: only odd ports may have it
+            values = [default] * len(self._views)
+        else:
+            np = sys.modules["numpy"]
+            # A view of the array only while gathering: an exported buffer would stop the
+            # tracker from growing it.
+            values = np.frombuffer(shared, dtype=_DTYPES[shared.typecode])[
+                self._bases + pos].tolist()
         kind = self._kind
-        maps = self._maps
+        views = self._views
+        attr = self._attr
         for i in self._odd:
-            m = maps[i]
-            values[i] = (m.packed[m.base + pos] if type(m) is kind and m.index is index
-                         else m.get(name, default))
+            m = attr(views[i])
+            values[i] = (m.packed[m.base + pos] if pos is not None and type(m) is kind
+                         and m.index is index else m.get(name, default))
         return values

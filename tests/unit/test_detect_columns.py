@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 from array import array
-from dataclasses import replace
 
 import pytest
 
@@ -16,6 +15,7 @@ from ibmon.detect.base import rate_column, totals_column
 from ibmon.detect.columns import Fresh
 from ibmon.model import PortView
 from ibmon.rates import NO_RATE, Rates
+from ibmon.rowview import replaced
 from ibmon.sources.mock import MockSource
 from ibmon.totals import Totals
 from ibmon.tracker import Tracker
@@ -54,8 +54,8 @@ def _views() -> list[PortView]:
         9: Totals(first.index, [1 << 70, *list(views[9].totals.values())[1:]]),
     }
     for i, totals in odd.items():
-        views[i] = replace(views[i], totals=totals)
-    views[11] = replace(views[11], rates={})
+        views[i] = replaced(views[i], totals=totals)
+    views[11] = replaced(views[11], rates={})
     return views
 
 
@@ -77,6 +77,8 @@ def test_columns_read_what_get_reads(gather_from: int, monkeypatch: pytest.Monke
     if gather_from == 1:
         assert reader._odd == [3, 5, 7, 9]
         assert fresh._readers[Rates]._odd == [11]
+        # the tracker's views are read in place: no mapping made for every port
+        assert reader._maps is None and fresh._readers[Rates]._maps is None
 
 
 def test_a_gather_leaves_the_store_free_to_grow(monkeypatch: pytest.MonkeyPatch) -> None:

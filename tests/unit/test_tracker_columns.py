@@ -20,6 +20,7 @@ import pytest
 
 from ibmon import trackcolumns
 from ibmon.model import PortIdentity, PortSample, Snapshot
+from ibmon.rowview import RowView, replaced
 from ibmon.sources.mock import MockSource
 from ibmon.totals import Totals
 from ibmon.tracker import Tracker
@@ -212,15 +213,17 @@ def test_the_renderer_reads_column_store_totals_as_packed_columns() -> None:
     for t in range(3):
         clock.t = float(t)
         views = tracker.update(asyncio.run(source.sample()))
-    totals = [v.totals for v in views.values()]
-    assert all(_in_store(t) for t in totals)
+    rows = list(views.values())
+    assert all(type(v) is RowView and _in_store(v.totals) for v in rows)
     # rows of the store, and the same with one port's own copy among them (a silent port's)
-    mixed = [*totals[:5], Totals(totals[5].index, totals[5].own()), *totals[6:]]  # type: ignore[attr-defined]
-    for case in (totals, mixed, totals[::-1]):
+    own = rows[5].totals
+    assert isinstance(own, Totals)
+    mixed = [*rows[:5], replaced(rows[5], totals=Totals(own.index, own.own())), *rows[6:]]
+    for case in (rows, mixed, rows[::-1]):
         packed = _packed_columns(case)
         assert packed is not None
         assert {k: list(v) for k, v in packed.items()} == {
-            k: list(v) for k, v in _columns(case).items() if k in packed}
+            k: list(v) for k, v in _columns([v.totals for v in case]).items() if k in packed}
 
 
 def test_a_refused_row_among_rows_read_in_place_leaves_the_others_where_they_are() -> None:

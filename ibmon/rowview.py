@@ -1,0 +1,134 @@
+"""A port's view whose totals and rates stay rows of the tracker's column store until read.
+
+Why (issue 12, targets 3 and 4): every view of a fabric poll held a ``Totals`` and a ``Rates``,
+two small objects a port that only pointed into that poll's arrays of the column store
+(``ibmon.trackcolumns``). At 36,720 ports they were 73,440 objects a poll that the cyclic GC
+tracks and scans until the next poll frees them: about 35 ms of a poll and 6.4 MB a generation
+of views. A ``RowView`` keeps where its rows are instead (one ``Rows`` a block and poll, shared
+by its ports, and two ints) and makes the mappings when they are read. The readers of whole
+columns (the detectors' ``ibmon.detect.columns``, the renderer) take the rows as they are
+(``packed``) and make no mapping at all.
+
+A ``RowView`` is a ``PortView`` in every other respect, equal to one with the same values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import fields
+from typing import Any
+
+from ibmon.model import LinkInfo, PortIdentity, PortView
+from ibmon.rates import Rates
+from ibmon.totals import Totals
+
+__all__ = ["RowView", "Rows", "packed", "replaced"]
+
+
+class Rows:
+    """The arrays one block's ports share in one poll: totals and rates by row, one name
+    index. Never changed once views hold it (the tracker copies its totals before it next
+    accumulates into them)."""
+
+    __slots__ = ("index", "rates", "totals")
+
+    def __init__(self, index: dict[str, int], totals: Sequence[int],
+                 rates: Sequence[float]) -> None:
+        self.index = index
+        self.totals = totals
+        self.rates = rates
+
+
+class RowView(PortView):
+    """A ``PortView`` whose ``totals`` start at ``row`` of ``rows.totals`` and whose ``rates``
+    start at ``at`` of ``rows.rates``; the mappings are made on each read."""
+
+    __slots__ = ("at", "row", "rows")
+
+    def __init__(  # noqa: PLR0917 - per port per poll: positional, as PortView's
+        self,
+        rows: Rows,
+        row: int,
+        at: int,
+        identity: PortIdentity,
+        state: int | None,
+        phys_state: int | None,
+        rate_bytes_per_second: float | None,
+        active_width: str,
+        active_speed: str,
+        link: LinkInfo | None,
+        saturated: frozenset[str],
+        resets: dict[str, int],
+        hw_totals: dict[str, int],
+        hw_rates: dict[str, float],
+        utilization_tx: float | None,
+        utilization_rx: float | None,
+        xmit_wait_ratio: float | None,
+        symbol_error_ber: float | None,
+        conditions: frozenset[str],
+        hw_gauges: dict[str, int],
+        stale: bool,
+        causes: dict[str, str],
+    ) -> None:
+        # PortView's own __init__ would set ``totals`` and ``rates``, which are read-only here.
+        self.rows = rows
+        self.row = row
+        self.at = at
+        self.identity = identity
+        self.state = state
+        self.phys_state = phys_state
+        self.rate_bytes_per_second = rate_bytes_per_second
+        self.active_width = active_width
+        self.active_speed = active_speed
+        self.link = link
+        self.saturated = saturated
+        self.resets = resets
+        self.hw_totals = hw_totals
+        self.hw_rates = hw_rates
+        self.utilization_tx = utilization_tx
+        self.utilization_rx = utilization_rx
+        self.xmit_wait_ratio = xmit_wait_ratio
+        self.symbol_error_ber = symbol_error_ber
+        self.conditions = conditions
+        self.hw_gauges = hw_gauges
+        self.stale = stale
+        self.causes = causes
+
+    @property
+    def totals(self) -> Totals:  # type: ignore[override]  # read-only: made from the rows
+        return Totals(self.rows.index, self.rows.totals, self.row)
+
+    @property
+    def rates(self) -> Rates:  # type: ignore[override]
+        return Rates(self.rows.index, self.rows.rates, self.at)
+
+
+_PLAIN_FIELDS = tuple(f.name for f in fields(PortView) if f.name not in ("totals", "rates"))
+if RowView.__init__.__code__.co_varnames[4 : 4 + len(_PLAIN_FIELDS)] != _PLAIN_FIELDS:
+    # The tracker passes them positionally; a reordered PortView must fail loudly.
+    raise ImportError("ibmon.model.PortView's fields changed; update ibmon.rowview.RowView")
+
+
+def packed(view: PortView, kind: type[Totals | Rates]) -> tuple[Mapping[str, int], Any, int] | None:
+    """(index, array, start) of ``view``'s totals (``Totals``) or rates (``Rates``) where they
+    are packed, without making a mapping of a ``RowView``'s rows; None for a plain mapping."""
+    if type(view) is RowView:
+        rows = view.rows
+        if kind is Totals:
+            return rows.index, rows.totals, view.row
+        return rows.index, rows.rates, view.at
+    m = view.totals if kind is Totals else view.rates
+    if type(m) is kind:
+        return m.index, m.packed, m.base
+    return None
+
+
+_FIELDS = tuple(f.name for f in fields(PortView))
+
+
+def replaced(view: PortView, **changes: Any) -> PortView:
+    """``dataclasses.replace`` for any view, a ``RowView`` too (whose constructor takes rows):
+    a plain ``PortView`` with ``view``'s values but ``changes``."""
+    values = {name: getattr(view, name) for name in _FIELDS}
+    values.update(changes)
+    return PortView(**values)

@@ -1,0 +1,107 @@
+"""Views whose totals and rates stay rows of the tracker's store (``ibmon.rowview``): they read
+and compare exactly like the plain views the per-port rules make, and a poll makes no mapping
+object per port (issue 12: what the cyclic GC tracks and a generation of views holds)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import math
+from array import array
+
+import pytest
+
+from ibmon.model import PortIdentity, PortView
+from ibmon.rates import NO_RATE, Rates
+from ibmon.rowview import Rows, RowView, replaced
+from ibmon.sources.mock import MockSource
+from ibmon.totals import Totals
+from ibmon.tracker import Tracker
+from mocks.scenario import ManualClock
+
+INDEX = {"transmit_data": 0, "symbol_errors": 1}
+
+
+def _row_view(**fields: object) -> RowView:
+    # Two ports' rows; this view is the second one of each array.
+    rows = Rows(INDEX, array("Q", [1, 2, 40, 0]), array("d", [9.0, 9.0, 4.0, NO_RATE]))
+    values = {"identity": PortIdentity("0x0000000000000001", "1"), "state": 4,
+              "phys_state": 5, "rate_bytes_per_second": 5e10, "active_width": "4X",
+              "active_speed": "25.78125 Gbps", "link": None, "saturated": frozenset(),
+              "resets": {}, "hw_totals": {}, "hw_rates": {}, "utilization_tx": 0.5,
+              "utilization_rx": None, "xmit_wait_ratio": 0.0, "symbol_error_ber": None,
+              "conditions": frozenset(), "hw_gauges": {}, "stale": False, "causes": {}}
+    values.update(fields)
+    return RowView(rows, 2, 2, *values.values())  # type: ignore[arg-type]
+
+
+def _plain(view: RowView) -> PortView:
+    return replaced(view, totals={"transmit_data": 40, "symbol_errors": 0},
+                    rates={"transmit_data": 4.0})
+
+
+def test_a_row_view_reads_its_rows_as_mappings() -> None:
+    view = _row_view()
+    assert dict(view.totals) == {"transmit_data": 40, "symbol_errors": 0}
+    assert dict(view.rates) == {"transmit_data": 4.0}  # NaN: no rate
+    assert "symbol_errors" not in view.rates and view.rates.get("symbol_errors") is None
+    assert type(view.totals) is Totals and type(view.rates) is Rates
+
+
+def test_a_row_view_equals_the_plain_view_of_the_same_values() -> None:
+    view = _row_view()
+    plain = _plain(view)
+    assert type(plain) is PortView
+    assert view == plain and plain == view and view == _row_view()
+    assert view != replaced(plain, totals={"transmit_data": 41, "symbol_errors": 0})
+    assert view != replaced(plain, rates={})
+    assert view != _row_view(state=1) and view != _row_view(utilization_tx=0.25)
+    assert view != "a view"
+    with pytest.raises(TypeError):
+        hash(view)
+    with pytest.raises(TypeError):
+        hash(plain)
+
+
+def test_equality_keeps_identical_non_finite_values_equal() -> None:
+    """As the dataclass's did (a tuple compares identical items equal): a view with a NaN
+    field equals itself."""
+    nan = math.nan
+    view = _row_view(utilization_rx=nan)
+    assert view == view
+    assert view == _plain(view)
+
+
+def test_replaced_changes_only_what_it_is_given() -> None:
+    view = _row_view()
+    stale = replaced(view, stale=True, rates={})
+    assert type(stale) is PortView and stale.stale and dict(stale.rates) == {}
+    assert stale.totals == view.totals and stale.identity is view.identity
+    assert replaced(stale) == stale
+
+
+class _Columns(Tracker):
+    columns_from = 1
+
+
+def test_a_poll_makes_no_mapping_object_per_port() -> None:
+    """A large poll's views are RowViews: the number of live Totals and Rates objects does not
+    grow with the ports (it did by two a port)."""
+    clock = ManualClock()
+    source = MockSource.from_scenario("healthy", clock=clock)
+    tracker = _Columns()
+    kept = []
+    for t in range(3):
+        clock.t = float(t * 10)
+        kept.append(tracker.update(asyncio.run(source.sample())))
+
+    def mappings() -> int:
+        return sum(1 for o in gc.get_objects() if type(o) in (Totals, Rates))
+
+    views = kept[-1]
+    assert len(views) > 100
+    assert all(type(v) is RowView for v in views.values())
+    before = mappings()
+    clock.t = 30.0
+    kept.append(tracker.update(asyncio.run(source.sample())))
+    assert mappings() - before < len(views) // 10
