@@ -173,7 +173,7 @@ class StateFile:
                 continue
             if not (
                 pid == os.getpid()
-                or not _alive(pid)
+                or not pid_alive(pid)
                 or now - st.st_mtime > STALE_TEMP_SECONDS
             ):
                 continue
@@ -253,7 +253,8 @@ class _TooLargeError(OSError):
     """The file is larger than any state file ibmon writes."""
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a zombie does; one of another user counts too)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

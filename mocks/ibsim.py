@@ -33,6 +33,7 @@ from pathlib import Path
 from types import TracebackType
 
 from ibmon.counters import CATALOGUE
+from ibmon.persist import pid_alive
 
 __all__ = [
     "MAX_CLIENTS",
@@ -112,17 +113,6 @@ def _sizing(netfile: str) -> list[str]:
     if ports + 1 > 13312:
         args += ["-P", str(ports + 64)]
     return args
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` exists (a zombie does: not yet reaped, so maybe not detached either)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _kill_group(proc: subprocess.Popen[bytes], grace: float) -> None:
@@ -502,7 +492,7 @@ class IbSim:
         # So a slot is freed only if a second listing, taken after its pid was found dead,
         # still shows that pid: a dead client cannot give its slot up, so it is still the
         # holder, and nothing but this frees the slot before the "X".
-        dead = {slot: pid for slot, pid in self._attached() if not _alive(pid)}
+        dead = {slot: pid for slot, pid in self._attached() if not pid_alive(pid)}
         if not dead:
             return 0
         gone = 0
