@@ -94,6 +94,10 @@ class RowView(PortView):
         self.stale = stale
         self.causes = causes
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # copy and pickle give a plain view of the same values: the rows belong to the poll
+        return PortView, tuple(getattr(self, name) for name in _FIELDS)
+
     @property
     def totals(self) -> Totals:  # type: ignore[override]  # read-only: made from the rows
         return Totals(self.rows.index, self.rows.totals, self.row)

@@ -5,8 +5,10 @@ object per port (issue 12: what the cyclic GC tracks and a generation of views h
 from __future__ import annotations
 
 import asyncio
+import copy
 import gc
 import math
+import pickle
 from array import array
 
 import pytest
@@ -78,6 +80,12 @@ def test_replaced_changes_only_what_it_is_given() -> None:
     assert type(stale) is PortView and stale.stale and dict(stale.rates) == {}
     assert stale.totals == view.totals and stale.identity is view.identity
     assert replaced(stale) == stale
+
+
+def test_copies_and_pickles_are_plain_views_of_the_same_values() -> None:
+    view = _row_view()
+    for twin in (copy.copy(view), copy.deepcopy(view), pickle.loads(pickle.dumps(view))):
+        assert type(twin) is PortView and twin == view
 
 
 class _Columns(Tracker):
