@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from enum import IntEnum
 from operator import attrgetter
+from typing import Any
 
 __all__ = [
     "GUID_RE",
@@ -26,6 +27,8 @@ __all__ = [
     "SourceError",
     "Topology",
     "normalize_guid",
+    "replaced",
+    "view_values",
 ]
 
 PortKey = tuple[str, str]
@@ -218,10 +221,20 @@ class PortView:
         # stay in the tracker's store (``ibmon.rowview.RowView``) equals a plain one.
         if not isinstance(other, PortView):
             return NotImplemented
-        return _fields_of(self) == _fields_of(other)  # a tuple's: identical values are equal
+        return view_values(self) == view_values(other)  # a tuple's: identical values are equal
 
     __hash__ = None  # type: ignore[assignment]  # mutable: unhashable, as with the dataclass's eq
 
 
-#: A view's fields, in order, as one tuple (its ``__eq__``).
-_fields_of = attrgetter(*(f.name for f in fields(PortView)))
+_VIEW_FIELDS = tuple(f.name for f in fields(PortView))
+#: A view's fields' values, in field order, as one tuple (``PortView(*view_values(v))`` is a
+#: plain view equal to ``v``).
+view_values = attrgetter(*_VIEW_FIELDS)
+
+
+def replaced(view: PortView, **changes: Any) -> PortView:
+    """``dataclasses.replace`` for any view, one of a subclass too (``ibmon.rowview.RowView``,
+    whose constructor takes rows): a plain ``PortView`` with ``view``'s values but ``changes``."""
+    values = dict(zip(_VIEW_FIELDS, view_values(view), strict=True))
+    values.update(changes)
+    return PortView(**values)

@@ -44,9 +44,8 @@ import structlog
 from ibmon.config import SourceConfig
 from ibmon.detect.engine import ActiveCondition, Engine
 from ibmon.events import Event
-from ibmon.model import PortKey, PortView, Snapshot
+from ibmon.model import PortKey, PortView, Snapshot, replaced
 from ibmon.polltime import MIN_POLL_TIMEOUT, POLL_TIMEOUT_INTERVALS, poll_timeout
-from ibmon.rowview import replaced
 from ibmon.selfmetrics import SelfMetrics
 from ibmon.sources import Source
 from ibmon.state import FabricState, SourceStatus

@@ -10,6 +10,8 @@ columns (the detectors' ``ibmon.detect.columns``, the renderer) take the rows as
 (``packed``) and make no mapping at all.
 
 A ``RowView`` is a ``PortView`` in every other respect, equal to one with the same values.
+``ibmon.model.replaced`` (not ``dataclasses.replace``, which would call its constructor) makes
+a changed copy of any view.
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any
 
-from ibmon.model import LinkInfo, PortIdentity, PortView
+from ibmon.model import LinkInfo, PortIdentity, PortView, view_values
 from ibmon.rates import Rates
 from ibmon.totals import Totals
 
-__all__ = ["RowView", "Rows", "packed", "replaced"]
+__all__ = ["RowView", "Rows", "packed"]
 
 
 class Rows:
@@ -96,7 +98,7 @@ class RowView(PortView):
 
     def __reduce__(self) -> tuple[Any, ...]:
         # copy and pickle give a plain view of the same values: the rows belong to the poll
-        return PortView, tuple(getattr(self, name) for name in _FIELDS)
+        return PortView, view_values(self)
 
     @property
     def totals(self) -> Totals:  # type: ignore[override]  # read-only: made from the rows
@@ -125,14 +127,3 @@ def packed(view: PortView, kind: type[Totals | Rates]) -> tuple[Mapping[str, int
     if type(m) is kind:
         return m.index, m.packed, m.base
     return None
-
-
-_FIELDS = tuple(f.name for f in fields(PortView))
-
-
-def replaced(view: PortView, **changes: Any) -> PortView:
-    """``dataclasses.replace`` for any view, a ``RowView`` too (whose constructor takes rows):
-    a plain ``PortView`` with ``view``'s values but ``changes``."""
-    values = {name: getattr(view, name) for name in _FIELDS}
-    values.update(changes)
-    return PortView(**values)

@@ -219,24 +219,14 @@ class Tools:
         self._held = True
         self._write()
         deadline = time.monotonic() + timeout
-        while self.running_real() and time.monotonic() < deadline:
+        # a real tool's command line starts with its path (a fake's with the interpreter)
+        while any(self.processes(real) for real in self.real) and time.monotonic() < deadline:
             time.sleep(0.05)
 
     def release(self) -> None:
         """New tools run again, as the control file says."""
         self._held = False
         self._write()
-
-    def running_real(self) -> set[int]:
-        """Pids of the real tools running (a fake that ran one, or became one)."""
-        out = set()
-        for name in os.listdir("/proc"):
-            if name.isdigit():
-                with contextlib.suppress(OSError):
-                    argv0 = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0", 1)[0]
-                    if argv0.decode(errors="replace") in self.real:
-                        out.add(int(name))
-        return out
 
     def turns(self) -> int:
         """How many junk answers the fake perfquery gave."""

@@ -13,9 +13,8 @@ from ibmon.counters import CATALOGUE
 from ibmon.detect import columns
 from ibmon.detect.base import rate_column, totals_column
 from ibmon.detect.columns import Fresh
-from ibmon.model import PortView
+from ibmon.model import PortView, replaced
 from ibmon.rates import NO_RATE, Rates
-from ibmon.rowview import replaced
 from ibmon.sources.mock import MockSource
 from ibmon.totals import Totals
 from ibmon.tracker import Tracker

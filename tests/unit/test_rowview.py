@@ -13,9 +13,9 @@ from array import array
 
 import pytest
 
-from ibmon.model import PortIdentity, PortView
+from ibmon.model import PortIdentity, PortView, replaced
 from ibmon.rates import NO_RATE, Rates
-from ibmon.rowview import Rows, RowView, replaced
+from ibmon.rowview import Rows, RowView
 from ibmon.sources.mock import MockSource
 from ibmon.totals import Totals
 from ibmon.tracker import Tracker

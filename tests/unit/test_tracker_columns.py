@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from ibmon import trackcolumns
-from ibmon.model import PortIdentity, PortSample, Snapshot
-from ibmon.rowview import RowView, replaced
+from ibmon.model import PortIdentity, PortSample, Snapshot, replaced
+from ibmon.rowview import RowView
 from ibmon.sources.mock import MockSource
 from ibmon.totals import Totals
 from ibmon.tracker import Tracker
