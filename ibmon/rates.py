@@ -23,9 +23,9 @@ NO_RATE: Final = float("nan")
 
 class Rates(Mapping[str, float]):
     """``index`` maps each counter name to its position in ``packed`` after ``base`` (shared,
-    never changed); ``packed`` holds the rate or ``NO_RATE``: only this port's, or from
-    ``base`` on, this port's row of a poll's rates (``ibmon.trackcolumns``). Neither is
-    changed after construction."""
+    never changed; several names may share a position of 0.0); ``packed`` holds the rate or
+    ``NO_RATE``: only this port's, or from ``base`` on, this port's row of a poll's rates
+    (``ibmon.trackcolumns``). Neither is changed after construction."""
 
     __slots__ = ("base", "index", "packed")
 
@@ -56,11 +56,12 @@ class Rates(Mapping[str, float]):
         return i is not None and not isnan(self.packed[self.base + i])
 
     def own(self) -> Sequence[float]:
-        """Only this port's rates, in the order of ``index``."""
+        """Only this port's rates, in the order of ``index``. A row of the tracker's store
+        may leave counters that did not move out and point their names at one column of 0.0
+        (``ibmon.trackcolumns``): positions are read through the index, not as a slice."""
         packed = self.packed
-        if self.base or len(packed) != len(self.index):
-            return packed[self.base : self.base + len(self.index)]
-        return packed
+        base = self.base
+        return [packed[base + i] for i in self.index.values()]
 
     def __iter__(self) -> Iterator[str]:
         return (n for n, v in zip(self.index, self.own(), strict=True) if not isnan(v))

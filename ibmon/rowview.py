@@ -28,17 +28,20 @@ __all__ = ["RowView", "Rows", "packed"]
 
 
 class Rows:
-    """The arrays one block's ports share in one poll: totals and rates by row, one name
-    index. Never changed once views hold it (the tracker copies its totals before it next
-    accumulates into them)."""
+    """The arrays one block's ports share in one poll: totals by row with their name
+    ``index``, rates by row with theirs (``rates_index``: the same names, positions in a
+    row that may be narrower, ``ibmon.trackcolumns``; ``index`` when not given). Never
+    changed once views hold it (the tracker copies its totals before it next accumulates
+    into them)."""
 
-    __slots__ = ("index", "rates", "totals")
+    __slots__ = ("index", "rates", "rates_index", "totals")
 
     def __init__(self, index: dict[str, int], totals: Sequence[int],
-                 rates: Sequence[float]) -> None:
+                 rates: Sequence[float], rates_index: dict[str, int] | None = None) -> None:
         self.index = index
         self.totals = totals
         self.rates = rates
+        self.rates_index = index if rates_index is None else rates_index
 
 
 class RowView(PortView):
@@ -106,7 +109,7 @@ class RowView(PortView):
 
     @property
     def rates(self) -> Rates:  # type: ignore[override]
-        return Rates(self.rows.index, self.rows.rates, self.at)
+        return Rates(self.rows.rates_index, self.rows.rates, self.at)
 
 
 _PLAIN_FIELDS = tuple(f.name for f in fields(PortView) if f.name not in ("totals", "rates"))
@@ -122,7 +125,7 @@ def packed(view: PortView, kind: type[Totals | Rates]) -> tuple[Mapping[str, int
         rows = view.rows
         if kind is Totals:
             return rows.index, rows.totals, view.row
-        return rows.index, rows.rates, view.at
+        return rows.rates_index, rows.rates, view.at
     m = view.totals if kind is Totals else view.rates
     if type(m) is kind:
         return m.index, m.packed, m.base

@@ -317,10 +317,13 @@ class Tracker:
         width = block.width
         totals_of = block.totals
         rates_of = step.rates
+        rates_index = step.rates_index
+        rates_width = step.rates_width
         util_tx = step.util_tx
         util_rx = step.util_rx
         wait_ratio = step.wait_ratio
-        rows = Rows(_NO_INDEX, totals_of, rates_of)  # the ports' shared index, from the first
+        # the ports' shared index, from the first
+        rows = Rows(_NO_INDEX, totals_of, rates_of, rates_index)
         k = 0  # the row among the accounted ones
         for pos, st, sample, inv_dt, ok, link in zip(
             batch.pos, batch.ports, batch.samples, batch.inv_dt, step.ok, links, strict=True
@@ -329,7 +332,7 @@ class Tracker:
                 out[pos] = self._port(st, sample, inv_dt)
                 continue
             if st.index is not rows.index:  # the block's ports share one (equal ones: rarely)
-                rows = Rows(st.index, totals_of, rates_of)
+                rows = Rows(st.index, totals_of, rates_of, rates_index)
             hw = sample.hw_counters
             hw_rates = self._hw_counters(st, hw, inv_dt) if hw or st.hw_last else _NO_HW_RATES
             state = sample.state
@@ -339,7 +342,7 @@ class Tracker:
             else:
                 # Positional, like _build's PortView: the rows' mappings are made when read.
                 out[pos] = RowView(
-                    rows, st.row * width, k * width, sample.identity, sample.state,
+                    rows, st.row * width, k * rates_width, sample.identity, sample.state,
                     sample.phys_state, link, sample.active_width, sample.active_speed,
                     sample.link, st.saturated, st.resets,
                     dict(st.hw_totals) if st.hw_totals else _NO_COUNTS, hw_rates, util_tx[k],

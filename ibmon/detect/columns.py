@@ -273,7 +273,8 @@ class _Reader:
         for i, v in enumerate(views):
             if type(v) is RowView:
                 store = v.rows
-                if store.index is index and (store.totals if in_rows else store.rates) is shared:
+                if (store.totals is shared and store.index is index if in_rows
+                        else store.rates is shared and store.rates_index is index):
                     bases.append(v.row if in_rows else v.at)
                     continue
             else:

@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 
 from ibmon import trackcolumns
+from ibmon.detect.columns import GATHER_FROM, Fresh
 from ibmon.model import PortIdentity, PortSample, Snapshot, replaced
+from ibmon.rates import Rates
 from ibmon.rowview import RowView
 from ibmon.sources.mock import MockSource
 from ibmon.totals import Totals
@@ -248,3 +250,49 @@ def test_a_refused_row_among_rows_read_in_place_leaves_the_others_where_they_are
         got = b.update(snap(float(t), readings))
         assert got == want, t
     assert b.dump() == a.dump()
+
+
+def test_rates_keep_only_the_columns_that_moved_and_read_as_the_per_port_rules() -> None:
+    """A poll's rates keep the columns where some port's rate is not 0.0, plus one column of
+    0.0 that every other counter reads (most of a fabric's counters are error counters that
+    did not move). Every view must read exactly what the per-port rules give (names, order,
+    values), the detectors' column gather too, and views of earlier polls keep theirs while
+    other columns move."""
+    names = ("transmit_data", "receive_data", "symbol_errors", "link_downed", "receive_errors")
+    # enough ports for the detectors' gather from the shared rows (GATHER_FROM)
+    keys = [(f"0x{p:016x}", "1") for p in range(1, GATHER_FROM + 2)]
+    a, b = _PerPort(), _Columns()
+
+    def snap(t: int) -> Snapshot:
+        def counters(p: int) -> dict[str, int]:
+            return {"transmit_data": t * (p + 1),  # moves on every port
+                    "receive_data": 0,  # never moves
+                    "symbol_errors": t if p == 7 else 0,  # one port, from the second poll
+                    "link_downed": 1 if p == 3 and t >= 3 else 0,  # one port, at poll 3
+                    "receive_errors": 5}  # constant: never a rate
+        return Snapshot("x", float(t), 1e9 + t, {key: PortSample(
+            PortIdentity(*key), state=4, rate_bps=8e9, counters=counters(p))
+            for p, key in enumerate(keys)})
+
+    kept: list[tuple[dict[str, float], Any]] = []
+    widths = []
+    for t in range(1, 6):
+        want = a.update(snap(t))
+        got = b.update(snap(t))
+        assert got == want, t
+        for key, view in got.items():
+            assert list(view.rates) == list(want[key].rates) == (list(names) if t > 1 else [])
+            kept.append((dict(want[key].rates), view))
+        if t == 1:  # the baseline: no rates yet, and the per-port rules' views
+            continue
+        view = got[keys[0]]
+        assert type(view) is RowView
+        widths.append(len(view.rows.rates) // len(keys))
+        fresh = Fresh()
+        fresh.extend(got.items())
+        for name in names:
+            assert fresh.column(Rates, name, None) == [v.rates.get(name) for v in want.values()]
+    # transmit_data and symbol_errors moved, then link_downed too, then no longer; and the
+    # column of 0.0
+    assert widths == [3, 4, 3, 3], widths
+    assert all(dict(view.rates) == rates for rates, view in kept)
