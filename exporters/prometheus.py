@@ -54,7 +54,7 @@ from exporters.render import PortRenderer
 from exporters.server import HttpApp, HttpConnection, HttpError, Request, Response, Route
 from ibmon.model import PortView
 from ibmon.selfmetrics import SelfMetrics
-from ibmon.state import FabricState, in_port_order
+from ibmon.state import FabricState, PortSorter, in_port_order
 
 __all__ = ["CONTENT_TYPE", "PrometheusExporter", "exposition"]
 
@@ -173,6 +173,7 @@ class PrometheusExporter:
         self._auth = BasicAuth.from_file(basic_auth_file) if basic_auth_file else None
         self._self_metrics = self_metrics
         self._compressor = _Compressor()
+        self._sorter = PortSorter()  # /metrics lists ports in port order
         self._exposition = _EMPTY
         self._state: FabricState | None = None
         self._seq = itertools.count(1)
@@ -204,7 +205,7 @@ class PrometheusExporter:
     # --- publishing -----------------------------------------------------------------------------
 
     def _render(self, state: FabricState, *, wait: bool) -> Deflated:
-        views = in_port_order(state.ports.values())
+        views = self._sorter(state.ports)
         compressor = self._compressor
         if not compressor.lock.acquire(blocking=wait):
             # A worker thread holds the cached renderer; never block the loop on it.

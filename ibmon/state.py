@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 from types import MappingProxyType
 
-from ibmon.model import PortKey, PortView
+from ibmon.model import PortIdentity, PortKey, PortView
 
-__all__ = ["EMPTY_STATE", "FabricState", "SourceStatus", "in_port_order", "port_order"]
+__all__ = ["EMPTY_STATE", "FabricState", "PortSorter", "SourceStatus", "in_port_order",
+           "port_order"]
 
 
 def port_order(view: PortView) -> tuple[str, int, str]:
@@ -27,6 +29,36 @@ def port_order(view: PortView) -> tuple[str, int, str]:
 
 def in_port_order(views: Iterable[PortView]) -> list[PortView]:
     return sorted(views, key=port_order)
+
+
+_IDENTITY = attrgetter("identity")
+
+
+class PortSorter:
+    """``in_port_order`` for a caller that lists the same ports poll after poll (the
+    exporter, once a poll): the order is worked out again only when the ports' identities
+    are not the ones of the last call (objects a source keeps, compared by identity first).
+
+    Why (issue 12, target 4): sorting 36,720 views calls ``port_order`` for each, about
+    15 ms a poll, for an order that changes only when the fabric does. Safe to call from
+    several threads: what it keeps is replaced as one tuple.
+    """
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        # the identities in the caller's order, and the positions in port order (None: as is)
+        self._last: tuple[list[PortIdentity], list[int] | None] | None = None
+
+    def __call__(self, ports: Mapping[PortKey, PortView]) -> list[PortView]:
+        views = list(ports.values())
+        idents = list(map(_IDENTITY, views))
+        last = self._last
+        if last is None or last[0] != idents:
+            found = sorted(range(len(views)), key=lambda i: port_order(views[i]))
+            last = self._last = (idents, None if found == list(range(len(views))) else found)
+        order = last[1]
+        return views if order is None else list(map(views.__getitem__, order))
 
 
 @dataclass(frozen=True, slots=True)
