@@ -16,10 +16,11 @@ same values.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import ItemsView, Iterator, KeysView, Mapping, Sequence, ValuesView
 from typing import Any, overload
 
-__all__ = ["Totals"]
+__all__ = ["Totals", "packed_counters"]
 
 
 class Totals(Mapping[str, int]):
@@ -80,3 +81,29 @@ class Totals(Mapping[str, int]):
 
     def __repr__(self) -> str:
         return repr(self.as_dict())
+
+
+#: One name index per distinct sequence of counter names that ``packed_counters`` has seen.
+_INDEXES: dict[tuple[str, ...], dict[str, int]] = {}
+
+
+def packed_counters(counters: dict[str, int]) -> Mapping[str, int]:
+    """A source's counters for its sample: a ``Totals`` over one ``array('Q')``, with a name
+    index shared by every port with the same counters; ``counters`` itself if a value does
+    not fit 64 bits (the tracker's per-port rules take it as it is).
+
+    Why (issue 12, target 3): as a dict a port's 22-40 counters are about 0.9 KB (the dict
+    and an int object per value that is not tiny), alive for every port of a fabric while a
+    poll is tracked; packed they are about 0.4 KB, and the tracker's column store reads them
+    without a dict lookup or an int object per value (as it does the simulator's).
+    """
+    names = tuple(counters)
+    index = _INDEXES.get(names)
+    if index is None:
+        if len(_INDEXES) >= 256:  # kinds of ports on a fabric: a few; bounded all the same
+            _INDEXES.clear()
+        index = _INDEXES[names] = {name: i for i, name in enumerate(names)}
+    try:
+        return Totals(index, array("Q", counters.values()))
+    except (OverflowError, TypeError):  # negative, past 64 bits, or not an int
+        return counters

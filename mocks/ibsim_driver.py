@@ -51,6 +51,7 @@ from typing import Any
 
 from ibmon.counters import DETAIL_ATTRIBUTES
 from ibmon.model import LinkInfo, PortIdentity, PortSample, Snapshot, SourceError, Topology
+from ibmon.totals import packed_counters
 from mocks.ibsim import MAX_CONSOLE_LINE, IbSim, IbSimError, ibsim_field
 from mocks.scenario import Scenario, ScenarioPlayer, SimClock, build_fabric, load_scenario
 from mocks.topology import Fabric, to_ibsim_netfile
@@ -339,6 +340,7 @@ def snapshot_to_json(s: Snapshot) -> dict[str, Any]:
     ports = []
     for (g, p), v in s.ports.items():
         d = asdict(v)
+        d["counters"] = dict(v.counters.items())  # packed by the source: a dict for JSON
         d["wide"] = sorted(v.wide)
         ports.append([g, p, d])
     return {
@@ -358,6 +360,7 @@ def snapshot_from_json(d: Mapping[str, Any]) -> Snapshot:
         snap.ports[(g, p)] = PortSample(
             identity=PortIdentity(**ident),
             link=LinkInfo(**link) if link is not None else None,
+            counters=packed_counters(v.pop("counters")),  # as the source made them
             wide=frozenset(v.pop("wide")),
             **v,
         )

@@ -43,8 +43,8 @@ def topo(t):
             "links": {f"{g}/{p}": asdict(v) for (g, p), v in t.links.items()}}
 
 def snap(s):
-    return {"ports": {f"{g}/{p}": {**asdict(v), "wide": sorted(v.wide)}
-                      for (g, p), v in s.ports.items()},
+    return {"ports": {f"{g}/{p}": {**asdict(v), "counters": dict(v.counters.items()),
+                                   "wide": sorted(v.wide)} for (g, p), v in s.ports.items()},
             "errors": [[e.reason, e.detail, list(e.key) if e.key else None] for e in s.errors]}
 
 async def main(opts):
@@ -141,7 +141,9 @@ def topology_json(t: Any) -> dict[str, Any]:
 def snapshot_json(s: Any) -> dict[str, Any]:
     return {
         "ports": {
-            f"{g}/{p}": {**asdict(v), "wide": sorted(v.wide)} for (g, p), v in s.ports.items()
+            # counters: a packed mapping (``ibmon.totals.packed_counters``), as a dict
+            f"{g}/{p}": {**asdict(v), "counters": dict(v.counters.items()),
+                         "wide": sorted(v.wide)} for (g, p), v in s.ports.items()
         },
         "errors": [[e.reason, e.detail, list(e.key) if e.key else None] for e in s.errors],
     }

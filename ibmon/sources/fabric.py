@@ -56,6 +56,7 @@ from ibmon.model import (
 )
 from ibmon.sources.parse import PortCounterValues, PortInfo, load_node_name_map
 from ibmon.sources.shard import filter_topology, parse_shard
+from ibmon.totals import packed_counters
 
 __all__ = [
     "DETAIL_BASELINES_PER_POLL",
@@ -272,8 +273,11 @@ def make_sample(fp: FabricPort, values: PortCounterValues | None) -> PortSample:
         rate_bps=rate,
         active_width=fp.active_width,
         active_speed=fp.active_speed,
-        counters=dict(values.counters) if values else {},
-        wide=frozenset(values.wide) if values else frozenset(),
+        # Packed, and the poll's shared set of 64-bit names, not copies: nothing changes the
+        # values once the sample is made (``FabricSource._fill`` is their last use), and a
+        # dict and a set a port were 1-3 KB (benchmarks/bench_sample_memory.py).
+        counters=packed_counters(values.counters) if values else {},
+        wide=values.wide if values else frozenset(),
         link=fp.link,
     )
 

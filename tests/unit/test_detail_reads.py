@@ -44,7 +44,7 @@ def pcv(rcv: int | None = 0, disc: int | None = 0, wide: frozenset[str] = frozen
         counters["receive_errors"] = rcv
     if disc is not None:
         counters["transmit_discards"] = disc
-    return PortCounterValues(counters=counters, wide=set(wide))
+    return PortCounterValues(counters=counters, wide=frozenset(wide))
 
 
 def zeros(attr: str) -> dict[str, int]:

@@ -194,10 +194,30 @@ def decode_details(attribute: str, data: bytes, *, port: int | None = None) -> d
 
 @dataclass(slots=True)
 class PortCounterValues:
-    """One port's counters by catalogue name, and which of them came from a 64-bit field."""
+    """One port's counters by catalogue name, and which of them came from a 64-bit field
+    (one shared object per distinct set: ``merge_counters``)."""
 
     counters: dict[str, int] = field(default_factory=dict)
-    wide: set[str] = field(default_factory=set)
+    wide: frozenset[str] = frozenset()
+
+
+#: The distinct sets of 64-bit counters seen (a fabric has a few: one per kind of port).
+_WIDE: dict[frozenset[str], frozenset[str]] = {}
+
+
+def _shared_wide(names: frozenset[str]) -> frozenset[str]:
+    """One object for every port with the same 64-bit counters.
+
+    Why (issue 12, target 3): a set of 8-22 names is 0.7-2.3 KB, and every port of a sweep
+    had its own (and its sample a copy): up to 4.6 KB a port while a poll of a 100,000-port
+    fabric was held, for a handful of distinct sets.
+    """
+    found = _WIDE.get(names)
+    if found is None:
+        if len(_WIDE) >= 64:  # only a fabric of odd ports gets here: bounded all the same
+            _WIDE.clear()
+        found = _WIDE[names] = names
+    return found
 
 
 def merge_counters(
@@ -209,7 +229,7 @@ def merge_counters(
     9 or 10) or when the mask is unknown; otherwise they may be garbage.
     """
     counters: dict[str, int] = {}
-    wide: set[str] = set()
+    wide: list[str] = []
     if narrow:
         names = _COUNTER_NAME
         for name, value in narrow.items():
@@ -223,8 +243,8 @@ def merge_counters(
             cname = names.get(name)
             if cname is not None:
                 counters[cname] = value
-                wide.add(cname)
-    return PortCounterValues(counters, wide)
+                wide.append(cname)
+    return PortCounterValues(counters, _shared_wide(frozenset(wide)))
 
 
 #: PMA field name -> catalogue name, for the fields of the counter attributes themselves (not
