@@ -26,6 +26,7 @@ machine's load average is printed with the results: the ratios of one run are wh
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import os
@@ -127,7 +128,8 @@ def daemon(hosts: int, scenario: str, interval: float) -> Iterator[Daemon]:
             time.sleep(0.5)
         yield d
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # it exited already (a bad config)
+            os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
