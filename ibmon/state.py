@@ -39,9 +39,10 @@ class PortSorter:
     exporter, once a poll): the order is worked out again only when the ports' identities
     are not the ones of the last call (objects a source keeps, compared by identity first).
 
-    Why (issue 12, target 4): sorting 36,720 views calls ``port_order`` for each, about
-    15 ms a poll, for an order that changes only when the fabric does. Safe to call from
-    several threads: what it keeps is replaced as one tuple.
+    Why (issue 12, target 4): sorting 36,720 views calls ``port_order`` for each: 5 ms a
+    poll when the source lists its ports in port order, 51 ms when it does not (a real
+    fabric's discovery order), for an order that changes only when the fabric does (3 and
+    12 ms kept). Safe to call from several threads: what it keeps is replaced as one tuple.
     """
 
     __slots__ = ("_last",)
