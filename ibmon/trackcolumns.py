@@ -28,6 +28,8 @@ import ctypes
 import os
 from array import array
 from collections.abc import Sequence
+from itertools import repeat
+from operator import is_
 from typing import Final, cast
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # no BLAS here: no idle thread pool for it
@@ -172,12 +174,14 @@ def advance(
     values: list[array[int]],
     inv_dt: list[float],
     *,
+    bases: list[int],
     link_bytes: Sequence[float | None],
     tick: float,
 ) -> Step:
-    """Account one poll for ``rows`` of ``block``, read as ``values`` (one array per row, in
-    the block's column order), ``inv_dt`` apart from their last reading, on links of
-    ``link_bytes`` per second (None where unknown). A row that is not accounted is untouched.
+    """Account one poll for ``rows`` of ``block``, read as ``values`` from ``bases`` (an array
+    per row in the block's column order: the row's own, base 0, or one the source's rows
+    share), ``inv_dt`` apart from their last reading, on links of ``link_bytes`` per second
+    (None where unknown). A row that is not accounted is untouched.
 
     The arithmetic is the tracker's for a port without pinned or stale counters: a counter
     that moved adds ``delta * multiplier`` to its total and has the rate ``delta * multiplier
@@ -195,8 +199,8 @@ def advance(
     chunk = _CHUNK or max(64, _TEMPORARY // (8 * width))
     for at in range(0, n, chunk):
         end = min(n, at + chunk)
-        ok, got = _chunk(block, rows[at:end], values[at:end], inv_dt[at:end],
-                         rates[done : done + end - at])
+        ok, got = _chunk(block, rows[at:end], _raw(values[at:end], bases[at:end], width),
+                         inv_dt[at:end], rates[done : done + end - at])
         step.ok += ok
         _ratios(block, rates[done : done + got], link_bytes[at:end], ok, tick=tick, step=step)
         done += got
@@ -236,19 +240,44 @@ def _compacted(block: Block, packed: array[float], rates: npt.NDArray[np.float64
     return out, index, rates_width
 
 
+def _raw(values: list[array[int]], bases: list[int], width: int) -> npt.NDArray[np.uint64]:
+    """A chunk's raw values as a matrix, a row a port. A source that keeps a poll's values in
+    one array (the simulator: a row a port, in order) is read in place or gathered; rows of
+    their own are joined.
+
+    Why (issue 12, target 3): an array of its own a port is 0.3 KB of small allocations a
+    port while a poll is held, which the allocator keeps afterwards; one array a poll is a
+    single block, returned to the system when the poll is done.
+    """
+    n = len(values)
+    first = values[0]
+    if len(first) != width and all(map(is_, values, repeat(first))):  # one shared array
+        flat = np.frombuffer(first, dtype=np.uint64)
+        start = bases[0]
+        at = np.array(bases, dtype=np.intp)
+        if bases[-1] - start == (n - 1) * width and bool((np.diff(at) == width).all()):
+            return flat[start : start + n * width].reshape(n, width)
+        gathered: npt.NDArray[np.uint64] = flat[at[:, None] + np.arange(width)]
+        return gathered
+    if set(map(len, values)) == {width}:  # every row its own
+        return np.frombuffer(b"".join(values), dtype=np.uint64).reshape(n, width)
+    rows = [v if len(v) == width else memoryview(v)[b : b + width]
+            for v, b in zip(values, bases, strict=True)]
+    return np.frombuffer(b"".join(rows), dtype=np.uint64).reshape(n, width)
+
+
 def _chunk(
     block: Block,
     rows: list[int],
-    values: list[array[int]],
+    new: npt.NDArray[np.uint64],
     inv_dt: list[float],
     rates: npt.NDArray[np.float64],
 ) -> tuple[list[bool], int]:
-    """``advance`` for a chunk of rows (temporaries under the mmap threshold, in cache): the
-    accounted rows' rates go to the start of ``rates``. Whether each row was accounted, and
-    how many were."""
+    """``advance`` for a chunk of rows (temporaries under the mmap threshold, in cache), read
+    as ``new``: the accounted rows' rates go to the start of ``rates``. Whether each row was
+    accounted, and how many were."""
     width = block.width
     n = len(rows)
-    new = np.frombuffer(b"".join(values), dtype=np.uint64).reshape(n, width)
     last = np.frombuffer(block.last, dtype=np.uint64).reshape(-1, width)
     totals = np.frombuffer(block.totals, dtype=np.uint64).reshape(-1, width)
     rows_at = np.array(rows, dtype=np.intp)

@@ -292,6 +292,9 @@ class Tracker:
             batch.ports.append(st)
             batch.samples.append(sample)
             batch.values.append(values)
+            # a row of an array the source's ports share: only a Totals has one (``_aligned``)
+            batch.bases.append(
+                sample.counters.base if len(values) != len(keys) else 0)  # type: ignore[attr-defined]
             batch.inv_dt.append(inv_dt)
         for batch in batches.values():
             arriving = [st for st in batch.ports if st.block is None]
@@ -312,8 +315,9 @@ class Tracker:
         # is None, ``advance`` reads NaN: no utilization).
         links = list(map(_link_bytes, map(_RATE_BPS, batch.samples)))
         step: Step = cols.advance(block, [st.row for st in batch.ports], batch.values,
-                                  batch.inv_dt, link_bytes=links, tick=self._tick)
-        batch.values.clear()
+                                  batch.inv_dt, bases=batch.bases, link_bytes=links,
+                                  tick=self._tick)
+        batch.values.clear()  # the sample's arrays: not kept past the poll
         width = block.width
         totals_of = block.totals
         rates_of = step.rates
@@ -368,14 +372,14 @@ class Tracker:
                 if tuple(counters.index) != st.keys:
                     return None
                 st.index = counters.index  # equal: take the source's, shared by its ports
-            values = packed
-        else:
-            if tuple(counters) != st.keys:
-                return None
-            try:
-                values = array("Q", list(counters.values()))
-            except (OverflowError, TypeError):  # an invalid (negative) or oversized value
-                return None
+            # its own array, or a row of one the source's ports share (``_Batch.bases``)
+            return packed if counters.base + len(st.keys) <= len(packed) else None
+        if tuple(counters) != st.keys:
+            return None
+        try:
+            values = array("Q", list(counters.values()))
+        except (OverflowError, TypeError):  # an invalid (negative) or oversized value
+            return None
         return values if len(values) == len(st.keys) else None
 
     def _block(self, keys: tuple[str, ...], cols: ModuleType) -> Block:
@@ -437,7 +441,7 @@ class Tracker:
         old = st.last
         new: array[int] | None = None
         if type(counters) is Totals:
-            values: Sequence[int] = counters.packed
+            values: Sequence[int] = counters.own()  # a copy of a row of a shared array
             names = st.keys
             if type(values) is array and values.typecode == "Q":
                 if counters.index is not st.index and tuple(counters.index) == names:
@@ -812,14 +816,15 @@ class _Batch:
     """One poll's ports of one ``Block``, in the snapshot's order: where each goes in the
     result (``pos``), and what ``advance`` takes."""
 
-    __slots__ = ("block", "inv_dt", "ports", "pos", "samples", "values")
+    __slots__ = ("bases", "block", "inv_dt", "ports", "pos", "samples", "values")
 
     def __init__(self, block: Block) -> None:
         self.block = block
         self.pos: list[int] = []
         self.ports: list[_Port] = []
         self.samples: list[PortSample] = []
-        self.values: list[array[int]] = []
+        self.values: list[array[int]] = []  # the row's own array, or one rows share
+        self.bases: list[int] = []  # where the row starts in it
         self.inv_dt: list[float] = []
 
 

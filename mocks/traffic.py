@@ -585,15 +585,19 @@ class FabricModel:
         wide = WIDE_COUNTERS
         out: list[PortSample] = []
         append = out.append
-        for i, vals in enumerate(self.counters):
+        # Packed, as the PMA sends them, and every port's row in one array for the poll (one
+        # copy of the model's rows): the tracker reads them without a dict, an int object or
+        # an array per port (``ibmon.trackcolumns._raw``), and the poll's values are one
+        # block of memory, returned to the system when the poll is done.
+        flat = array("Q", b"".join(self.counters))
+        step = len(index)
+        for i in range(len(self.counters)):
             li = link_of[i]
             info = infos[i]
             if info is None:
                 info = self.link_info(i)
-            # Packed, as the PMA sends them: a copy of the row (one memcpy), read by the
-            # tracker without a dict or an int object per value.
             append(PortSample(ids[i], state[i], phys[i], rate[li], width[li], speed[li],
-                              Totals(index, vals[:]), wide, _NO_HW, info))
+                              Totals(index, flat, i * step), wide, _NO_HW, info))
         return out
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+from array import array
 from typing import Any
 
 import pytest
@@ -296,3 +297,34 @@ def test_rates_keep_only_the_columns_that_moved_and_read_as_the_per_port_rules()
     # column of 0.0
     assert widths == [3, 4, 3, 3], widths
     assert all(dict(view.rates) == rates for rates, view in kept)
+
+
+def test_raw_values_read_from_one_shared_array_or_rows_of_their_own_alike() -> None:
+    """A source may keep a poll's values as rows of one array (the simulator) or give each
+    port its own (``packed_counters``, dicts): every mix reads the same matrix."""
+    width = 3
+    rows = [[10 * r + c for c in range(width)] for r in range(6)]
+    flat = array("Q", [v for row in rows for v in row])
+    own = [array("Q", row) for row in rows]
+
+    def read(values: list[array[int]], bases: list[int]) -> list[list[int]]:
+        return trackcolumns._raw(values, bases, width).tolist()  # type: ignore[no-any-return]
+
+    assert read([flat] * 6, [r * width for r in range(6)]) == rows  # in order: in place
+    picked = [4, 1, 5]  # ports missing, others in another order: gathered
+    assert read([flat] * 3, [r * width for r in picked]) == [rows[r] for r in picked]
+    assert read(own, [0] * 6) == rows  # rows of their own: joined
+    mixed = [own[0], flat, own[2], flat]
+    assert read(mixed, [0, 1 * width, 0, 3 * width]) == [rows[0], rows[1], rows[2], rows[3]]
+
+
+def test_the_simulator_hands_a_poll_as_rows_of_one_array() -> None:
+    """What the tracker's shared-array path is for: the simulator's samples share one array
+    (one block of memory a poll instead of an array a port)."""
+    source = MockSource.from_scenario("demo", hosts=100, clock=ManualClock())
+    snap = asyncio.run(source.sample())
+    packed = {id(s.counters.packed) for s in snap.ports.values()}  # type: ignore[attr-defined]
+    assert len(packed) == 1
+    assert [s.counters.base for s in snap.ports.values()][:3] == [  # type: ignore[attr-defined]
+        0, len(next(iter(snap.ports.values())).counters),
+        2 * len(next(iter(snap.ports.values())).counters)]
