@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ibmon.model import PortIdentity
 from ibmon.sources.fabric import FabricPort, make_sample
 from ibmon.sources.parse import PortCounterValues, parse_perfquery
+from tests.fixtures import REAL_FIXTURES
 
-FIXTURES = (Path(__file__).resolve().parents[2] / "shared" / "real-fixtures"
-            / "infiniband_exporter" / "collectors" / "fixtures" / "perfquery")
+FIXTURES = REAL_FIXTURES / "infiniband_exporter" / "collectors" / "fixtures" / "perfquery"
 
 
 def main() -> int:

@@ -15,6 +15,9 @@ from ibmon.sources.parse import merge_counters, parse_perfquery
 from ibmon.totals import Totals, packed_counters
 from tests.fixtures import real_fixtures
 
+#: Real perfquery output (a ConnectX HCA and switch ports), as the ``diags`` path reads it.
+PERFQUERY = "infiniband_exporter/collectors/fixtures/perfquery/*.out"
+
 
 def _port(i: int) -> FabricPort:
     return FabricPort(PortIdentity(f"0x{i + 1:016x}", "1"), lid=i + 1, state=4,
@@ -23,7 +26,7 @@ def _port(i: int) -> FabricPort:
 
 def _decoded() -> list[tuple[dict[str, int], frozenset[str]]]:
     out = []
-    for path in real_fixtures("infiniband_exporter/collectors/fixtures/perfquery/*.out"):
+    for path in real_fixtures(PERFQUERY):
         for values in parse_perfquery(path.read_text()).values():
             out.append((dict(values.counters), values.wide))
     assert out, "no ports in the perfquery captures"
@@ -33,7 +36,7 @@ def _decoded() -> list[tuple[dict[str, int], frozenset[str]]]:
 def test_samples_read_as_the_decoded_counters_and_share_their_names() -> None:
     decoded = _decoded()
     again = {path: parse_perfquery(path.read_text()) for path in
-             real_fixtures("infiniband_exporter/collectors/fixtures/perfquery/*.out")}
+             real_fixtures(PERFQUERY)}
     samples = [make_sample(_port(i), v) for i, per_file in enumerate(again.values())
                for v in per_file.values()]
     assert len(samples) == len(decoded)
@@ -75,7 +78,7 @@ def test_a_poll_of_fabric_samples_holds_under_700_bytes_a_port() -> None:
     set per port they were about 2.1 KB a port of real hardware's counters, 210 MB at
     100,000 ports (``benchmarks/bench_sample_memory.py`` prints the figures)."""
     texts = [p.read_text() for p in
-             real_fixtures("infiniband_exporter/collectors/fixtures/perfquery/*.out")]
+             real_fixtures(PERFQUERY)]
     texts = [t for t in texts if parse_perfquery(t)]
     n = 3000
     fps = [_port(i) for i in range(n)]
