@@ -561,7 +561,7 @@ def _packed_columns(views: Sequence[PortView]) -> dict[str, Sequence[int | None]
             store = v.rows
             if store.index is not index:
                 return None
-            array_of, base = store.totals, v.row
+            array_of, base = store.totals, v.row * store.width
         else:
             t = v.totals
             if type(t) is not Totals or t.index is not index:

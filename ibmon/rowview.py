@@ -28,25 +28,31 @@ __all__ = ["RowView", "Rows", "packed"]
 
 
 class Rows:
-    """The arrays one block's ports share in one poll: totals by row with their name
-    ``index``, rates by row with theirs (``rates_index``: the same names, positions in a
-    row that may be narrower, ``ibmon.trackcolumns``; ``index`` when not given). Never
-    changed once views hold it (the tracker copies its totals before it next accumulates
-    into them)."""
+    """The arrays one block's ports share in one poll: totals by row of ``width`` with their
+    name ``index``, rates by row of ``rates_width`` with theirs (``rates_index``: the same
+    names, positions in a row that may be narrower, ``ibmon.trackcolumns``; ``index`` and
+    ``width`` when not given). Never changed once views hold it (the tracker copies its
+    totals before it next accumulates into them)."""
 
-    __slots__ = ("index", "rates", "rates_index", "totals")
+    __slots__ = ("index", "rates", "rates_index", "rates_width", "totals", "width")
 
     def __init__(self, index: dict[str, int], totals: Sequence[int],
-                 rates: Sequence[float], rates_index: dict[str, int] | None = None) -> None:
+                 rates: Sequence[float], rates_index: dict[str, int] | None = None, *,
+                 width: int | None = None, rates_width: int | None = None) -> None:
         self.index = index
         self.totals = totals
         self.rates = rates
         self.rates_index = index if rates_index is None else rates_index
+        self.width = len(index) if width is None else width
+        self.rates_width = self.width if rates_width is None else rates_width
 
 
 class RowView(PortView):
-    """A ``PortView`` whose ``totals`` start at ``row`` of ``rows.totals`` and whose ``rates``
-    start at ``at`` of ``rows.rates``; the mappings are made on each read."""
+    """A ``PortView`` whose ``totals`` are row ``row`` of ``rows.totals`` and whose ``rates``
+    row ``at`` of ``rows.rates``; the mappings are made on each read.
+
+    Row numbers, not offsets: ``row`` is the tracker's own int for the port's row, shared, where
+    an offset would be a new int a port a poll (32 bytes a view, issue 12)."""
 
     __slots__ = ("at", "row", "rows")
 
@@ -105,11 +111,13 @@ class RowView(PortView):
 
     @property
     def totals(self) -> Totals:  # type: ignore[override]  # read-only: made from the rows
-        return Totals(self.rows.index, self.rows.totals, self.row)
+        rows = self.rows
+        return Totals(rows.index, rows.totals, self.row * rows.width)
 
     @property
     def rates(self) -> Rates:  # type: ignore[override]
-        return Rates(self.rows.rates_index, self.rows.rates, self.at)
+        rows = self.rows
+        return Rates(rows.rates_index, rows.rates, self.at * rows.rates_width)
 
 
 _PLAIN_FIELDS = tuple(f.name for f in fields(PortView) if f.name not in ("totals", "rates"))
@@ -124,8 +132,8 @@ def packed(view: PortView, kind: type[Totals | Rates]) -> tuple[Mapping[str, int
     if type(view) is RowView:
         rows = view.rows
         if kind is Totals:
-            return rows.index, rows.totals, view.row
-        return rows.rates_index, rows.rates, view.at
+            return rows.index, rows.totals, view.row * rows.width
+        return rows.rates_index, rows.rates, view.at * rows.rates_width
     m = view.totals if kind is Totals else view.rates
     if type(m) is kind:
         return m.index, m.packed, m.base

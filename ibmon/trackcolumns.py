@@ -71,6 +71,7 @@ threshold set above, so glibc serves them from its free lists, reused chunk afte
 page: 7,000 page faults a poll at 36,720 ports, 5 % of the tracker's time."""
 _CHUNK: Final = 0
 """Rows taken through the vector operations at a time; 0: as many as fit ``_TEMPORARY``."""
+_U64_MAX: Final = (1 << 64) - 1
 _DELTA_LIMIT: Final = 1 << 62
 """A delta from here up could overflow 64 bits once multiplied by 4 (only made-up values can
 move that much between two polls): such a row goes to the per-port rules, which widen."""
@@ -123,6 +124,32 @@ class Block:
         self.last[at : at + self.width] = last
         self.totals[at : at + self.width] = totals
         return row
+
+    def arrive(self, values: list[array[int]], bases: list[int]) -> list[int]:
+        """Rows for ports on their first sample, read as ``values`` from ``bases`` (as
+        ``advance`` reads them), in order: the raw values as read, the totals what the
+        tracker's rules count for a first reading (raw value times multiplier). -1 for a port
+        the rules must see: a value at its narrow maximum (pinned, or read at 64 bits: the
+        rules tell) or a total past 64 bits."""
+        self.reserve(len(values))
+        width = self.width
+        last = np.frombuffer(self.last, dtype=np.uint64).reshape(-1, width)
+        totals = np.frombuffer(self.totals, dtype=np.uint64).reshape(-1, width)
+        narrow = self.nmax != 0
+        limit = np.uint64(_U64_MAX) // self.mult  # a larger raw value's total passes 64 bits
+        rows: list[int] = []
+        free = self.free
+        chunk = _CHUNK or max(64, _TEMPORARY // (8 * width))
+        for at in range(0, len(values), chunk):
+            raw = _raw(values[at : at + chunk], bases[at : at + chunk], width)
+            refused = (((raw == self.nmax) & narrow) | (raw > limit)).any(axis=1)
+            ok = ~refused
+            taken = [-1 if bad else free.pop() for bad in refused.tolist()]
+            rows += taken
+            into = np.array(taken, dtype=np.intp)[ok]
+            last[into] = raw[ok]
+            totals[into] = raw[ok] * self.mult
+        return rows
 
     def release(self, row: int) -> tuple[array[int], array[int]]:
         """Give a row back; the port's raw values and totals, as its own arrays."""

@@ -268,6 +268,8 @@ class Tracker:
         out: list[PortView | None] = [None] * len(snapshot.ports)
         slow: list[tuple[int, _Port, PortSample, float]] = []
         batches: dict[tuple[str, ...], _Batch] = {}
+        #: Ports on their first sample, packed: by the source's index (``_arrive``).
+        arrivals: dict[int, list[tuple[int, _Port, PortSample]]] = {}
         # The ports of a fabric share one interned tuple of counter names (``_intern``): the
         # previous port's batch is found by identity, without hashing 20-40 names a port.
         keys: tuple[str, ...] | None = None
@@ -279,7 +281,12 @@ class Tracker:
             inv_dt = self._interval(st, mono, wall)
             values = self._aligned(st, sample.counters, inv_dt)
             if values is None:
-                slow.append((pos, st, sample, inv_dt))
+                counters = sample.counters
+                if st.keys or not _first_packed(counters):
+                    slow.append((pos, st, sample, inv_dt))
+                else:
+                    index = counters.index  # type: ignore[attr-defined]  # a Totals
+                    arrivals.setdefault(id(index), []).append((pos, st, sample))
                 continue
             if st.keys is not keys or batch is None:
                 keys = st.keys
@@ -303,6 +310,8 @@ class Tracker:
                 for st in arriving:
                     self._admit(st, batch.block)
             self._account(batch, cols, out)
+        for group in arrivals.values():
+            self._arrive(group, cols, out, slow)
         for pos, st, sample, inv_dt in slow:
             out[pos] = self._port(st, sample, inv_dt)
         return dict(zip(snapshot.ports, out, strict=True))  # type: ignore[arg-type]
@@ -327,7 +336,8 @@ class Tracker:
         util_rx = step.util_rx
         wait_ratio = step.wait_ratio
         # the ports' shared index, from the first
-        rows = Rows(_NO_INDEX, totals_of, rates_of, rates_index)
+        rows = Rows(_NO_INDEX, totals_of, rates_of, rates_index,
+                    width=width, rates_width=rates_width)
         k = 0  # the row among the accounted ones
         for pos, st, sample, inv_dt, ok, link in zip(
             batch.pos, batch.ports, batch.samples, batch.inv_dt, step.ok, links, strict=True
@@ -336,7 +346,8 @@ class Tracker:
                 out[pos] = self._port(st, sample, inv_dt)
                 continue
             if st.index is not rows.index:  # the block's ports share one (equal ones: rarely)
-                rows = Rows(st.index, totals_of, rates_of, rates_index)
+                rows = Rows(st.index, totals_of, rates_of, rates_index,
+                            width=width, rates_width=rates_width)
             hw = sample.hw_counters
             hw_rates = self._hw_counters(st, hw, inv_dt) if hw or st.hw_last else _NO_HW_RATES
             state = sample.state
@@ -346,13 +357,57 @@ class Tracker:
             else:
                 # Positional, like _build's PortView: the rows' mappings are made when read.
                 out[pos] = RowView(
-                    rows, st.row * width, k * rates_width, sample.identity, sample.state,
+                    rows, st.row, k, sample.identity, sample.state,
                     sample.phys_state, link, sample.active_width, sample.active_speed,
                     sample.link, st.saturated, st.resets,
                     dict(st.hw_totals) if st.hw_totals else _NO_COUNTS, hw_rates, util_tx[k],
                     util_rx[k], wait_ratio[k], None, _NO_NAMES, sample.hw_gauges or _NO_COUNTS,
                     False, _NO_CAUSES)
             k += 1
+
+    def _arrive(self, group: list[tuple[int, _Port, PortSample]], cols: ModuleType,
+                out: list[PortView | None],
+                slow: list[tuple[int, _Port, PortSample, float]]) -> None:
+        """Ports on their first sample, packed on one index (``_first_packed``): straight
+        into rows of the store, with the raw values as read and the totals the per-port rules
+        give a first reading (the raw value times the multiplier); no rates yet. A port the
+        rules must see (a counter outside the catalogue, a value at its narrow maximum, a
+        total past 64 bits) goes to ``slow``.
+
+        Why (issue 12, target 3): through the per-port rules a port's first sample made
+        dicts, lists and two arrays of its own (about 3 KB a port), and its second moved the
+        arrays into the store and freed them. At 36,720 ports those were 100 MB of small
+        allocations between the objects that live on (ports, detectors' state, labels): the
+        allocator's pools they left half-used kept RSS up for the daemon's whole life.
+        """
+        first = group[0][2].counters
+        names = tuple(first)
+        index = first.index  # type: ignore[attr-defined]  # the source's, shared by its ports
+        if (not names or not _MULT.keys() >= set(names)  # unknown counters: the rules count them
+                or list(index.values()) != list(range(len(names)))):
+            slow.extend((pos, st, sample, 0.0) for pos, st, sample in group)
+            return
+        block = self._block(names, cols)
+        keys = self._intern(names)[0]
+        rows = block.arrive([s.counters.packed for _, _, s in group],  # type: ignore[attr-defined]
+                            [s.counters.base for _, _, s in group])  # type: ignore[attr-defined]
+        totals = block.totals
+        width = block.width
+        for (pos, st, sample), row in zip(group, rows, strict=True):
+            if row < 0:
+                slow.append((pos, st, sample, 0.0))
+                continue
+            st.keys = keys
+            st.index = index
+            st.block = block
+            st.row = row
+            st.last = _IN_BLOCK
+            st.totals = _IN_BLOCK_TOTALS
+            st.shared = False
+            hw = sample.hw_counters
+            hw_rates = self._hw_counters(st, hw, 0.0) if hw else _NO_HW_RATES
+            out[pos] = self._view(st, sample, Totals(index, totals, row * width), _NO_RATES,
+                                  hw_rates)
 
     @staticmethod
     def _aligned(st: _Port, counters: Mapping[str, int], inv_dt: float) -> array[int] | None:
@@ -839,8 +894,22 @@ def _columns() -> ModuleType | None:
     return trackcolumns
 
 
+def _first_packed(counters: Mapping[str, int]) -> bool:
+    """Whether a new port's first sample can go straight into the store (``_arrive``):
+    packed in 64 bits, its row within its array."""
+    if type(counters) is not Totals:
+        return False
+    packed = counters.packed
+    return (type(packed) is array and packed.typecode == "Q"
+            and counters.base + len(counters.index) <= len(packed))
+
+
+@functools.lru_cache(maxsize=64, typed=True)
 def _link_bytes(rate_bps: float | None) -> float | None:
-    """The view's link rate in bytes per second, None unless ``rate_bps`` is a real rate."""
+    """The view's link rate in bytes per second, None unless ``rate_bps`` is a real rate.
+
+    Cached: a fabric has a handful of link rates, and each view holds one float of them
+    instead of its own (32 bytes a view, issue 12)."""
     if rate_bps is not None and math.isfinite(rate_bps) and rate_bps >= 0:
         return rate_bps / 8.0
     return None

@@ -275,7 +275,8 @@ class _Reader:
                 store = v.rows
                 if (store.totals is shared and store.index is index if in_rows
                         else store.rates is shared and store.rates_index is index):
-                    bases.append(v.row if in_rows else v.at)
+                    bases.append(v.row * store.width if in_rows
+                                 else v.at * store.rates_width)
                     continue
             else:
                 m = attr(v)

@@ -34,7 +34,7 @@ def _row_view(**fields: object) -> RowView:
               "utilization_rx": None, "xmit_wait_ratio": 0.0, "symbol_error_ber": None,
               "conditions": frozenset(), "hw_gauges": {}, "stale": False, "causes": {}}
     values.update(fields)
-    return RowView(rows, 2, 2, *values.values())  # type: ignore[arg-type]
+    return RowView(rows, 1, 1, *values.values())  # type: ignore[arg-type]
 
 
 def _plain(view: RowView) -> PortView:

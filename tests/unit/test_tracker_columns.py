@@ -328,3 +328,55 @@ def test_the_simulator_hands_a_poll_as_rows_of_one_array() -> None:
     assert [s.counters.base for s in snap.ports.values()][:3] == [  # type: ignore[attr-defined]
         0, len(next(iter(snap.ports.values())).counters),
         2 * len(next(iter(snap.ports.values())).counters)]
+
+
+def test_ports_on_their_first_packed_sample_go_straight_into_the_store() -> None:
+    """A new port whose first sample is packed (the simulator's rows of one array, a fabric
+    source's ``packed_counters``) gets its row of the store on that poll, with the totals
+    and views the per-port rules give a first reading; a first reading the rules must judge
+    (a narrow counter at its maximum, read narrow or wide; a data counter whose total would
+    pass 64 bits; a counter outside the catalogue) takes the rules, alone. Ports arriving
+    later, among ports already in the store, as well. Both trackers agree on every poll and
+    in what they persist."""
+    names = ("transmit_data", "receive_data", "symbol_errors", "transmit_wait")
+    index = {n: i for i, n in enumerate(names)}
+    odd_index = {**index, "not_a_counter": len(names)}
+    firsts = {  # port -> its first reading, where it is odd
+        3: {"symbol_errors": 65535},  # pinned at the narrow maximum
+        4: {"symbol_errors": 65535, "wide": 1},  # the narrow maximum read at 64 bits
+        5: {"transmit_data": 2**62},  # x4 passes 64 bits
+        6: {"transmit_data": 2**62 // 4 * 4 - 1},  # x4 just fits
+    }
+    ports = 12
+    per_port, columns = _PerPort(), _Columns()
+    for poll in range(4):
+        present = range(ports if poll else ports - 4)  # four ports arrive on the second poll
+        flat = array("Q")
+        samples = {}
+        for p in present:
+            reading = {n: 1000 * (p + 1) + 10 * poll + i for i, n in enumerate(names)}
+            first = poll == 0 or (poll == 1 and p >= ports - 4)
+            if first:
+                reading.update({k: v for k, v in firsts.get(p % 8, {}).items() if k != "wide"})
+            wide = _WIDE if first and firsts.get(p % 8, {}).get("wide") else frozenset()
+            key = (f"0x{p + 1:016x}", "1")
+            odd = p == 7  # a counter no catalogue knows
+            base = len(flat)
+            flat.extend([reading[n] for n in names] + ([7] if odd else []))
+            samples[key] = (key, odd, base, wide)
+        snap = Snapshot("x", float(poll), 1e9 + poll, {key: PortSample(
+            PortIdentity(*key), state=4, rate_bps=8e9,
+            counters=Totals(odd_index if odd else index, flat, base), wide=wide)
+            for key, odd, base, wide in samples.values()})
+        want = per_port.update(snap)
+        got = columns.update(snap)
+        assert got == want, poll
+        assert json.dumps(columns.dump(), sort_keys=True) == json.dumps(
+            per_port.dump(), sort_keys=True), poll
+        if poll <= 1:  # the plain first readings were given rows on their first poll
+            arrived = [k for k in got if int(k[0], 16) - 1 >= (0 if poll == 0 else ports - 4)]
+            plain = [k for k in arrived if (int(k[0], 16) - 1) % 8 in (0, 1, 2, 6)]
+            assert plain and all(_in_store(got[k].totals) for k in plain), poll
+            assert not any(_in_store(got[k].totals) for k in arrived if k not in plain), poll
+    assert (columns.saturations_seen, columns.unknown_counters_seen) == (
+        per_port.saturations_seen, per_port.unknown_counters_seen)
