@@ -91,7 +91,8 @@ SM_LID = 1
 #: One string per port number, shared by every identity and link that names it (a node has at
 #: most 255 ports): a fresh ``str(port)`` per port was 3.7 MB at 36,720 ports.
 _PORT_NAMES: tuple[str, ...] = tuple(str(p) for p in range(256))
-#: The driver counters of every sample: the PMA has none (shared, never mutated).
+#: The driver counters and gauges of every sample: the PMA has none (shared, never mutated;
+#: ``PortSample``'s default would be a new dict a port a poll, 2.3 MB at 36,720 ports).
 _NO_HW: dict[str, int] = {}
 
 
@@ -568,6 +569,7 @@ class FabricModel:
             WIDE_COUNTERS,
             _NO_HW,
             self.link_info(i),
+            _NO_HW,
         )
 
     def port_sample(self, guid: str, port: int, *, source: str = "mock") -> PortSample:
@@ -600,7 +602,7 @@ class FabricModel:
             if info is None:
                 info = self.link_info(i)
             append(PortSample(ids[i], state[i], phys[i], rate[li], width[li], speed[li],
-                              Totals(index, flat, i * step), wide, _NO_HW, info))
+                              Totals(index, flat, i * step), wide, _NO_HW, info, _NO_HW))
         return out
 
 

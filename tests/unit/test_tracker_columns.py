@@ -320,7 +320,8 @@ def test_raw_values_read_from_one_shared_array_or_rows_of_their_own_alike() -> N
 
 def test_the_simulator_hands_a_poll_as_rows_of_one_array() -> None:
     """What the tracker's shared-array path is for: the simulator's samples share one array
-    (one block of memory a poll instead of an array a port)."""
+    (one block of memory a poll instead of an array a port), and one empty mapping of driver
+    counters and gauges (the PMA has none) instead of two new dicts a port."""
     source = MockSource.from_scenario("demo", hosts=100, clock=ManualClock())
     snap = asyncio.run(source.sample())
     packed = {id(s.counters.packed) for s in snap.ports.values()}  # type: ignore[attr-defined]
@@ -328,6 +329,9 @@ def test_the_simulator_hands_a_poll_as_rows_of_one_array() -> None:
     assert [s.counters.base for s in snap.ports.values()][:3] == [  # type: ignore[attr-defined]
         0, len(next(iter(snap.ports.values())).counters),
         2 * len(next(iter(snap.ports.values())).counters)]
+    empty = {id(s.hw_counters) for s in snap.ports.values()} | {
+        id(s.hw_gauges) for s in snap.ports.values()}
+    assert len(empty) == 1 and not next(iter(snap.ports.values())).hw_gauges
 
 
 def test_ports_on_their_first_packed_sample_go_straight_into_the_store() -> None:
