@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from ibmon.counters import CATALOGUE
 from ibmon.model import LinkInfo, PortIdentity, PortKey, PortView
-from ibmon.rowview import RowView, packed
+from ibmon.rowview import RowView, packed, ratio_columns
 from ibmon.totals import Totals
 
 if TYPE_CHECKING:
@@ -514,13 +514,20 @@ class _Block:
     families (``itemgetter``, 60 ms at 36,720 ports).
     """
 
-    __slots__ = ("_counters", "_pairs", "labels", "views")
+    __slots__ = ("_counters", "_pairs", "_ratios", "labels", "views")
 
     def __init__(self, views: Sequence[PortView], labels: Sequence[str]) -> None:
         self.views = views
         self.labels = labels
         self._pairs: _Pairs | None = None
         self._counters: dict[str, Sequence[int | None]] | None = None
+        self._ratios: tuple[list[float | None], ...] | None = None
+
+    def ratios(self) -> tuple[list[float | None], ...]:
+        """Each port's transmit and receive utilization and transmit-wait ratio (columns)."""
+        if self._ratios is None:
+            self._ratios = ratio_columns(self.views)
+        return self._ratios
 
     @property
     def pairs(self) -> _Pairs:
@@ -620,9 +627,6 @@ def _columns(totals: list[Mapping[str, int]]) -> dict[str, Sequence[int | None]]
 
 
 _TOTALS = attrgetter("totals")
-_UTIL_TX = attrgetter("utilization_tx")
-_UTIL_RX = attrgetter("utilization_rx")
-_WAIT = attrgetter("xmit_wait_ratio")
 _NOT_NONE = partial(is_not, None)
 _IDENTITY = attrgetter("identity")
 _LINK = attrgetter("link")
@@ -713,9 +717,7 @@ def _util_lines(block: _Block, names: _EscapeMemo) -> list[str]:
     # Read as two columns (``map`` in C), and both directions' lines as one string where a
     # port has both: half the strings of a line each, the family that changes on every port
     # every poll.
-    views = block.views
-    tx = list(map(_UTIL_TX, views))
-    rx = list(map(_UTIL_RX, views))
+    tx, rx, _ = block.ratios()
     lines = [
         f'ibmon_port_utilization_ratio{{{lb},direction="transmit"}} {float(t)!r}\n'
         f'ibmon_port_utilization_ratio{{{lb},direction="receive"}} {float(r)!r}\n'
@@ -735,7 +737,7 @@ def _one_util(lb: str, tx: float | None, rx: float | None) -> str:
 
 
 def _wait_lines(block: _Block, names: _EscapeMemo) -> list[str]:
-    return _WAIT_LINES(block.labels, list(map(_WAIT, block.views)))
+    return _WAIT_LINES(block.labels, block.ratios()[2])
 
 
 _WAIT_LINES = _float_lines("ibmon_port_transmit_wait_ratio{")

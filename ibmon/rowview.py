@@ -18,13 +18,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
+from itertools import repeat
+from operator import attrgetter, is_
 from typing import Any
 
 from ibmon.model import LinkInfo, PortIdentity, PortView, view_values
 from ibmon.rates import Rates
 from ibmon.totals import Totals
 
-__all__ = ["RowView", "Rows", "packed"]
+__all__ = ["RowView", "Rows", "packed", "ratio_columns"]
 
 
 class Rows:
@@ -34,17 +36,24 @@ class Rows:
     ``width`` when not given). Never changed once views hold it (the tracker copies its
     totals before it next accumulates into them)."""
 
-    __slots__ = ("index", "rates", "rates_index", "rates_width", "totals", "width")
+    __slots__ = ("index", "rates", "rates_index", "rates_width", "totals", "util_rx",
+                 "util_tx", "wait_ratio", "width")
 
     def __init__(self, index: dict[str, int], totals: Sequence[int],
                  rates: Sequence[float], rates_index: dict[str, int] | None = None, *,
-                 width: int | None = None, rates_width: int | None = None) -> None:
+                 width: int | None = None, rates_width: int | None = None,
+                 util_tx: Sequence[float] = (), util_rx: Sequence[float] = (),
+                 wait_ratio: Sequence[float] = ()) -> None:
         self.index = index
         self.totals = totals
         self.rates = rates
         self.rates_index = index if rates_index is None else rates_index
         self.width = len(index) if width is None else width
         self.rates_width = self.width if rates_width is None else rates_width
+        #: By rates row: each view's utilization and transmit-wait ratio, NaN for None.
+        self.util_tx = util_tx
+        self.util_rx = util_rx
+        self.wait_ratio = wait_ratio
 
 
 class RowView(PortView):
@@ -52,7 +61,9 @@ class RowView(PortView):
     row ``at`` of ``rows.rates``; the mappings are made on each read.
 
     Row numbers, not offsets: ``row`` is the tracker's own int for the port's row, shared, where
-    an offset would be a new int a port a poll (32 bytes a view, issue 12)."""
+    an offset would be a new int a port a poll (32 bytes a view, issue 12). The utilization
+    and transmit-wait ratio are read from ``rows`` as well, row ``at``: a float object each
+    was 96 bytes a view."""
 
     __slots__ = ("at", "row", "rows")
 
@@ -72,9 +83,6 @@ class RowView(PortView):
         resets: dict[str, int],
         hw_totals: dict[str, int],
         hw_rates: dict[str, float],
-        utilization_tx: float | None,
-        utilization_rx: float | None,
-        xmit_wait_ratio: float | None,
         symbol_error_ber: float | None,
         conditions: frozenset[str],
         hw_gauges: dict[str, int],
@@ -96,9 +104,6 @@ class RowView(PortView):
         self.resets = resets
         self.hw_totals = hw_totals
         self.hw_rates = hw_rates
-        self.utilization_tx = utilization_tx
-        self.utilization_rx = utilization_rx
-        self.xmit_wait_ratio = xmit_wait_ratio
         self.symbol_error_ber = symbol_error_ber
         self.conditions = conditions
         self.hw_gauges = hw_gauges
@@ -119,8 +124,25 @@ class RowView(PortView):
         rows = self.rows
         return Rates(rows.rates_index, rows.rates, self.at * rows.rates_width)
 
+    # NaN is the rows' None: a ratio of a known link is never NaN (``ibmon.trackcolumns``).
+    @property
+    def utilization_tx(self) -> float | None:  # type: ignore[override]
+        x = self.rows.util_tx[self.at]
+        return None if x != x else x  # noqa: PLR0124 - NaN
 
-_PLAIN_FIELDS = tuple(f.name for f in fields(PortView) if f.name not in ("totals", "rates"))
+    @property
+    def utilization_rx(self) -> float | None:  # type: ignore[override]
+        x = self.rows.util_rx[self.at]
+        return None if x != x else x  # noqa: PLR0124 - NaN
+
+    @property
+    def xmit_wait_ratio(self) -> float | None:  # type: ignore[override]
+        x = self.rows.wait_ratio[self.at]
+        return None if x != x else x  # noqa: PLR0124 - NaN
+
+
+_PLAIN_FIELDS = tuple(f.name for f in fields(PortView) if f.name not in (
+    "totals", "rates", "utilization_tx", "utilization_rx", "xmit_wait_ratio"))
 if RowView.__init__.__code__.co_varnames[4 : 4 + len(_PLAIN_FIELDS)] != _PLAIN_FIELDS:
     # The tracker passes them positionally; a reordered PortView must fail loudly.
     raise ImportError("ibmon.model.PortView's fields changed; update ibmon.rowview.RowView")
@@ -138,3 +160,34 @@ def packed(view: PortView, kind: type[Totals | Rates]) -> tuple[Mapping[str, int
     if type(m) is kind:
         return m.index, m.packed, m.base
     return None
+
+
+_RATIOS = attrgetter("utilization_tx", "utilization_rx", "xmit_wait_ratio")
+_ROWS = attrgetter("rows")
+_AT = attrgetter("at")
+
+
+def ratio_columns(views: Sequence[PortView]) -> tuple[list[float | None], ...]:
+    """Every view's transmit and receive utilization and transmit-wait ratio, as three
+    columns. Views that are consecutive rows of one ``Rows`` (a poll's ports in the order the
+    tracker made them: the simulator's, a block of the renderer) are read as slices of its
+    arrays, in C, where a property read a view costs three times a plain attribute."""
+    n = len(views)
+    if n and all(map(is_, map(type, views), repeat(RowView))):
+        first: RowView = views[0]  # type: ignore[assignment]
+        rows = first.rows
+        start = first.at
+        if (all(map(is_, map(_ROWS, views), repeat(rows)))
+                and list(map(_AT, views)) == list(range(start, start + n))):
+            return tuple(_ratios(column[start : start + n])
+                         for column in (rows.util_tx, rows.util_rx, rows.wait_ratio))
+    return tuple(map(list, zip(*map(_RATIOS, views), strict=True))) if n else ([], [], [])
+
+
+def _ratios(column: Sequence[float]) -> list[float | None]:
+    """A column of ratios, NaN (none) as None."""
+    values: list[float | None] = list(column)
+    total = sum(values)  # type: ignore[arg-type]  # floats in [0, 1]: NaN only from a NaN
+    if total != total:  # noqa: PLR0124 - NaN
+        values = [None if x != x else x for x in values]  # noqa: PLR0124
+    return values

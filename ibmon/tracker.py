@@ -332,12 +332,11 @@ class Tracker:
         rates_of = step.rates
         rates_index = step.rates_index
         rates_width = step.rates_width
-        util_tx = step.util_tx
-        util_rx = step.util_rx
-        wait_ratio = step.wait_ratio
         # the ports' shared index, from the first
+        ratios = {"util_tx": step.util_tx, "util_rx": step.util_rx,
+                  "wait_ratio": step.wait_ratio}
         rows = Rows(_NO_INDEX, totals_of, rates_of, rates_index,
-                    width=width, rates_width=rates_width)
+                    width=width, rates_width=rates_width, **ratios)
         k = 0  # the row among the accounted ones
         for pos, st, sample, inv_dt, ok, link in zip(
             batch.pos, batch.ports, batch.samples, batch.inv_dt, step.ok, links, strict=True
@@ -347,7 +346,7 @@ class Tracker:
                 continue
             if st.index is not rows.index:  # the block's ports share one (equal ones: rarely)
                 rows = Rows(st.index, totals_of, rates_of, rates_index,
-                            width=width, rates_width=rates_width)
+                            width=width, rates_width=rates_width, **ratios)
             hw = sample.hw_counters
             hw_rates = self._hw_counters(st, hw, inv_dt) if hw or st.hw_last else _NO_HW_RATES
             state = sample.state
@@ -360,9 +359,8 @@ class Tracker:
                     rows, st.row, k, sample.identity, sample.state,
                     sample.phys_state, link, sample.active_width, sample.active_speed,
                     sample.link, st.saturated, st.resets,
-                    dict(st.hw_totals) if st.hw_totals else _NO_COUNTS, hw_rates, util_tx[k],
-                    util_rx[k], wait_ratio[k], None, _NO_NAMES, sample.hw_gauges or _NO_COUNTS,
-                    False, _NO_CAUSES)
+                    dict(st.hw_totals) if st.hw_totals else _NO_COUNTS, hw_rates, None,
+                    _NO_NAMES, sample.hw_gauges or _NO_COUNTS, False, _NO_CAUSES)
             k += 1
 
     def _arrive(self, group: list[tuple[int, _Port, PortSample]], cols: ModuleType,

@@ -24,9 +24,13 @@ from mocks.scenario import ManualClock
 INDEX = {"transmit_data": 0, "symbol_errors": 1}
 
 
+#: A RowView's ratios and where its rows keep them.
+RATIOS = {"utilization_tx": "util_tx", "utilization_rx": "util_rx",
+          "xmit_wait_ratio": "wait_ratio"}
+
+
 def _row_view(**fields: object) -> RowView:
     # Two ports' rows; this view is the second one of each array.
-    rows = Rows(INDEX, array("Q", [1, 2, 40, 0]), array("d", [9.0, 9.0, 4.0, NO_RATE]))
     values = {"identity": PortIdentity("0x0000000000000001", "1"), "state": 4,
               "phys_state": 5, "rate_bytes_per_second": 5e10, "active_width": "4X",
               "active_speed": "25.78125 Gbps", "link": None, "saturated": frozenset(),
@@ -34,6 +38,12 @@ def _row_view(**fields: object) -> RowView:
               "utilization_rx": None, "xmit_wait_ratio": 0.0, "symbol_error_ber": None,
               "conditions": frozenset(), "hw_gauges": {}, "stale": False, "causes": {}}
     values.update(fields)
+    ratios = {}
+    for name, column in RATIOS.items():
+        ratio = values.pop(name)
+        ratios[column] = array("d", [0.75, math.nan if ratio is None else ratio])  # type: ignore[list-item]
+    rows = Rows(INDEX, array("Q", [1, 2, 40, 0]), array("d", [9.0, 9.0, 4.0, NO_RATE]),
+                **ratios)
     return RowView(rows, 1, 1, *values.values())  # type: ignore[arg-type]
 
 
@@ -48,6 +58,15 @@ def test_a_row_view_reads_its_rows_as_mappings() -> None:
     assert dict(view.rates) == {"transmit_data": 4.0}  # NaN: no rate
     assert "symbol_errors" not in view.rates and view.rates.get("symbol_errors") is None
     assert type(view.totals) is Totals and type(view.rates) is Rates
+
+
+def test_a_row_view_reads_its_ratios_from_its_rows() -> None:
+    """Utilization and transmit-wait ratio are rows' values, NaN read as None (no ratio)."""
+    view = _row_view(utilization_tx=1.0, utilization_rx=None, xmit_wait_ratio=0.0)
+    assert (view.utilization_tx, view.utilization_rx, view.xmit_wait_ratio) == (1.0, None, 0.0)
+    assert view.rows.util_tx[view.at] == 1.0 and math.isnan(view.rows.util_rx[view.at])
+    assert replaced(view, stale=True).utilization_tx == 1.0
+    assert copy.copy(view).utilization_rx is None
 
 
 def test_a_row_view_equals_the_plain_view_of_the_same_values() -> None:
@@ -69,7 +88,7 @@ def test_equality_keeps_identical_non_finite_values_equal() -> None:
     """As the dataclass's did (a tuple compares identical items equal): a view with a NaN
     field equals itself."""
     nan = math.nan
-    view = _row_view(utilization_rx=nan)
+    view = _row_view(symbol_error_ber=nan)
     assert view == view
     assert view == _plain(view)
 
