@@ -132,3 +132,24 @@ def test_a_poll_makes_no_mapping_object_per_port() -> None:
     clock.t = 30.0
     kept.append(tracker.update(asyncio.run(source.sample())))
     assert mappings() - before < len(views) // 10
+
+
+def test_ratio_columns_read_every_view_as_its_own_attributes() -> None:
+    """The renderer reads the ratios of a block of views as columns: slices of the rows
+    where the views are consecutive rows of one poll, view by view otherwise (ports in
+    another order, plain views among them); always what each view reads."""
+    from ibmon.rowview import ratio_columns
+
+    clock = ManualClock()
+    source = MockSource.from_scenario("healthy", clock=clock)
+    tracker = _Columns()
+    for t in range(3):
+        clock.t = float(t * 10)
+        views = list(tracker.update(asyncio.run(source.sample())).values())
+    plain = replaced(views[3], utilization_rx=None)
+    odd = _row_view(utilization_tx=None)
+    for case in (views, views[::-1], [*views[:3], plain, *views[4:]], [odd, *views], [], [odd]):
+        want = tuple([getattr(v, name) for v in case] for name in RATIOS)
+        assert ratio_columns(case) == want
+    assert all(type(v) is RowView for v in views)
+    assert any(x is None for x in ratio_columns([odd, *views])[0])
