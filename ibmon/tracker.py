@@ -403,7 +403,7 @@ class Tracker:
             st.totals = _IN_BLOCK_TOTALS
             st.shared = False
             hw = sample.hw_counters
-            hw_rates = self._hw_counters(st, hw, 0.0) if hw else _NO_HW_RATES
+            hw_rates = self._hw_counters(st, hw, 0.0) if hw or st.hw_last else _NO_HW_RATES
             out[pos] = self._view(st, sample, Totals(index, totals, row * width), _NO_RATES,
                                   hw_rates)
 
