@@ -384,3 +384,21 @@ def test_ports_on_their_first_packed_sample_go_straight_into_the_store() -> None
             assert not any(_in_store(got[k].totals) for k in arrived if k not in plain), poll
     assert (columns.saturations_seen, columns.unknown_counters_seen) == (
         per_port.saturations_seen, per_port.unknown_counters_seen)
+
+
+def test_a_first_packed_sample_after_driver_counters_alone_reads_as_the_rules() -> None:
+    """A port that reported only driver counters so far, then its first PMA counters packed
+    (and no driver counters): the store takes it, and its driver counters go stale as the
+    per-port rules say."""
+    key = ("0x0000000000000001", "1")
+    index = {"transmit_data": 0, "symbol_errors": 1}
+    readings: list[tuple[Any, dict[str, int]]] = [
+        ({}, {"rx_write_requests": 5}), (Totals(index, array("Q", [10, 0])), {}),
+        (Totals(index, array("Q", [20, 1])), {"rx_write_requests": 9})]
+    a, b = _PerPort(), _Columns()
+    for t, (counters, hw) in enumerate(readings):
+        snap = Snapshot("x", float(t), 1e9 + t, {key: PortSample(
+            PortIdentity(*key), state=4, counters=counters, hw_counters=hw)})
+        assert b.update(snap) == a.update(snap), t
+        assert b.dump() == a.dump(), t
+    assert b._ports[key].block is not None  # the store took it on its first PMA counters
