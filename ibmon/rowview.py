@@ -170,18 +170,42 @@ _AT = attrgetter("at")
 def ratio_columns(views: Sequence[PortView]) -> tuple[list[float | None], ...]:
     """Every view's transmit and receive utilization and transmit-wait ratio, as three
     columns. Views that are consecutive rows of one ``Rows`` (a poll's ports in the order the
-    tracker made them: the simulator's, a block of the renderer) are read as slices of its
-    arrays, in C, where a property read a view costs three times a plain attribute."""
-    n = len(views)
-    if n and all(map(is_, map(type, views), repeat(RowView))):
-        first: RowView = views[0]  # type: ignore[assignment]
-        rows = first.rows
-        start = first.at
-        if (all(map(is_, map(_ROWS, views), repeat(rows)))
-                and list(map(_AT, views)) == list(range(start, start + n))):
-            return tuple(_ratios(column[start : start + n])
-                         for column in (rows.util_tx, rows.util_rx, rows.wait_ratio))
-    return tuple(map(list, zip(*map(_RATIOS, views), strict=True))) if n else ([], [], [])
+    tracker made them) are read as slices of its arrays, in C, where a property read a view
+    costs three times a plain attribute; a stretch with any other view (a port that is down,
+    one of another block) is read view by view. The renderer reads every port's every poll."""
+    columns: tuple[list[float | None], ...] = ([], [], [])
+    for at in range(0, len(views), _STRETCH):
+        part = views[at : at + _STRETCH]
+        run = _run(part)
+        if run is None:
+            for column, values in zip(columns, zip(*map(_RATIOS, part), strict=True),
+                                      strict=True):
+                column.extend(values)
+            continue
+        rows, start = run
+        end = start + len(part)
+        for column, ratios in zip(columns, (rows.util_tx, rows.util_rx, rows.wait_ratio),
+                                  strict=True):
+            column.extend(_ratios(ratios[start:end]))
+    return columns
+
+
+_STRETCH = 256
+"""Views checked for one run at a time: a port that breaks a run costs its stretch the view by
+view read, not the whole block."""
+
+
+def _run(views: Sequence[PortView]) -> tuple[Rows, int] | None:
+    """(rows, first row) when ``views`` are consecutive rows of one ``Rows``, else None."""
+    first = views[0]
+    if type(first) is not RowView or not all(map(is_, map(type, views), repeat(RowView))):
+        return None
+    rows = first.rows
+    start = first.at
+    if (all(map(is_, map(_ROWS, views), repeat(rows)))
+            and list(map(_AT, views)) == list(range(start, start + len(views)))):
+        return rows, start
+    return None
 
 
 def _ratios(column: Sequence[float]) -> list[float | None]:

@@ -134,11 +134,17 @@ def test_a_poll_makes_no_mapping_object_per_port() -> None:
     assert mappings() - before < len(views) // 10
 
 
-def test_ratio_columns_read_every_view_as_its_own_attributes() -> None:
+@pytest.mark.parametrize("stretch", [256, 4])
+def test_ratio_columns_read_every_view_as_its_own_attributes(
+        stretch: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The renderer reads the ratios of a block of views as columns: slices of the rows
     where the views are consecutive rows of one poll, view by view otherwise (ports in
-    another order, plain views among them); always what each view reads."""
+    another order, plain views among them); always what each view reads. With short
+    stretches a block mixes both ways."""
+    from ibmon import rowview
     from ibmon.rowview import ratio_columns
+
+    monkeypatch.setattr(rowview, "_STRETCH", stretch)
 
     clock = ManualClock()
     source = MockSource.from_scenario("healthy", clock=clock)
