@@ -397,11 +397,7 @@ class Tracker:
                 continue
             st.keys = keys
             st.index = index
-            st.block = block
-            st.row = row
-            st.last = _IN_BLOCK
-            st.totals = _IN_BLOCK_TOTALS
-            st.shared = False
+            _placed(st, block, row)
             hw = sample.hw_counters
             hw_rates = self._hw_counters(st, hw, 0.0) if hw or st.hw_last else _NO_HW_RATES
             out[pos] = self._view(st, sample, Totals(index, totals, row * width), _NO_RATES,
@@ -449,11 +445,7 @@ class Tracker:
         """Move a port's raw values and totals into a row of ``block``."""
         assert isinstance(st.last, array)
         assert isinstance(st.totals, array)
-        st.row = block.take(st.last, st.totals)
-        st.block = block
-        st.last = _IN_BLOCK
-        st.totals = _IN_BLOCK_TOTALS
-        st.shared = False
+        _placed(st, block, block.take(st.last, st.totals))
 
     @staticmethod
     def _evict(st: _Port) -> None:
@@ -890,6 +882,15 @@ def _columns() -> ModuleType | None:
     except ImportError:  # pragma: no cover - numpy is a dependency
         return None
     return trackcolumns
+
+
+def _placed(st: _Port, block: Block, row: int) -> None:
+    """The port's raw values and totals are row ``row`` of ``block`` from now on."""
+    st.block = block
+    st.row = row
+    st.last = _IN_BLOCK
+    st.totals = _IN_BLOCK_TOTALS
+    st.shared = False
 
 
 def _first_packed(counters: Mapping[str, int]) -> bool:
