@@ -1,13 +1,18 @@
-"""Build PortViews by hand for detector unit tests."""
+"""Build PortViews for detector, renderer and view unit tests: by hand, or a poll of the
+tracker's column store."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
 from ibmon.detect import columns
 from ibmon.model import LinkInfo, PortIdentity, PortView
+from ibmon.sources.mock import MockSource
+from ibmon.tracker import Tracker
+from mocks.scenario import ManualClock
 
 GUID = "0x0002c90300a1b2c3"
 PEER = "0x0002c90300ffff01"
@@ -48,3 +53,20 @@ def shortcut_reuse(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
     if request.param == "memo":
         monkeypatch.setattr(columns, "GATHER_FROM", 1)
     return str(request.param)
+
+
+class _ColumnTracker(Tracker):
+    columns_from = 1  # the column store for any poll
+
+
+def store_views(polls: int = 3) -> list[PortView]:
+    """The views of the last of ``polls`` polls of the ``healthy`` scenario through a tracker
+    that takes every poll through its column store: rows of the store, with rates."""
+    clock = ManualClock()
+    source = MockSource.from_scenario("healthy", clock=clock)
+    tracker = _ColumnTracker()
+    views: list[PortView] = []
+    for t in range(polls):
+        clock.t = float(t * 10)
+        views = list(tracker.update(asyncio.run(source.sample())).values())
+    return views

@@ -4,7 +4,6 @@ Both ways must read exactly what ``mapping.get`` reads (issue 12: CPU per poll).
 
 from __future__ import annotations
 
-import asyncio
 from array import array
 
 import pytest
@@ -15,16 +14,10 @@ from ibmon.detect.base import rate_column, totals_column
 from ibmon.detect.columns import Fresh
 from ibmon.model import PortView, replaced
 from ibmon.rates import NO_RATE, Rates
-from ibmon.sources.mock import MockSource
 from ibmon.totals import Totals
-from ibmon.tracker import Tracker
-from mocks.scenario import ManualClock
+from tests.detect_views import store_views
 
 pytest.importorskip("numpy", reason="the gather needs numpy (a runtime dependency)")
-
-
-class _Columns(Tracker):
-    columns_from = 1  # the column store for any poll
 
 
 def _fresh(views: list[PortView]) -> Fresh:
@@ -36,12 +29,7 @@ def _fresh(views: list[PortView]) -> Fresh:
 def _views() -> list[PortView]:
     """A poll of a column tracker (rows of its store), with ports read another way among them:
     their own arrays, a plain dict, another counter order, a total past 64 bits, no rates."""
-    clock = ManualClock()
-    source = MockSource.from_scenario("healthy", clock=clock)
-    tracker = _Columns()
-    for t in range(3):
-        clock.t = float(t * 10)
-        views = list(tracker.update(asyncio.run(source.sample())).values())
+    views = store_views()
     first = views[0].totals
     assert isinstance(first, Totals) and len(first.packed) > len(first)  # a row of the store
     names = list(first.index)

@@ -20,6 +20,7 @@ from ibmon.sources.mock import MockSource
 from ibmon.totals import Totals
 from ibmon.tracker import Tracker
 from mocks.scenario import ManualClock
+from tests.detect_views import store_views
 
 INDEX = {"transmit_data": 0, "symbol_errors": 1}
 
@@ -145,13 +146,7 @@ def test_ratio_columns_read_every_view_as_its_own_attributes(
     from ibmon.rowview import ratio_columns
 
     monkeypatch.setattr(rowview, "_STRETCH", stretch)
-
-    clock = ManualClock()
-    source = MockSource.from_scenario("healthy", clock=clock)
-    tracker = _Columns()
-    for t in range(3):
-        clock.t = float(t * 10)
-        views = list(tracker.update(asyncio.run(source.sample())).values())
+    views = store_views()
     plain = replaced(views[3], utilization_rx=None)
     odd = _row_view(utilization_tx=None)
     for case in (views, views[::-1], [*views[:3], plain, *views[4:]], [odd, *views], [], [odd]):

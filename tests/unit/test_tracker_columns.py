@@ -28,6 +28,7 @@ from ibmon.sources.mock import MockSource
 from ibmon.totals import Totals
 from ibmon.tracker import Tracker
 from mocks.scenario import ManualClock, list_scenarios, load_scenario
+from tests.detect_views import store_views
 
 
 @pytest.fixture(autouse=True)
@@ -210,13 +211,7 @@ def test_the_renderer_reads_column_store_totals_as_packed_columns() -> None:
     rows of the column store must take that way, not the per-port fallback."""
     from exporters.render import _columns, _packed_columns
 
-    clock = ManualClock()
-    source = MockSource.from_scenario("healthy", clock=clock)
-    tracker = _Columns()
-    for t in range(3):
-        clock.t = float(t)
-        views = tracker.update(asyncio.run(source.sample()))
-    rows = list(views.values())
+    rows = store_views()
     assert all(type(v) is RowView and _in_store(v.totals) for v in rows)
     # rows of the store, and the same with one port's own copy among them (a silent port's)
     own = rows[5].totals
