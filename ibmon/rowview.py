@@ -186,7 +186,7 @@ def ratio_columns(views: Sequence[PortView]) -> tuple[list[float | None], ...]:
         end = start + len(part)
         for column, ratios in zip(columns, (rows.util_tx, rows.util_rx, rows.wait_ratio),
                                   strict=True):
-            column.extend(_ratios(ratios[start:end]))
+            column.extend(_none_for_nan(ratios[start:end]))
     return columns
 
 
@@ -208,7 +208,7 @@ def _run(views: Sequence[PortView]) -> tuple[Rows, int] | None:
     return None
 
 
-def _ratios(column: Sequence[float]) -> list[float | None]:
+def _none_for_nan(column: Sequence[float]) -> list[float | None]:
     """A column of ratios, NaN (none) as None."""
     values: list[float | None] = list(column)
     total = sum(values)  # type: ignore[arg-type]  # floats in [0, 1]: NaN only from a NaN
