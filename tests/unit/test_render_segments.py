@@ -227,3 +227,36 @@ def test_a_changed_link_costs_its_block_of_the_link_family(
     assert len(new) == 1  # ports 4-7 of the link family; the info family is untouched
     assert b'active_width="1X"' in zlib.decompressobj(-zlib.MAX_WBITS).decompress(new[0])
     assert _inflate(second) == _descriptive(views)
+
+
+def test_what_the_cache_keeps_is_not_a_copy_of_every_value(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between polls the cache keeps a fingerprint of each block's values, not the values: a
+    block of one repeated value (no conditions, state active) or a moving counter column
+    would otherwise cost 8 bytes a port a family (19 MB at 118,400 ports). Only a block whose
+    ports differ (one port with a condition) keeps its values, and the answer is right when
+    they move (a uniform block turns mixed and back, a column moves and returns)."""
+    monkeypatch.setattr(render, "SEGMENT_PORTS", 64)
+    monkeypatch.setattr(render, "CACHE_MIN_PORTS", 0)
+    names = [c.name for c in CATALOGUE]
+    index = {n: i for i, n in enumerate(names)}
+
+    def views(data: int, flagged: int | None) -> list[PortView]:
+        return [PortView(
+            identity=PortIdentity(guid=f"0x{i:016x}", port="1"), state=4, phys_state=5,
+            totals=Totals(index, array("Q", [data + i if n == "transmit_data" else 0
+                                              for n in names])),
+            conditions=frozenset({"high_ber"}) if i == flagged else frozenset(),
+        ) for i in range(128)]
+
+    renderer = PortRenderer(keep_descriptive=False)
+    for data, flagged in ((10, None), (20, 3), (10, None), (10, None)):
+        polled = views(data, flagged)
+        renderer.prepare(polled)
+        assert _inflate(renderer.series_deflated(polled, 1)) == _full_render(polled)
+        kept = [fp for fp, _ in renderer._segs.values()]
+        per_port = [fp for fp in kept if isinstance(fp, list | array) and len(fp) == 64
+                    and fp is not render._ZEROS.get(64)]
+        # the conditions block of port 3 (the only block whose ports differ), when flagged
+        assert len(per_port) == (flagged is not None), (data, flagged)
