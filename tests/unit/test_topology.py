@@ -60,11 +60,18 @@ def test_guids_lids_and_descriptions_are_stable_and_well_formed() -> None:
 
 def test_peer_is_symmetric_and_links_carry_their_tier_rates() -> None:
     f = fat_tree(host_link=("4X", "HDR"), leaf_link=("4X", "EDR"))
-    for g, p in f.ports():
-        peer = f.peer(g, p)
-        assert peer is not None
-        assert f.peer(*peer) == (g, p)
-        assert f.link_of(g, p) is f.link_of(*peer)
+    keys = f.ports()
+    assert len(keys) == 2 * len(f.links)
+    for key in keys:
+        peer = f.peer(*key)
+        assert peer is not None and peer != key
+        assert f.peer(*peer) == key
+        link = f.link_of(*key)
+        assert link is not None and link is f.link_of(*peer)
+        assert {key, peer} == {link.a, link.b}
+        # the link's own tuple, so the simulator's tables share one key object per port
+        assert key is link.a or key is link.b
+    assert f.peer("0xdead", 1) is None and f.link_of(f.hosts()[0].guid, 2) is None
     host = f.hosts()[0]
     link = f.link_of(host.guid, 1)
     assert link is not None
