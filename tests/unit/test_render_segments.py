@@ -189,8 +189,8 @@ def _descriptive(views: list[PortView]) -> bytes:
 def test_descriptive_segments_inflate_to_a_full_render(
     slice_lines: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Link widths change, a port is renamed, a link goes, ports come and go: the cached
-    ``_info`` blocks always read like a render from scratch."""
+    """Link widths change, a port is renamed, a link goes, two ports swap places, ports come
+    and go: the cached ``_info`` blocks always read like a render from scratch."""
     monkeypatch.setattr(render, "SEGMENT_PORTS", 4)
     monkeypatch.setattr(render, "CACHE_MIN_PORTS", 0)
     monkeypatch.setattr(render, "SLICE_LINES", slice_lines)
@@ -202,6 +202,7 @@ def test_descriptive_segments_inflate_to_a_full_render(
         lambda v: [*v[:6], replace(v[6], active_width="4X"), *v[7:]],  # and back
         lambda v: [*v[:9], _linked(9, "4X", "renamed"), *v[10:]],  # a port's identity
         lambda v: [*v[:2], replace(v[2], link=None), *v[3:]],  # a link goes away
+        lambda v: [*v[:5], v[13], *v[6:13], v[5], *v[14:]],  # two ports swap places
         lambda v: [*v[:3], *v[5:], _linked(40, "2X")],  # ports come and go
         lambda v: [*v[:-1], replace(v[-1], active_width="4X"), _linked(41, "4X")],
     ]
