@@ -223,13 +223,13 @@ class IbSimDriver:
 
     def counter_lines(self) -> list[str]:
         """PerformanceSet lines for every driven counter that changed since the last push."""
-        counters = self.model.counters
+        row = self.model.row
         pushed = self._pushed
         prefix = self._prefix
         lines: list[str] = []
         add = lines.append
         for i in self._indices:
-            cur = counters[i]
+            cur = row(i)
             last = pushed.get(i)
             if last is not None and last == cur:
                 continue
@@ -243,7 +243,7 @@ class IbSimDriver:
                     if last is not None and cap != _MAX64 and min(last[ci], cap) == w:
                         continue  # the saturated 32-bit copy did not move
                     add(f"{pre}{name}={w}")
-            pushed[i] = array("Q", cur)
+            pushed[i] = cur  # a copy already
         return lines
 
     def push(self) -> PushStats:

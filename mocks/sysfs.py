@@ -182,7 +182,7 @@ class SysfsRenderer:
             write(join(pf.pdir, "state"), f"{state}: {_STATE_NAMES.get(state, 'NOP')}\n")
             write(join(pf.pdir, "phys_state"), f"{phys}: {_PHYS_NAMES.get(phys, '<unknown>')}\n")
             write(join(pf.pdir, "rate"), kernel_rate(model.width[li], model.speed[li]) + "\n")
-            vals = model.counters[i]
+            vals = model.row(i)
             for ci, path in pf.counters:
                 write(path, f"{vals[ci]}\n")
 

@@ -80,6 +80,7 @@ DEFAULT_DETAIL: dict[str, str] = {
     "transmit_discards": "transmit_sw_hoq_lifetime_limit_discards",
 }
 _XW = _IX["transmit_wait"]
+_WIDTH = len(COUNTER_NAMES)  # values a port in ``FabricModel.flat``
 _LD = _IX["link_downed"]
 _SYM = _IX["symbol_errors"]
 
@@ -161,9 +162,12 @@ class FabricModel:
         self._carry_words = array("d", bytes(8 * n))
         self._carry_pkts = array("d", bytes(8 * n))
         self._carry_wait = array("d", bytes(8 * n))
-        # array('Q') rows: unsigned 64-bit like the PMA fields, and invisible to the cyclic GC,
-        # which otherwise re-scans 20,000 lists on every full collection of a busy daemon
-        self.counters: list[array[int]] = [array("Q", self._history(i)) for i in range(n)]
+        # Every port's row (``COUNTER_NAMES`` order) end to end in one array('Q'): unsigned
+        # 64-bit like the PMA fields, invisible to the cyclic GC, and no array object a port
+        # (8.5 MB at 118,400 ports); a poll's snapshot is one copy (``samples``).
+        self.flat: array[int] = array("Q")
+        for i in range(n):
+            self.flat.extend(self._history(i))
         # Faults.
         self._load_override: dict[int, float] = {}
         self._wait_override: dict[int, float] = {}
@@ -214,7 +218,8 @@ class FabricModel:
     def _step(self, dt: float) -> None:
         if dt <= 0:
             return
-        counters = self.counters
+        flat = self.flat
+        width = _WIDTH
         peer = self._peer
         link_of = self._link_of
         up = self.up
@@ -234,7 +239,7 @@ class FabricModel:
         words_per_bps = dt / 32.0
         tick_scale = dt * ticks_per_s
         share = _MULTICAST_SHARE
-        for i in range(len(counters)):
+        for i in range(len(link_of)):
             li = link_of[i]
             if not up[li]:
                 continue
@@ -249,7 +254,7 @@ class FabricModel:
                 f = 0.98
             if f > 1.0 - w:  # noqa: PLR1730
                 f = 1.0 - w
-            c = counters[i]
+            c = i * width  # the port's row in ``flat``
             if f > 0:
                 words_f = f * rate[li] * words_per_bps + cw[i]
                 words = int(words_f)
@@ -262,22 +267,22 @@ class FabricModel:
                     pkts = 1
                     cp[i] -= 1.0
                 mc = int(pkts * share)
-                r = counters[peer[i]]
+                r = peer[i] * width
                 # 64-bit fields: 2**64 words at 800 Gb/s take decades, so no wrap handling
-                c[_TXD] += words
-                c[_TXP] += pkts
-                c[_UTX] += pkts - mc
-                c[_MTX] += mc
-                r[_RXD] += words
-                r[_RXP] += pkts
-                r[_URX] += pkts - mc
-                r[_MRX] += mc
+                flat[c + _TXD] += words
+                flat[c + _TXP] += pkts
+                flat[c + _UTX] += pkts - mc
+                flat[c + _MTX] += mc
+                flat[r + _RXD] += words
+                flat[r + _RXP] += pkts
+                flat[r + _URX] += pkts - mc
+                flat[r + _MRX] += mc
             if w > 0:
                 t_f = w * tick_scale + cx[i]
                 t = int(t_f)
                 cx[i] = t_f - t
-                v = c[_XW] + t
-                c[_XW] = v if v < xw_max else xw_max
+                v = flat[c + _XW] + t
+                flat[c + _XW] = v if v < xw_max else xw_max
         if self._err_rates:
             self._errors(dt)
         if self._ber:
@@ -285,15 +290,16 @@ class FabricModel:
 
     def _bump(self, i: int, ci: int, amount: int) -> None:
         """Add to a counter (saturating); a detail counter raises its aggregate too."""
-        c = self.counters[i]
-        v = c[ci] + amount
+        flat = self.flat
+        at = i * _WIDTH
+        v = flat[at + ci] + amount
         m = _MAX[ci]
-        c[ci] = v if v < m else m
+        flat[at + ci] = v if v < m else m
         parent = _PARENT[ci]
         if parent >= 0:
-            v = c[parent] + amount
+            v = flat[at + parent] + amount
             m = _MAX[parent]
-            c[parent] = v if v < m else m
+            flat[at + parent] = v if v < m else m
 
     def _errors(self, dt: float) -> None:
         carry = self._err_carry
@@ -344,7 +350,15 @@ class FabricModel:
         return self._rate[self._link_of[i]]
 
     def value(self, key: tuple[str, int], counter: str) -> int:
-        return self.counters[self.port_index(key)][_IX[counter]]
+        return self.flat[self.port_index(key) * _WIDTH + _IX[counter]]
+
+    def row(self, i: int) -> array[int]:
+        """A copy of port ``i``'s raw values, in ``COUNTER_NAMES`` order."""
+        return self.flat[i * _WIDTH : (i + 1) * _WIDTH]
+
+    def rows(self) -> list[array[int]]:
+        """A copy of every port's raw values, in ``keys`` order (tests, benchmarks)."""
+        return [self.row(i) for i in range(len(self.keys))]
 
     # ------------------------------------------------------------------ faults
 
@@ -478,14 +492,14 @@ class FabricModel:
 
     def reset_counters(self, key: tuple[str, int], counters: tuple[str, ...] = ()) -> None:
         """A third party (``perfquery -x -R``, opensm PerfMgr) zeroes the port's counters."""
-        c = self.counters[self.port_index(key)]
+        at = self.port_index(key) * _WIDTH
         for name in counters or COUNTER_NAMES:
-            c[_IX[name]] = 0
+            self.flat[at + _IX[name]] = 0
 
     def set_value(self, key: tuple[str, int], counter: str, value: int) -> None:
         """Set a raw value (saturating), for history that predates the simulation."""
         ci = _IX[counter]
-        self.counters[self.port_index(key)][ci] = max(0, min(value, _MAX[ci]))
+        self.flat[self.port_index(key) * _WIDTH + ci] = max(0, min(value, _MAX[ci]))
 
     def _set_link(self, li: int, up: bool) -> None:
         if self.up[li] == up:
@@ -565,7 +579,7 @@ class FabricModel:
             self._rate[li],
             self.width[li],
             self.speed[li],
-            Totals(_IX, self.counters[i][:]),
+            Totals(_IX, self.row(i)),
             WIDE_COUNTERS,
             _NO_HW,
             self.link_info(i),
@@ -591,12 +605,9 @@ class FabricModel:
         # copy of the model's rows): the tracker reads them without a dict, an int object or
         # an array per port (``ibmon.trackcolumns._raw``), and the poll's values are one
         # block of memory, returned to the system when the poll is done.
-        flat: array[int] = array("Q")
-        extend = flat.extend  # grown in place: a tenth of the time and page faults of a join
-        for row in self.counters:
-            extend(row)
-        step = len(index)
-        for i in range(len(self.counters)):
+        flat = self.flat[:]
+        step = _WIDTH
+        for i in range(len(link_of)):
             li = link_of[i]
             info = infos[i]
             if info is None:

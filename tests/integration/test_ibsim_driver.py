@@ -74,7 +74,7 @@ def perfquery(d: IbSimDriver, desc: str, port: int, *extra: str) -> dict[str, in
 
 def model_values(d: IbSimDriver, desc: str, port: int) -> dict[str, int]:
     i = d.model.port_index((d.model.fabric.node_by_desc(desc).guid, port))
-    return dict(zip(COUNTER_NAMES, d.model.counters[i], strict=True))
+    return dict(zip(COUNTER_NAMES, d.model.row(i), strict=True))
 
 
 def assert_counters_match(d: IbSimDriver, desc: str, port: int) -> None:

@@ -31,7 +31,7 @@ def test_healthy_scenario_obeys_physics() -> None:
     model = FabricModel(sc.topology.build(), seed=sc.seed, load=sc.load)
     player = ScenarioPlayer(sc, model)
     n = len(model.keys)
-    prev = [list(c) for c in model.counters]
+    prev = [list(c) for c in model.rows()]
     dt = 120.0
     t = 0.0
     polls = 0
@@ -39,7 +39,7 @@ def test_healthy_scenario_obeys_physics() -> None:
         t += dt
         player.run_until(t)
         polls += 1
-        cur = model.counters
+        cur = model.rows()
         for i in range(n):
             c, p = cur[i], prev[i]
             delta = [a - b for a, b in zip(c, p, strict=True)]
@@ -70,7 +70,7 @@ def test_healthy_scenario_obeys_physics() -> None:
         prev = [list(c) for c in cur]
     assert polls == sc.duration / dt
     assert all(all(v < counter_max(nm) for nm, v in zip(COUNTER_NAMES, c, strict=True))
-               for c in model.counters), "nothing saturates in four healthy hours"
+               for c in model.rows()), "nothing saturates in four healthy hours"
 
 
 @pytest.mark.parametrize("name", NARROW)
@@ -100,8 +100,8 @@ def test_same_seed_same_fabric_different_seed_differs() -> None:
     for m in (a, b, c):
         m.advance(10.0)
         m.advance(0.5)
-    assert a.counters == b.counters
-    assert a.counters != c.counters
+    assert a.flat == b.flat
+    assert a.flat != c.flat
 
 
 def test_flap_counts_link_downed_on_both_ends_and_stops_traffic() -> None:
@@ -167,14 +167,14 @@ def test_reset_is_the_only_way_down() -> None:
     model = FabricModel(sc.topology.build(), seed=sc.seed)
     player = ScenarioPlayer(sc, model)
     resets = {(e.at, model.port_index(player._keys[n])) for n, e in enumerate(sc.timeline)}
-    prev = [list(c) for c in model.counters]
+    prev = [list(c) for c in model.rows()]
     decreased: set[tuple[float, int]] = set()
     for t in range(10, int(sc.duration) + 1, 10):
         player.run_until(float(t))
-        for i, (c, p) in enumerate(zip(model.counters, prev, strict=True)):
+        for i, (c, p) in enumerate(zip(model.rows(), prev, strict=True)):
             if any(a < b for a, b in zip(c, p, strict=True)):
                 decreased.add((float(t), i))
-        prev = [list(c) for c in model.counters]
+        prev = [list(c) for c in model.rows()]
     assert decreased == {(at + 10 - at % 10 if at % 10 else at, i) for at, i in resets}
 
 
