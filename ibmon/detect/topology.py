@@ -25,11 +25,14 @@ from ibmon.detect.base import (
 )
 from ibmon.detect.columns import Memo, attribute
 from ibmon.events import Severity
-from ibmon.model import PortIdentity, PortKey, PortView
+from ibmon.model import LinkInfo, PortIdentity, PortKey, PortView
 
 __all__ = ["TopologyChanged"]
 
-_Peer = tuple[str, str] | None
+#: A port's far end as last recorded: the view's own ``LinkInfo`` (kept by the source anyway:
+#: a (guid, port) pair made for each port cost 6.6 MB at 118,400 ports), a (guid, port) pair
+#: when restored from saved state, or None while no far end was named.
+_Peer = LinkInfo | tuple[str, str] | None
 _UNSEEN: Any = object()  # not a peer (which may be None): a port never seen
 
 
@@ -70,8 +73,8 @@ class TopologyChanged(PortDetector):
             old = peers.get(key, _UNSEEN)
             link = view.link
             return old is _UNSEEN or bool(
-                link is not None and link.remote_guid
-                and (old is None or old != (link.remote_guid, link.remote_port)))
+                link is not None and link.remote_guid and old is not link
+                and (old is None or _far(old) != (link.remote_guid, link.remote_port)))
 
         reuse = self._memo.redo(fresh, attribute(fresh, "identity"), attribute(fresh, "link"))
         if reuse is None:
@@ -86,7 +89,7 @@ class TopologyChanged(PortDetector):
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
         self._memo.touch(key)
         link = view.link
-        peer: _Peer = (link.remote_guid, link.remote_port) if link and link.remote_guid else None
+        peer: _Peer = link if link and link.remote_guid else None
         self._idents[key] = view.identity
         if key not in self._peers:
             self._peers[key] = peer
@@ -96,22 +99,25 @@ class TopologyChanged(PortDetector):
                 self._s.severity, None, None, f"{describe(view)} appeared", {"change": "appeared"}
             )
         old = self._peers[key]
-        if peer == old or peer is None:
+        if peer is None or peer is old:
+            return None
+        far, was = _far(peer), _far(old)
+        if far == was:
             return None
         self._peers[key] = peer
-        if old is None:
+        if was is None or far is None:
             return None  # first time the source names the far end (late discovery): not news
         return Finding(
             self._s.severity,
             None,
             None,
-            f"{describe(view)} moved from {old[0]} port {old[1]}",
+            f"{describe(view)} moved from {was[0]} port {was[1]}",
             {
                 "change": "moved",
-                "old_remote_guid": old[0],
-                "old_remote_port": old[1],
-                "remote_guid": peer[0],
-                "remote_port": peer[1],
+                "old_remote_guid": was[0],
+                "old_remote_port": was[1],
+                "remote_guid": far[0],
+                "remote_port": far[1],
             },
         )
 
@@ -151,7 +157,8 @@ class TopologyChanged(PortDetector):
         self._absent.pop(key, None)
 
     def dump(self, offset: float) -> Any:
-        return [[*key_to_json(k), list(p) if p else None] for k, p in self._peers.items()]
+        return [[*key_to_json(k), list(far) if (far := _far(p)) else None]
+                for k, p in self._peers.items()]
 
     def load(self, data: Any, offset: float) -> None:
         if not isinstance(data, list):
@@ -163,3 +170,10 @@ class TopologyChanged(PortDetector):
         self._peers = peers
         self._baseline = not peers
         self._memo.clear()
+
+
+def _far(peer: _Peer) -> tuple[str, str] | None:
+    """The (guid, port) of a recorded far end."""
+    if peer is None or isinstance(peer, tuple):
+        return peer
+    return (peer.remote_guid, peer.remote_port)

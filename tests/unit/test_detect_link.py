@@ -137,6 +137,36 @@ def test_topology_changes_after_the_baseline() -> None:
     assert new.details["change"] == "appeared"
 
 
+def test_topology_compares_far_ends_not_link_objects_and_survives_a_restart() -> None:
+    """The detector keeps each view's own link, not a copy of its far end: a new link object
+    to the same far end (the link's width changed) is no move, a restored far end (saved
+    state holds none of the objects) compares by value, and a move after a restart names
+    the far end from before it."""
+    def moves(engine: Engine, views: list[PortView], t: float) -> list[Event]:
+        return [e for e in step(engine, views, t) if e.type == "topology_changed"]
+
+    engine = Engine()
+    assert moves(engine, [view("1", link=link()), view("2")], 0) == []
+    assert moves(engine, [view("1", link=link(width="1X")), view("2")], 1) == []
+    assert moves(engine, [view("1", link=link()), view("2", link=link())], 2) == []  # named late
+    # judged anyway (``needs`` leaves such a port out): an equal far end is no move
+    (topo,) = (d for d in engine.detectors if d.type == "topology_changed")
+    again = view("2", link=link(width="2X"))
+    assert topo.check(again.key, again, 2.5, None) is None
+    saved = engine.dump()
+    assert saved["detectors"]["topology_changed"] == [[GUID, "1", [PEER, "12"]],
+                                                      [GUID, "2", [PEER, "12"]]]
+    restored = Engine()
+    restored.load(saved)
+    assert moves(restored, [view("1", link=link(speed="HDR")), view("2", link=link())], 3) == []
+    moved = LinkInfo(remote_guid="0x0002c90300ffff02", remote_port="3")
+    (ev,) = moves(restored, [view("1", link=link()), view("2", link=moved)], 4)
+    assert (ev.details["change"], ev.port.port) == ("moved", "2")  # type: ignore[union-attr]
+    assert (ev.details["old_remote_guid"], ev.details["old_remote_port"]) == (PEER, "12")
+    assert (ev.details["remote_guid"], ev.details["remote_port"]) == ("0x0002c90300ffff02", "3")
+    assert moves(restored, [view("1", link=link()), view("2", link=moved)], 5) == []
+
+
 # --------------------------------------------------------------------------- boundaries
 
 boundary = pytest.mark.parametrize("tables", TABLES, ids=TABLE_IDS)
