@@ -357,7 +357,7 @@ class FabricModel:
         return self.flat[i * _WIDTH : (i + 1) * _WIDTH]
 
     def rows(self) -> list[array[int]]:
-        """A copy of every port's raw values, in ``keys`` order (tests, benchmarks)."""
+        """A copy of every port's raw values, in ``keys`` order (for tests)."""
         return [self.row(i) for i in range(len(self.keys))]
 
     # ------------------------------------------------------------------ faults
