@@ -33,6 +33,7 @@ from math import isfinite
 from operator import attrgetter, is_not, itemgetter
 from typing import TYPE_CHECKING, Any
 
+from exporters.valuetext import NO_TEXT, float_texts, int_texts
 from ibmon.counters import CATALOGUE
 from ibmon.model import LinkInfo, PortIdentity, PortKey, PortView
 from ibmon.rowview import RowView, packed, ratio_columns
@@ -702,6 +703,10 @@ def _float_lines(head: str) -> _KeyLines:
 
     def key_lines(labels: Sequence[str], values: Sequence[object] | None) -> list[str]:
         assert values is not None
+        texts = float_texts(values)  # type: ignore[arg-type]
+        if texts is not None:
+            return [f"{head}{lb}}} {t}\n"
+                    for lb, t in zip(labels, texts, strict=True) if t != NO_TEXT]
         lines = [f"{head}{lb}}} {float(x)!r}\n"  # type: ignore[arg-type]
                  for lb, x in zip(labels, values, strict=True) if x is not None]
         return lines if _finite(values) else [_fix_non_finite(line) for line in lines]
@@ -723,6 +728,9 @@ def _counter_family(name: str, head: str, header: str) -> _Family:
     def key_lines(labels: Sequence[str], values: Sequence[object] | None) -> list[str]:
         if values is None:
             return []
+        texts = int_texts(values)  # type: ignore[arg-type]
+        if texts is not None:  # a column of 64-bit totals: no None among them
+            return [f"{head}{lb}}} {t}\n" for lb, t in zip(labels, texts, strict=True)]
         return [f"{head}{lb}}} {x}\n"
                 for lb, x in zip(labels, values, strict=True) if x is not None]
 
@@ -744,22 +752,33 @@ def _util_lines(block: _Block, names: _EscapeMemo) -> list[str]:
     # port has both: half the strings of a line each, the family that changes on every port
     # every poll.
     tx, rx, _ = block.ratios()
+    tx_texts = float_texts(tx)
+    rx_texts = float_texts(rx) if tx_texts is not None else None
+    if tx_texts is not None and rx_texts is not None:
+        return [
+            f'ibmon_port_utilization_ratio{{{lb},direction="transmit"}} {t}\n'
+            f'ibmon_port_utilization_ratio{{{lb},direction="receive"}} {r}\n'
+            if t != NO_TEXT and r != NO_TEXT else _one_util(lb, t, r)  # noqa: PLR1714 - no tuple a port
+            for lb, t, r in zip(block.labels, tx_texts, rx_texts, strict=True)
+            if t != NO_TEXT or r != NO_TEXT
+        ]
     lines = [
         f'ibmon_port_utilization_ratio{{{lb},direction="transmit"}} {float(t)!r}\n'
         f'ibmon_port_utilization_ratio{{{lb},direction="receive"}} {float(r)!r}\n'
-        if t is not None and r is not None else _one_util(lb, t, r)
+        if t is not None and r is not None else _one_util(
+            lb, NO_TEXT if t is None else repr(float(t)), NO_TEXT if r is None else repr(float(r)))
         for lb, t, r in zip(block.labels, tx, rx, strict=True)
         if t is not None or r is not None
     ]
     return lines if _finite(tx) and _finite(rx) else [_fix_non_finite(line) for line in lines]
 
 
-def _one_util(lb: str, tx: float | None, rx: float | None) -> str:
-    """The utilization line of a port that has only one direction's."""
-    if tx is not None:
-        return f'ibmon_port_utilization_ratio{{{lb},direction="transmit"}} {float(tx)!r}\n'
-    assert rx is not None
-    return f'ibmon_port_utilization_ratio{{{lb},direction="receive"}} {float(rx)!r}\n'
+def _one_util(lb: str, tx: str, rx: str) -> str:
+    """The utilization line of a port that has only one direction's (texts: ``NO_TEXT`` for
+    the direction it has not)."""
+    if tx != NO_TEXT:
+        return f'ibmon_port_utilization_ratio{{{lb},direction="transmit"}} {tx}\n'
+    return f'ibmon_port_utilization_ratio{{{lb},direction="receive"}} {rx}\n'
 
 
 def _wait_lines(block: _Block, names: _EscapeMemo) -> list[str]:

@@ -1,0 +1,156 @@
+"""Sample values formatted in C (``exporters.valuetext``) read exactly as Python spells them:
+the exposition's text, goldens included, must not change with who formats it (issue 12,
+target 4: CPU per poll)."""
+
+from __future__ import annotations
+
+import math
+import random
+import struct
+import sys
+from array import array
+from dataclasses import replace
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import exporters.render as render
+from exporters.render import PortRenderer
+from exporters.valuetext import MIN_VALUES, NO_TEXT, float_texts, int_texts
+from ibmon.counters import CATALOGUE
+from ibmon.model import PortView
+from ibmon.totals import Totals
+from tests.unit.test_prometheus_render import _load_bench
+
+
+def _doubles(rng: random.Random, n: int) -> list[float]:
+    """Finite doubles of every magnitude: random bit patterns (most are huge or tiny), a
+    log-uniform spread around the ratios a fabric has, and the edges of Python's notation."""
+    out: list[float] = []
+    while len(out) < n // 2:
+        x = struct.unpack("<d", rng.getrandbits(64).to_bytes(8, "little"))[0]
+        if math.isfinite(x):
+            out.append(x)
+    out += [rng.choice((1, -1)) * 10 ** rng.uniform(-12, 18) for _ in range(n // 2)]
+    edges = [0.0, -0.0, 1e-4, math.nextafter(1e-4, 0), math.nextafter(1e-4, 1), 1e16,
+             math.nextafter(1e16, 0), 5e-324, 1.7976931348623157e308, 0.1 + 0.2, 1.0, 1 / 3,
+             2.5e-7, 1e-5, 9.999999999999999e-05]
+    return out + edges + [-x for x in edges]
+
+
+def test_float_texts_spell_every_magnitude_as_repr() -> None:
+    rng = random.Random(12)
+    values: list[float | None] = list(_doubles(rng, 40_000))
+    for i in range(0, len(values), 7):  # ports without the value
+        values[i] = None
+    rng.shuffle(values)
+    assert float_texts(values) == [NO_TEXT if x is None else repr(x) for x in values]
+    # a block of ratios with no tiny value: orjson's text as it is
+    ratios: list[float | None] = [rng.random() for _ in range(MIN_VALUES)]
+    assert float_texts(ratios) == [repr(x) for x in ratios]
+    # tiny ratios orjson writes without an exponent ("0.00001"), alone in their column
+    for tiny in (1e-5, 9.999999999999999e-05, 1.5e-4 / 3):
+        ratios[5] = tiny
+        assert float_texts(ratios) == [repr(x) for x in ratios], tiny
+
+
+@pytest.mark.parametrize("odd", [math.nan, math.inf, -math.inf, 1, True, "0.5"])
+def test_float_texts_leave_what_orjson_would_misspell_to_python(odd: object) -> None:
+    """orjson writes ``null`` for a value that is not finite, ``1`` for an int that a float
+    family spells ``1.0``: such a column is the Python way's (None)."""
+    values: list[object] = [0.5] * MIN_VALUES
+    assert float_texts(values) is not None  # type: ignore[arg-type]
+    values[MIN_VALUES // 2] = odd
+    assert float_texts(values) is None  # type: ignore[arg-type]
+    np = pytest.importorskip("numpy", reason="numpy is a runtime dependency")
+    assert float_texts([np.float64(0.5)] * MIN_VALUES) is None  # a subclass of float
+    assert float_texts([0.5] * (MIN_VALUES - 1)) is None  # too few to gain
+
+
+@pytest.mark.parametrize("with_numpy", [True, False])
+def test_int_texts_spell_64_bit_totals_as_str(with_numpy: bool,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    if not with_numpy:  # a process that never loaded numpy (a node-local daemon)
+        monkeypatch.setitem(sys.modules, "numpy", None)
+    rng = random.Random(7)
+    values = array("Q", [0, 1, (1 << 53) + 1, (1 << 64) - 1, 10**19])
+    values.extend(rng.randrange(1 << rng.randrange(1, 65)) for _ in range(5_000))
+    assert int_texts(values) == [str(x) for x in values]
+    assert int_texts(values[:MIN_VALUES - 1]) is None  # too few to gain
+    assert int_texts(list(values)) is None  # a column with room for None: Python's way
+    assert int_texts(array("q", range(MIN_VALUES * 2))) is None  # not unsigned 64-bit totals
+
+
+def _fabric(n: int) -> list[PortView]:
+    """The exposition benchmark's fabric, with what orjson cannot spell among its values: a
+    tiny ratio, one that is not finite, an int, a port without a ratio or without totals."""
+    views = _load_bench().build_views(n)
+    for i in range(0, n, 37):
+        views[i] = replace(views[i], utilization_tx=3e-6 * (i + 1), xmit_wait_ratio=None,
+                           symbol_error_ber=None)
+    for i in range(5, n, 101):
+        views[i] = replace(views[i], utilization_rx=None, symbol_error_ber=2.5e-7)
+    for i in range(9, n, 211):  # a port without either direction
+        views[i] = replace(views[i], utilization_tx=None, utilization_rx=None)
+    views[11] = replace(views[11], rate_bytes_per_second=100)  # an int: "100.0" in text
+    views[13] = replace(views[13], xmit_wait_ratio=math.nan)
+    return views
+
+
+@pytest.mark.parametrize("store", [False, True])
+def test_a_cached_render_with_c_text_equals_the_python_way(
+        store: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every family of a fabric big enough for blocks, rendered with and without
+    ``exporters.valuetext``: byte for byte the same, on the first render and on the next
+    one where values moved (``store``: totals as rows of 64-bit arrays, as the tracker's)."""
+    views = _fabric(2 * render.SEGMENT_PORTS // 8 + 300)
+    if store:
+        index = {spec.name: k for k, spec in enumerate(CATALOGUE)}
+        views = [replace(v, totals=Totals(index, array("Q", [v.totals[n] for n in index])))
+                 for v in views]
+
+    def both(views: list[PortView]) -> tuple[bytes, bytes]:
+        renderer = PortRenderer()
+        renderer.prepare(views)
+        fast = b"".join(renderer.series_chunks(views))
+        with monkeypatch.context() as m:
+            m.setattr(render, "float_texts", lambda values: None)
+            m.setattr(render, "int_texts", lambda values: None)
+            slow = b"".join(renderer.series_chunks(views))
+        return fast, slow
+
+    fast, slow = both(views)
+    assert fast == slow
+    assert b" 3e-06\n" in fast and b"} 100.0\n" in fast and b"} NaN\n" in fast
+    assert _ratios(fast) == _ratios_of(views)  # and what both say is what the views hold
+    moved = [replace(v, utilization_tx=(v.utilization_tx or 0) / 3,
+                     totals={**v.totals, "transmit_data": v.totals["transmit_data"] * 3})
+             for v in views]
+    fast, slow = both(moved)
+    assert fast == slow
+    assert _ratios(fast) == _ratios_of(moved)
+
+
+def _ratios(body: bytes) -> dict[tuple[str, str, str], str]:
+    """The ratio and BER samples a parser reads from ``body``: (guid, port, family or
+    direction) to the value's repr."""
+    return {
+        (s.labels["guid"], s.labels["port"], s.labels.get("direction", fam.name)):
+            "nan" if math.isnan(s.value) else repr(s.value)
+        for fam in text_string_to_metric_families(body.decode())
+        if fam.name in ("ibmon_port_utilization_ratio", "ibmon_port_transmit_wait_ratio",
+                        "ibmon_port_symbol_error_ber")
+        for s in fam.samples
+    }
+
+
+def _ratios_of(views: list[PortView]) -> dict[tuple[str, str, str], str]:
+    out = {}
+    for v in views:
+        key = (v.identity.guid, v.identity.port)
+        for name, x in (("transmit", v.utilization_tx), ("receive", v.utilization_rx),
+                        ("ibmon_port_transmit_wait_ratio", v.xmit_wait_ratio),
+                        ("ibmon_port_symbol_error_ber", v.symbol_error_ber)):
+            if x is not None:
+                out[(*key, name)] = "nan" if math.isnan(x) else repr(float(x))
+    return out
