@@ -2,15 +2,16 @@
 
 Every import costs resident memory on each of 10,000 nodes (issue 12, target 2), so the daemon
 started with a sysfs-only config must not import the CLI's typer/rich machinery, YAML, the
-simulator (``mocks``), the MAD ctypes bindings, numpy (the tracker's column store, for
-fabric polls), MQTT or prometheus_client (its exposition
-module imports ``ssl``, which maps OpenSSL; ibmon's own types are ``ibmon.metrics``). The
-daemon runs for real, as ``python -m ibmon run`` in a subprocess, until it has completed a poll
-and served a scrape; then it is stopped with SIGTERM and, as the interpreter exits, an
-``atexit`` hook writes the names in ``sys.modules`` (every module imported during the whole
-run, whichever way: ``-X importtime`` would miss those loaded with ``importlib.import_module``,
-as the source registry loads sources). A control run (``check-config``, which goes through the
-typer app) shows that the list does see typer when it is imported.
+simulator (``mocks``), the MAD ctypes bindings, numpy (the tracker's column store, for fabric
+polls), orjson (the renderer's numbers of large blocks), MQTT or prometheus_client (its
+exposition module imports ``ssl``, which maps OpenSSL; ibmon's own types are
+``ibmon.metrics``). The daemon runs for real, as ``python -m ibmon run`` in a subprocess, until
+it has completed a poll and served a scrape; then it is stopped with SIGTERM and, as the
+interpreter exits, an ``atexit`` hook writes the names in ``sys.modules`` (every module
+imported during the whole run, whichever way: ``-X importtime`` would miss those loaded with
+``importlib.import_module``, as the source registry loads sources). A control run
+(``check-config``, which goes through the typer app) shows that the list does see typer when it
+is imported.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ FORBIDDEN = (
     "ssl", "_ssl", "_hashlib",
     # the tracker's column store, for polls of hundreds of ports (17 MB with numpy)
     "numpy", "ibmon.trackcolumns",
+    # the renderer's numbers in C, for blocks of many ports (``exporters.valuetext``)
+    "orjson",
 )
 #: ``python -c`` program: run ``python -m ibmon ARGS`` and list ``sys.modules`` at exit.
 _HOOK = """
