@@ -11,7 +11,7 @@ The text must be exactly what ``repr``/``str`` give, because the exposition (and
 are: orjson spells integers and floats of magnitude 1e-4 and above as Python does (checked
 against ``repr`` on random doubles of every magnitude in ``tests/unit/test_value_text.py``),
 writes smaller ones positionally or with a one-digit exponent (``0.00001``, ``2.5e-7``, where
-Python writes ``1e-05``, ``2.5e-07``): those few are spelled by ``repr``. A non-finite value
+Python writes ``1e-05``, ``2.5e-07``): those are respelled in the text. A non-finite value
 (orjson writes ``null``), a value that is not exactly a ``float`` (an int would lose its
 ``.0``) and blocks too small to gain take the Python way. Imported only by the renderer's
 blocks of ``MIN_VALUES`` or more: a node-local daemon never loads orjson.
@@ -32,8 +32,6 @@ __all__ = ["MIN_VALUES", "NO_TEXT", "float_texts", "int_texts"]
 MIN_VALUES = 64
 #: The text of a port without a value (None): no line.
 NO_TEXT = "null"
-#: Python spells floats below this magnitude with an exponent (``repr``).
-_EXPONENT_BELOW = 1e-4
 _NOT_NONE = partial(is_not, None)
 _PLAIN = frozenset((float, type(None)))
 
@@ -49,10 +47,40 @@ def float_texts(values: Sequence[float | None]) -> list[str] | None:
 
     raw = orjson.dumps(values)
     texts = raw[1:-1].decode("ascii").split(",")
-    if b"e-" in raw or b"0.0000" in raw:  # some value below 1e-4: orjson spells it its way
-        texts = [repr(x) if x is not None and -_EXPONENT_BELOW < x < _EXPONENT_BELOW
-                 else t for x, t in zip(values, texts, strict=True)]
+    if b"e-" in raw or b"0.0000" in raw:  # some value below 1e-4 (or a 0.0000 inside one)
+        np = sys.modules.get("numpy")  # loaded by the tracker's column store at fabric scale
+        if np is None:
+            return [_small(t) if t.startswith(_E05) or t.endswith(_ONE_DIGIT_EXPONENT) else t
+                    for t in texts]
+        # Only the values below 1e-4 (not 0.0, not None: NaN) can be spelled otherwise;
+        # ``_small`` leaves any other text as it is, so this only spares it calls.
+        column = np.array(values, dtype=np.float64)
+        for i in np.flatnonzero((np.abs(column) < _EXPONENT_BELOW) & (column != 0)).tolist():
+            texts[i] = _small(texts[i])
     return texts
+
+
+# Below 1e-4 Python writes an exponent of at least two digits (``1e-05``, ``2.5e-07``); orjson
+# writes 1e-5 to 1e-4 positionally (``0.00001``, ``0.000025``) and smaller ones with the
+# exponent's own digits (``2.5e-7``); both with the same shortest digits. Those texts are
+# respelled one by one (half of a fabric's transmit-wait ratios are that small): a pass over
+# the block's whole text per spelling (``bytes.replace``; a regular expression's replacement
+# template is a Python call a match in this Python) cost as much as ``repr``.
+_EXPONENT_BELOW = 1e-4
+_E05 = ("0.0000", "-0.0000")
+_ONE_DIGIT_EXPONENT = tuple(f"e-{d}" for d in range(1, 10))
+
+
+def _small(text: str) -> str:
+    """orjson's spelling of a float below 1e-4 as ``repr`` has it: ``0.000025`` is
+    ``2.5e-05``, ``2.5e-7`` is ``2.5e-07``, ``1e-15`` stays."""
+    if text.endswith(_ONE_DIGIT_EXPONENT):
+        return f"{text[:-1]}0{text[-1]}"
+    if not text.startswith(_E05):  # below 1e-9: two or more digits, as Python's
+        return text
+    sign = "-" if text[0] == "-" else ""
+    digits = text[len(sign) + 6 :]  # the first is not 0: the value is at least 1e-5
+    return f"{sign}{digits[0]}.{digits[1:]}e-05" if len(digits) > 1 else f"{sign}{digits}e-05"
 
 
 def int_texts(values: Sequence[int | None]) -> list[str] | None:

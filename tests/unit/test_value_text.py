@@ -34,11 +34,20 @@ def _doubles(rng: random.Random, n: int) -> list[float]:
     out += [rng.choice((1, -1)) * 10 ** rng.uniform(-12, 18) for _ in range(n // 2)]
     edges = [0.0, -0.0, 1e-4, math.nextafter(1e-4, 0), math.nextafter(1e-4, 1), 1e16,
              math.nextafter(1e16, 0), 5e-324, 1.7976931348623157e308, 0.1 + 0.2, 1.0, 1 / 3,
-             2.5e-7, 1e-5, 9.999999999999999e-05]
+             2.5e-7, 1e-5, 9.999999999999999e-05,
+             10.00001, 100.000025, 1230.0000456]  # a point and four zeros after a 0 digit
     return out + edges + [-x for x in edges]
 
 
-def test_float_texts_spell_every_magnitude_as_repr() -> None:
+@pytest.mark.parametrize("with_numpy", [True, False])
+def test_float_texts_spell_every_magnitude_as_repr(with_numpy: bool,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The small values are found with numpy where the process has it loaded (a fabric
+    daemon), by their text where not: both respell exactly those orjson writes its way."""
+    if with_numpy:
+        pytest.importorskip("numpy", reason="numpy is a runtime dependency")
+    else:
+        monkeypatch.setitem(sys.modules, "numpy", None)
     rng = random.Random(12)
     values: list[float | None] = list(_doubles(rng, 40_000))
     for i in range(0, len(values), 7):  # ports without the value
