@@ -8,6 +8,7 @@ import math
 import random
 import struct
 import sys
+import zlib
 from array import array
 from dataclasses import replace
 
@@ -93,7 +94,7 @@ def test_int_texts_spell_64_bit_totals_as_str(with_numpy: bool,
 def _fabric(n: int) -> list[PortView]:
     """The exposition benchmark's fabric, with what orjson cannot spell among its values: a
     tiny ratio, one that is not finite, an int, a port without a ratio or without totals."""
-    views = _load_bench().build_views(n)
+    views: list[PortView] = _load_bench().build_views(n)
     for i in range(0, n, 37):
         views[i] = replace(views[i], utilization_tx=3e-6 * (i + 1), xmit_wait_ratio=None,
                            symbol_error_ber=None)
@@ -107,25 +108,30 @@ def _fabric(n: int) -> list[PortView]:
 
 
 @pytest.mark.parametrize("store", [False, True])
-def test_a_cached_render_with_c_text_equals_the_python_way(
+def test_a_publish_with_c_text_equals_the_python_way(
         store: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every family of a fabric big enough for blocks, rendered with and without
-    ``exporters.valuetext``: byte for byte the same, on the first render and on the next
-    one where values moved (``store``: totals as rows of 64-bit arrays, as the tracker's)."""
-    views = _fabric(2 * render.SEGMENT_PORTS // 8 + 300)
+    """Every family of a fabric large enough for the exporter's cached blocks, as a publish
+    renders it (``series_deflated``, its segment cache kept from one poll to the next) and as
+    an uncached render without ``exporters.valuetext`` spells it: byte for byte the same, on
+    the first poll and on the next one where values moved (``store``: totals as rows of 64-bit
+    arrays, as the tracker's)."""
+    views = _fabric(render.CACHE_MIN_PORTS * 2 + 300)
     if store:
         index = {spec.name: k for k, spec in enumerate(CATALOGUE)}
         views = [replace(v, totals=Totals(index, array("Q", [v.totals[n] for n in index])))
                  for v in views]
+    publisher = PortRenderer()
 
     def both(views: list[PortView]) -> tuple[bytes, bytes]:
-        renderer = PortRenderer()
-        renderer.prepare(views)
-        fast = b"".join(renderer.series_chunks(views))
+        publisher.prepare(views)
+        body = publisher.series_deflated(views, 1)
+        fast = zlib.decompressobj(-zlib.MAX_WBITS).decompress(b"".join(body.parts))
+        python = PortRenderer()
         with monkeypatch.context() as m:
             m.setattr(render, "float_texts", lambda values: None)
             m.setattr(render, "int_texts", lambda values: None)
-            slow = b"".join(renderer.series_chunks(views))
+            python.prepare(views)
+            slow = b"".join(python.series_chunks(views))
         return fast, slow
 
     fast, slow = both(views)
