@@ -76,7 +76,7 @@ def _small(text: str) -> str:
     ``2.5e-05``, ``2.5e-7`` is ``2.5e-07``, ``1e-15`` stays."""
     if text.endswith(_ONE_DIGIT_EXPONENT):
         return f"{text[:-1]}0{text[-1]}"
-    if not text.startswith(_E05):  # below 1e-9: two or more digits, as Python's
+    if not text.startswith(_E05):  # an exponent of two or more digits: Python's spelling
         return text
     sign = "-" if text[0] == "-" else ""
     digits = text[len(sign) + 6 :]  # the first is not 0: the value is at least 1e-5

@@ -93,7 +93,8 @@ def test_int_texts_spell_64_bit_totals_as_str(with_numpy: bool,
 
 def _fabric(n: int) -> list[PortView]:
     """The exposition benchmark's fabric, with what orjson cannot spell among its values: a
-    tiny ratio, one that is not finite, an int, a port without a ratio or without totals."""
+    tiny ratio, one that is not finite, an int, ports without one ratio or without either
+    utilization direction."""
     views: list[PortView] = _load_bench().build_views(n)
     for i in range(0, n, 37):
         views[i] = replace(views[i], utilization_tx=3e-6 * (i + 1), xmit_wait_ratio=None,
