@@ -34,10 +34,10 @@ from math import isfinite
 from operator import attrgetter, is_not, itemgetter
 from typing import TYPE_CHECKING, Any
 
-from exporters.valuetext import NO_TEXT, float_texts, int_texts
+from exporters.valuetext import MIN_VALUES, NO_TEXT, array_texts, float_texts, int_texts
 from ibmon.counters import CATALOGUE
 from ibmon.model import LinkInfo, PortIdentity, PortKey, PortView
-from ibmon.rowview import RowView, packed, ratio_columns
+from ibmon.rowview import RowView, packed, ratio_arrays, ratio_columns
 from ibmon.totals import Totals
 
 if TYPE_CHECKING:
@@ -547,7 +547,7 @@ class _Block:
     families (``itemgetter``, 60 ms at 36,720 ports).
     """
 
-    __slots__ = ("_counters", "_pairs", "_ratios", "labels", "views")
+    __slots__ = ("_counters", "_pairs", "_ratio_texts", "_ratios", "labels", "views")
 
     def __init__(self, views: Sequence[PortView], labels: Sequence[str]) -> None:
         self.views = views
@@ -555,12 +555,23 @@ class _Block:
         self._pairs: _Pairs | None = None
         self._counters: dict[str, Sequence[int | None]] | None = None
         self._ratios: tuple[list[float | None], ...] | None = None
+        self._ratio_texts: tuple[list[str] | None, ...] | None = None
 
     def ratios(self) -> tuple[list[float | None], ...]:
         """Each port's transmit and receive utilization and transmit-wait ratio (columns)."""
         if self._ratios is None:
             self._ratios = ratio_columns(self.views)
         return self._ratios
+
+    def ratio_texts(self) -> tuple[list[str] | None, ...]:
+        """The texts of ``ratios`` (``NO_TEXT`` for None) spelled in C straight from the
+        tracker's arrays (``ratio_arrays``), without a float object a value; a column that
+        must be spelled the Python way (``ratios``) is None."""
+        if self._ratio_texts is None:
+            arrays = ratio_arrays(self.views) if len(self.views) >= MIN_VALUES else None
+            self._ratio_texts = ((None, None, None) if arrays is None
+                                 else tuple(map(array_texts, arrays)))
+        return self._ratio_texts
 
     @property
     def pairs(self) -> _Pairs:
@@ -711,15 +722,21 @@ def _float_lines(head: str) -> _KeyLines:
         assert values is not None
         texts = float_texts(values)  # type: ignore[arg-type]
         if texts is not None:
-            if NO_TEXT in texts:  # ports without a value: no line
-                kept = list(map(NO_TEXT.__ne__, texts))
-                labels, texts = list(compress(labels, kept)), list(compress(texts, kept))
-            return _joined_lines((head, "", "} ", "", "\n"), {1: labels, 3: texts})
+            return _text_lines(head, labels, texts)
         lines = [f"{head}{lb}}} {float(x)!r}\n"  # type: ignore[arg-type]
                  for lb, x in zip(labels, values, strict=True) if x is not None]
         return lines if _finite(values) else [_fix_non_finite(line) for line in lines]
 
     return key_lines
+
+
+def _text_lines(head: str, labels: Sequence[str], texts: list[str]) -> list[str]:
+    """Lines ``{head}{label}} {text}`` of a column's texts; a port whose text is ``NO_TEXT``
+    (None) has no line."""
+    if NO_TEXT in texts:
+        kept = list(map(NO_TEXT.__ne__, texts))
+        labels, texts = list(compress(labels, kept)), list(compress(texts, kept))
+    return _joined_lines((head, "", "} ", "", "\n"), {1: labels, 3: texts})
 
 
 def _finite(values: Iterable[object]) -> bool:
@@ -756,29 +773,36 @@ def _hw_gauge_lines(block: _Block, names: _EscapeMemo) -> list[str]:
 
 
 def _util_lines(block: _Block, names: _EscapeMemo) -> list[str]:
-    # Read as two columns (``map`` in C), and both directions' lines as one string where a
-    # port has both: half the strings of a line each, the family that changes on every port
-    # every poll.
-    tx, rx, _ = block.ratios()
-    tx_texts = float_texts(tx)
-    rx_texts = float_texts(rx) if tx_texts is not None else None
-    if tx_texts is not None and rx_texts is not None:
-        labels = block.labels
-        parts = _line_parts(_UTIL_LINE, {1: labels, 3: tx_texts, 6: labels, 8: rx_texts})
-        # A direction without a value (a port whose link rate is unknown) has no line: its
-        # parts are emptied (found in C; most blocks have none).
-        width = len(_UTIL_LINE)
-        for at, texts in ((0, tx_texts), (5, rx_texts)):
-            if NO_TEXT in texts:
-                for i in compress(range(len(texts)), map(NO_TEXT.__eq__, texts)):
-                    parts[i * width + at : i * width + at + 5] = _NO_LINE
-        return _chunks(parts, width)
+    # The family that changes on every port every poll: both directions' texts spelled in C,
+    # each port's two lines put together by C (``_line_parts``).
+    tx_texts, rx_texts, _ = block.ratio_texts()
+    if tx_texts is None or rx_texts is None:
+        tx, rx, _ = block.ratios()
+        tx_texts = float_texts(tx)
+        rx_texts = float_texts(rx) if tx_texts is not None else None
+        if tx_texts is None or rx_texts is None:
+            return _util_lines_python(block.labels, tx, rx)
+    labels = block.labels
+    parts = _line_parts(_UTIL_LINE, {1: labels, 3: tx_texts, 6: labels, 8: rx_texts})
+    # A direction without a value (a port whose link rate is unknown) has no line: its
+    # parts are emptied (found in C; most blocks have none).
+    width = len(_UTIL_LINE)
+    for at, texts in ((0, tx_texts), (5, rx_texts)):
+        if NO_TEXT in texts:
+            for i in compress(range(len(texts)), map(NO_TEXT.__eq__, texts)):
+                parts[i * width + at : i * width + at + 5] = _NO_LINE
+    return _chunks(parts, width)
+
+
+def _util_lines_python(labels: Sequence[str], tx: Sequence[float | None],
+                       rx: Sequence[float | None]) -> list[str]:
+    """The utilization lines spelled by Python: small blocks, non-finite values."""
     lines = [
         f'ibmon_port_utilization_ratio{{{lb},direction="transmit"}} {float(t)!r}\n'
         f'ibmon_port_utilization_ratio{{{lb},direction="receive"}} {float(r)!r}\n'
         if t is not None and r is not None else _one_util(
             lb, NO_TEXT if t is None else repr(float(t)), NO_TEXT if r is None else repr(float(r)))
-        for lb, t, r in zip(block.labels, tx, rx, strict=True)
+        for lb, t, r in zip(labels, tx, rx, strict=True)
         if t is not None or r is not None
     ]
     return lines if _finite(tx) and _finite(rx) else [_fix_non_finite(line) for line in lines]
@@ -831,10 +855,14 @@ def _chunks(parts: list[str], width: int) -> _Joined:
 
 
 def _wait_lines(block: _Block, names: _EscapeMemo) -> list[str]:
+    texts = block.ratio_texts()[2]
+    if texts is not None:
+        return _text_lines(_WAIT_HEAD, block.labels, texts)
     return _WAIT_LINES(block.labels, block.ratios()[2])
 
 
-_WAIT_LINES = _float_lines("ibmon_port_transmit_wait_ratio{")
+_WAIT_HEAD = "ibmon_port_transmit_wait_ratio{"
+_WAIT_LINES = _float_lines(_WAIT_HEAD)
 
 
 def _cond_lines(block: _Block, names: _EscapeMemo) -> list[str]:

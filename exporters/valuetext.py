@@ -25,8 +25,9 @@ from collections.abc import Sequence
 from functools import partial
 from math import isfinite
 from operator import is_not
+from typing import Any
 
-__all__ = ["MIN_VALUES", "NO_TEXT", "float_texts", "int_texts"]
+__all__ = ["MIN_VALUES", "NO_TEXT", "array_texts", "float_texts", "int_texts"]
 
 #: Below this many values a column is spelled by Python: the call and the split cost more.
 MIN_VALUES = 64
@@ -52,12 +53,33 @@ def float_texts(values: Sequence[float | None]) -> list[str] | None:
         if np is None:
             return [_small(t) if t.startswith(_E05) or t.endswith(_ONE_DIGIT_EXPONENT) else t
                     for t in texts]
-        # Only the values below 1e-4 (not 0.0, not None: NaN) can be spelled otherwise;
-        # ``_small`` leaves any other text as it is, so this only spares it calls.
-        column = np.array(values, dtype=np.float64)
-        for i in np.flatnonzero((np.abs(column) < _EXPONENT_BELOW) & (column != 0)).tolist():
-            texts[i] = _small(texts[i])
+        _respell(texts, np.array(values, dtype=np.float64), np)
     return texts
+
+
+def array_texts(column: Any) -> list[str] | None:
+    """``float_texts`` of a float64 numpy array whose NaN stand for None (``NO_TEXT``): the
+    tracker's ratio columns, spelled without a float object a value. None for a column with an
+    infinity, or too short to gain."""
+    np = sys.modules["numpy"]  # the caller's array is one
+    if len(column) < MIN_VALUES or np.isinf(column).any():
+        return None
+    import orjson
+
+    # orjson spells a float64 of an array as it does a float, and NaN as null (NO_TEXT)
+    raw = orjson.dumps(column, option=orjson.OPT_SERIALIZE_NUMPY)
+    texts = raw[1:-1].decode("ascii").split(",")
+    if b"e-" in raw or b"0.0000" in raw:
+        _respell(texts, column, np)
+    return texts
+
+
+def _respell(texts: list[str], column: Any, np: Any) -> None:
+    """Respell (``_small``) the texts of ``column``'s values below 1e-4, in place."""
+    # Only the values below 1e-4 (not 0.0, not None: NaN) can be spelled otherwise;
+    # ``_small`` leaves any other text as it is, so this only spares it calls.
+    for i in np.flatnonzero((np.abs(column) < _EXPONENT_BELOW) & (column != 0)).tolist():
+        texts[i] = _small(texts[i])
 
 
 # Below 1e-4 Python writes an exponent of at least two digits (``1e-05``, ``2.5e-07``); orjson

@@ -16,6 +16,7 @@ a changed copy of any view.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from itertools import repeat
@@ -26,7 +27,7 @@ from ibmon.model import LinkInfo, PortIdentity, PortView, view_values
 from ibmon.rates import Rates
 from ibmon.totals import Totals
 
-__all__ = ["RowView", "Rows", "packed", "ratio_columns"]
+__all__ = ["RowView", "Rows", "packed", "ratio_arrays", "ratio_columns"]
 
 
 class Rows:
@@ -188,6 +189,34 @@ def ratio_columns(views: Sequence[PortView]) -> tuple[list[float | None], ...]:
                                   strict=True):
             column.extend(_none_for_nan(ratios[start:end]))
     return columns
+
+
+def ratio_arrays(views: Sequence[PortView]) -> tuple[Any, Any, Any] | None:
+    """``ratio_columns`` as three float64 numpy arrays, NaN for None: the runs of rows copied
+    from the tracker's arrays without a float object a value, for the renderer to spell in C
+    (``exporters.valuetext.array_texts``). None where numpy is not loaded (a node-local
+    daemon), or where a view's own ratio is NaN, which is not None and has a line of its own."""
+    np = sys.modules.get("numpy")
+    if np is None:
+        return None
+    n = len(views)
+    arrays = (np.empty(n), np.empty(n), np.empty(n))
+    for at in range(0, n, _STRETCH):
+        part = views[at : at + _STRETCH]
+        end = at + len(part)
+        run = _run(part)
+        if run is None:
+            for column, values in zip(arrays, zip(*map(_RATIOS, part), strict=True),
+                                      strict=True):
+                column[at:end] = values  # None is NaN
+                if int(np.isnan(column[at:end]).sum()) != values.count(None):
+                    return None
+            continue
+        rows, start = run
+        for column, ratios in zip(arrays, (rows.util_tx, rows.util_rx, rows.wait_ratio),
+                                  strict=True):
+            column[at:end] = np.frombuffer(ratios, dtype=np.float64)[start : start + len(part)]
+    return arrays
 
 
 _STRETCH = 256

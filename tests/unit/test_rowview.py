@@ -9,6 +9,7 @@ import copy
 import gc
 import math
 import pickle
+import sys
 from array import array
 
 import pytest
@@ -154,3 +155,31 @@ def test_ratio_columns_read_every_view_as_its_own_attributes(
         assert ratio_columns(case) == want
     assert all(type(v) is RowView for v in views)
     assert any(x is None for x in ratio_columns([odd, *views])[0])
+
+
+@pytest.mark.parametrize("stretch", [256, 4])
+def test_ratio_arrays_are_the_ratio_columns_with_nan_for_none(
+        stretch: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The renderer spells the ratios from float64 arrays (``ratio_arrays``): the same values
+    as ``ratio_columns``, NaN where a view has None, whether copied from the rows of a run or
+    read view by view; a view whose own ratio is NaN (a line of its own, unlike None) leaves
+    the block to the columns."""
+    import numpy as np
+
+    from ibmon import rowview
+    from ibmon.rowview import ratio_arrays, ratio_columns
+
+    monkeypatch.setattr(rowview, "_STRETCH", stretch)
+    views = store_views()
+    plain = replaced(views[3], utilization_rx=None)
+    odd = _row_view(utilization_tx=None)
+    for case in (views, views[::-1], [*views[:3], plain, *views[4:]], [odd, *views], [], [odd]):
+        arrays = ratio_arrays(case)
+        assert arrays is not None
+        for got, want in zip(arrays, ratio_columns(case), strict=True):
+            assert got.dtype == np.float64
+            assert [None if math.isnan(x) else x for x in got.tolist()] == want
+    assert math.isnan(ratio_arrays([odd, *views])[0][0])  # type: ignore[index]
+    assert ratio_arrays([*views[:5], replaced(views[5], xmit_wait_ratio=math.nan)]) is None
+    monkeypatch.setitem(sys.modules, "numpy", None)  # a process that never loaded numpy
+    assert ratio_arrays(views) is None

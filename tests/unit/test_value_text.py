@@ -17,10 +17,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import exporters.render as render
 from exporters.render import PortRenderer
-from exporters.valuetext import MIN_VALUES, NO_TEXT, float_texts, int_texts
+from exporters.valuetext import MIN_VALUES, NO_TEXT, array_texts, float_texts, int_texts
 from ibmon.counters import CATALOGUE
 from ibmon.model import PortView
 from ibmon.totals import Totals
+from tests.detect_views import store_views
 from tests.unit.test_prometheus_render import _load_bench
 
 
@@ -77,6 +78,24 @@ def test_float_texts_leave_what_orjson_would_misspell_to_python(odd: object) -> 
     assert float_texts([0.5] * (MIN_VALUES - 1)) is None  # too few to gain
 
 
+def test_array_texts_spell_a_float64_array_as_repr_and_nan_as_no_value() -> None:
+    """The tracker's ratio arrays (NaN: no value) spelled straight from the array: the texts
+    ``float_texts`` gives the same values as floats (every magnitude, the small ones
+    respelled); an infinity or a short array is the Python way's (None)."""
+    np = pytest.importorskip("numpy", reason="numpy is a runtime dependency")
+    rng = random.Random(5)
+    values: list[float | None] = list(_doubles(rng, 40_000))
+    for i in range(0, len(values), 5):
+        values[i] = None
+    rng.shuffle(values)
+    column = np.array(values, dtype=np.float64)
+    want = [NO_TEXT if x is None else repr(x) for x in values]
+    assert array_texts(column) == want == float_texts(values)
+    column[17] = math.inf
+    assert array_texts(column) is None
+    assert array_texts(np.full(MIN_VALUES - 1, 0.5)) is None
+
+
 @pytest.mark.parametrize("with_numpy", [True, False])
 def test_int_texts_spell_64_bit_totals_as_str(with_numpy: bool,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
@@ -131,6 +150,7 @@ def test_a_publish_with_c_text_equals_the_python_way(
         with monkeypatch.context() as m:
             m.setattr(render, "float_texts", lambda values: None)
             m.setattr(render, "int_texts", lambda values: None)
+            m.setattr(render, "array_texts", lambda column: None)
             python.prepare(views)
             slow = b"".join(python.series_chunks(views))
         return fast, slow
@@ -145,6 +165,34 @@ def test_a_publish_with_c_text_equals_the_python_way(
     fast, slow = both(moved)
     assert fast == slow
     assert _ratios(fast) == _ratios_of(moved)
+
+
+def test_a_publish_of_the_trackers_views_equals_the_python_way(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tracker's views (rows of its store): their ratios are spelled from its arrays
+    (``ratio_arrays``, ``array_texts``), byte for byte what Python spells from each view."""
+    views = store_views()
+    spelled: list[bool] = []
+
+    def spy(column: object) -> list[str] | None:
+        texts = array_texts(column)
+        spelled.append(texts is not None)
+        return texts
+
+    monkeypatch.setattr(render, "array_texts", spy)
+    publisher = PortRenderer()
+    publisher.prepare(views)
+    body = publisher.series_deflated(views, 1)
+    fast = zlib.decompressobj(-zlib.MAX_WBITS).decompress(b"".join(body.parts))
+    assert spelled and all(spelled)  # every ratio column of the poll, from the arrays
+    python = PortRenderer()
+    with monkeypatch.context() as m:
+        for name in ("float_texts", "int_texts", "array_texts"):
+            m.setattr(render, name, lambda values: None)
+        python.prepare(views)
+        slow = b"".join(python.series_chunks(views))
+    assert fast == slow
+    assert _ratios(fast) == _ratios_of(views)
 
 
 def _ratios(body: bytes) -> dict[tuple[str, str, str], str]:
