@@ -56,6 +56,8 @@ class TopologyChanged(PortDetector):
         self._baseline = True
         self._first = True
         self._memo = Memo()  # ``needs``' answers of the last poll
+        #: The ports of the latest poll that every recorded port was among (``vanished``).
+        self._present: list[PortKey] | None = None
 
     def begin(self, now: float, views: Mapping[PortKey, PortView]) -> None:
         self._first = self._baseline
@@ -122,7 +124,16 @@ class TopologyChanged(PortDetector):
         )
 
     def vanished(self, now: float, views: Mapping[PortKey, PortView]) -> list[tuple[Any, Finding]]:
+        # The same ports as a poll that missed none of the recorded ones miss none either:
+        # since then ports were recorded only from among these. One comparison in C, identity
+        # first, where the set difference hashed every key (11 ms at 118,400 ports; issue 12).
+        present = list(views)
+        if present == self._present:
+            return []
+        self._present = None
         missing = self._peers.keys() - views.keys()
+        if not missing:
+            self._present = present
         for key in self._absent.keys() - missing:
             del self._absent[key]
         out: list[tuple[Any, Finding]] = []
@@ -168,6 +179,7 @@ class TopologyChanged(PortDetector):
             p = r[2]
             peers[key_from_json(r[:2])] = (str(p[0]), str(p[1])) if p else None
         self._peers = peers
+        self._present = None
         self._baseline = not peers
         self._memo.clear()
 

@@ -5,6 +5,7 @@ Both ways must read exactly what ``mapping.get`` reads (issue 12: CPU per poll).
 from __future__ import annotations
 
 from array import array
+from typing import Any
 
 import pytest
 
@@ -66,6 +67,37 @@ def test_columns_read_what_get_reads(gather_from: int, monkeypatch: pytest.Monke
         assert fresh._readers[Rates]._odd == [11]
         # the tracker's views are read in place: no mapping made for every port
         assert reader._maps is None and fresh._readers[Rates]._maps is None
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_a_poll_of_one_store_is_gathered_whole(mixed: bool,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every port a row of the one ``Rows`` of a poll (a fabric's steady state): the rows'
+    starts come from the views' row numbers at once; a single port of another ``Rows`` (a
+    second tracker's poll) sends the reader back to telling them apart one by one."""
+    monkeypatch.setattr(columns, "GATHER_FROM", 1)
+    whole: list[bool] = []  # per reader: were the rows' starts found at once?
+    one_store = columns._one_store_bases
+
+    def spy(*args: Any) -> Any:
+        bases = one_store(*args)
+        whole.append(bases is not None)
+        return bases
+
+    monkeypatch.setattr(columns, "_one_store_bases", spy)
+    views = store_views()
+    if mixed:
+        views[4] = store_views(polls=2)[4]  # the same port, a row of an earlier poll's rows
+    fresh = _fresh(views)
+    for spec in CATALOGUE:
+        assert totals_column(fresh, spec.name) == [v.totals.get(spec.name) for v in views]
+        got = rate_column(fresh, spec.name)
+        want = [v.rates.get(spec.name, NO_RATE) for v in views]
+        assert [repr(x) for x in got] == [repr(x) for x in want], spec.name
+    totals, rates = fresh._readers[Totals], fresh._readers[Rates]
+    assert totals._shared is not None and rates._shared is not None
+    assert (totals._odd, rates._odd) == (([4], [4]) if mixed else ([], []))
+    assert whole == [not mixed] * 2
 
 
 def test_a_gather_leaves_the_store_free_to_grow(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -137,6 +137,24 @@ def test_topology_changes_after_the_baseline() -> None:
     assert new.details["change"] == "appeared"
 
 
+def test_a_restored_port_no_poll_names_vanishes_though_the_polls_stay_alike() -> None:
+    """``vanished`` skips its search while the ports are those of a poll that missed none;
+    a port restored from saved state is one it must search for all the same."""
+    engine = Engine({"topology_changed": {"absent_polls": 2}})
+    polled = [view("1", link=link()), view("2")]
+    for t in range(3):
+        assert step(engine, polled, t) == []
+    saved = engine.dump()
+    saved["detectors"]["topology_changed"].append([GUID, "3", None])
+    engine.load(saved)
+    assert step(engine, polled, 3) == []  # missing once: not yet
+    (gone,) = step(engine, polled, 4)
+    assert gone.details["change"] == "vanished"
+    assert gone.port is not None
+    assert gone.port.port == "3"
+    assert step(engine, polled, 5) == []
+
+
 def test_topology_compares_far_ends_not_link_objects_and_survives_a_restart() -> None:
     """The detector keeps each view's own link, not a copy of its far end: a new link object
     to the same far end (the link's width changed) is no move, a restored far end (saved
