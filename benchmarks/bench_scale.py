@@ -10,8 +10,10 @@ the simulator and the daemon in one process:
 - ``steady`` (``interval`` 10 s, as ``ibmon demo --interval 10``): after the first poll, over
   ``--polls`` polls: VmRSS/VmHWM (target 3; ``rss_mb`` is read at the end of the window, which
   may fall inside a poll, ``rss_low_mb`` is the lowest reading, between polls, every 0.5 s),
-  the daemon's CPU per poll (``utime + stime``, simulator included) and the mean of each
-  ``ibmon_pipeline_stage_seconds`` stage (target 4: track + detect + publish).
+  the daemon's CPU per poll (``utime + stime``, simulator included), its minor page faults
+  per poll (fresh memory touched: what makes the same code 10-30 % slower in one run than
+  another on a virtual machine) and the mean of each ``ibmon_pipeline_stage_seconds`` stage
+  (target 4: track + detect + publish).
 - ``idle`` (``interval`` 30 s): after the second poll (the first has no rates, so its body is a
   fifth smaller than a busy daemon's) and before the third, p50/p99 of ``--scrapes`` gzip
   scrapes of ``/metrics``, the baseline of target 5.
@@ -72,6 +74,12 @@ class Daemon:
                 continue
             total += (int(fields[11]) + int(fields[12])) / TICK
         return total
+
+    def faults(self) -> int:
+        """Minor page faults of the daemon so far: each a page of memory touched for the first
+        time since it was mapped (a poll's fresh arrays and objects), 1.5-10 us each on this
+        project's virtual machines."""
+        return int(Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
 
     def status(self, key: str) -> float:
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
@@ -162,6 +170,7 @@ def steady(d: Daemon, polls: int, interval: float) -> dict[str, float]:
         time.sleep(0.5)
     text0 = d.metrics()
     cpu0 = d.cpu()
+    faults0 = d.faults()
     peak = low = d.status("VmRSS")
     end = time.monotonic() + polls * interval
     while time.monotonic() < end:
@@ -169,11 +178,13 @@ def steady(d: Daemon, polls: int, interval: float) -> dict[str, float]:
         peak, low = max(peak, rss), min(low, rss)
         time.sleep(0.5)
     cpu1 = d.cpu()
+    faults1 = d.faults()
     text1 = d.metrics()
     n0 = _sample(text0, "ibmon_source_poll_duration_seconds_count", source="mock") or 0.0
     n1 = _sample(text1, "ibmon_source_poll_duration_seconds_count", source="mock") or 0.0
     s0, s1 = _stages(text0), _stages(text1)
     res = {"polls": n1 - n0, "cpu_per_poll": (cpu1 - cpu0) / max(1.0, n1 - n0),
+           "faults_per_poll": (faults1 - faults0) / max(1.0, n1 - n0),
            "rss_mb": d.status("VmRSS"), "rss_low_mb": low, "rss_peak_mb": peak,
            "hwm_mb": d.status("VmHWM"),
            "ports": _sample(text1, "ibmon_source_ports", source="mock") or 0.0}

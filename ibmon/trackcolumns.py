@@ -86,14 +86,16 @@ class Block:
     counter (ports without any never get a row).
     """
 
-    __slots__ = ("free", "index", "last", "mult", "nmax", "rx", "spreads", "totals", "tx",
-                 "wait", "width")
+    __slots__ = ("free", "index", "last", "moved", "mult", "nmax", "rx", "spreads", "totals",
+                 "tx", "wait", "width")
 
     def __init__(self, index: dict[str, int], mult: list[int], nmax: list[int]) -> None:
         self.index = index
         self.width = len(index)
-        #: The rates' indexes by the columns that moved (``_compacted``), made once each.
+        #: The rates' indexes by the columns that moved (``_Spread``), made once each.
         self.spreads: dict[tuple[int, ...], dict[str, int]] = {}
+        #: The columns whose rates were not all 0.0 in the last poll (``_Spread``).
+        self.moved: tuple[int, ...] = ()
         self.last: array[int] = array("Q")
         self.totals: array[int] = array("Q")
         self.free: list[int] = []
@@ -178,7 +180,7 @@ class Step:
     """What ``advance`` answers for one poll's rows: whether each was accounted (``ok``), the
     rates of the accounted ones packed one row of ``rates_width`` after the other, where
     ``rates_index`` finds each counter (no ``NaN``: every counter of such a row has a rate;
-    ``_compacted``), and for each accounted row its transmit and receive utilization and
+    ``_Spread``), and for each accounted row its transmit and receive utilization and
     transmit-wait ratio (``NaN`` where the view has none: a ratio of a known link is never
     ``NaN``)."""
 
@@ -219,52 +221,110 @@ def advance(
     """
     width = block.width
     n = len(rows)
-    packed: array[float] = array("d", _ZERO) * (width * n)  # the accounted rows', in order
-    rates = np.frombuffer(packed, dtype=np.float64).reshape(-1, width)
-    step = Step([], packed)
-    done = 0  # rows accounted so far: where the next chunk's rates go
+    step = Step([], array("d"))
+    spread = _Spread(block, n)
     chunk = _CHUNK or max(64, _TEMPORARY // (8 * width))
     for at in range(0, n, chunk):
         end = min(n, at + chunk)
-        ok, got = _chunk(block, rows[at:end], _raw(values[at:end], bases[at:end], width),
-                         inv_dt[at:end], rates[done : done + end - at])
+        ok, rates = _chunk(block, rows[at:end], _raw(values[at:end], bases[at:end], width),
+                           inv_dt[at:end])
         step.ok += ok
-        _ratios(block, rates[done : done + got], link_bytes[at:end], ok, tick=tick, step=step)
-        done += got
-    step.rates, step.rates_index, step.rates_width = _compacted(block, packed, rates[:done])
+        _ratios(block, rates, link_bytes[at:end], ok, tick=tick, step=step)
+        spread.put(rates)
+    step.rates, step.rates_index, step.rates_width = spread.packed()
     return step
 
 
-def _compacted(block: Block, packed: array[float], rates: npt.NDArray[np.float64]
-               ) -> tuple[array[float], dict[str, int], int]:
-    """The rows' rates with only the columns where some row's rate is not 0.0, and one
-    column of 0.0 that every other counter's name points at: the rates array, its index
-    (the block's names in the block's order) and its row width.
+class _Spread:
+    """A poll's rates, packed with only the columns where some row's rate is not 0.0 and one
+    column of 0.0 that every other counter's name points at, filled a chunk at a time.
 
     Why (issue 12, target 3): most counters of a fabric are error counters that did not
     move on any port (22 of 32 in the demo), so most of a poll's rates are 0.0: 9.4 MB a
     poll at 36,720 ports, kept twice while a poll's views replace the last, of which 3.2 MB
     are other values. A rate is never -0.0 (deltas are not negative); the test is on the
     bits, so only +0.0 is left out, and a value reads back exactly as it was computed.
+
+    Why a chunk at a time (target 4): the rates of every row at full width first, packed
+    afterwards, were a second array as large as the totals (30 MB a poll at 118,400 ports),
+    zeroed and faulted in page by page each poll, then copied from: 10-100 ms of a poll on
+    this project's machines. The columns are laid out as the block's last poll moved them
+    (which columns move rarely changes between polls); a chunk that moves another one lays
+    the rows out again with it, copying the rows so far, and so does the end of a poll
+    where a column no longer moved (both rare: a fault's counter starting or stopping).
     """
-    width = block.width
-    moved = tuple(np.flatnonzero((rates.view(np.uint64) != 0).any(axis=0)).tolist())
-    if len(moved) + 1 >= width:  # nothing to gain
-        return packed, block.index, width
-    index = block.spreads.get(moved)
-    if index is None:
-        if len(block.spreads) > 64:  # which columns move changes with the fabric: bounded
-            block.spreads.clear()
-        at = {column: i for i, column in enumerate(moved)}
-        zero = len(moved)  # the column of 0.0 after the moved ones
-        index = block.spreads[moved] = {
-            name: at.get(column, zero) for name, column in block.index.items()}
-    rates_width = len(moved) + 1
-    out = array("d", _ZERO) * (rates_width * len(rates))
-    if moved:
-        np.frombuffer(out, dtype=np.float64).reshape(-1, rates_width)[:, :-1] = (
-            rates[:, list(moved)])
-    return out, index, rates_width
+
+    __slots__ = ("block", "done", "index", "moved", "out", "rows", "seen", "view")
+
+    def __init__(self, block: Block, rows: int) -> None:
+        self.block = block
+        self.rows = rows  # at most: a refused row has no rates
+        self.done = 0
+        self.seen: set[int] = set()  # the columns that moved in this poll
+        self.moved: tuple[int, ...] = ()  # the columns laid out, in order; all: no 0.0 column
+        self.index = block.index
+        self.out = array("d")
+        #: ``out`` as rows; None until the first chunk lays them out.
+        self.view: npt.NDArray[np.float64] | None = None
+
+    def put(self, rates: npt.NDArray[np.float64]) -> None:
+        """The next accounted rows' rates (a row a port, the block's columns)."""
+        self.seen.update(np.flatnonzero((rates.view(np.uint64) != 0).any(axis=0)).tolist())
+        view = self.view
+        if view is None:
+            view = self._lay_out(self.seen.union(self.block.moved))
+        elif not self.seen.issubset(self.moved):
+            view = self._lay_out(self.seen.union(self.moved))
+        into = view[self.done : self.done + len(rates)]
+        if len(self.moved) == self.block.width:
+            into[:] = rates
+        elif self.moved:
+            into[:, : len(self.moved)] = rates[:, self.moved]
+        self.done += len(rates)
+
+    def packed(self) -> tuple[array[float], dict[str, int], int]:
+        """The rates array, its index (the block's names in the block's order) and its row
+        width; the block remembers which columns moved, for its next poll."""
+        self.block.moved = tuple(sorted(self.seen))
+        view = self._lay_out(self.seen)  # without a column that moved only in the last poll
+        width = int(view.shape[1])
+        self.view = None  # with ``view``, the hold on ``out``: it cannot be resized while held
+        del view
+        if self.done < self.rows:  # refused rows: no room for them
+            del self.out[self.done * width :]
+        return self.out, self.index, width
+
+    def _lay_out(self, columns: set[int]) -> npt.NDArray[np.float64]:
+        """``view``, with room for every row with ``columns`` (and one of 0.0), the rows so
+        far moved in; the same view if it has those columns already."""
+        block = self.block
+        width = block.width
+        moved = tuple(sorted(columns))
+        if len(moved) + 1 >= width:  # nothing to gain
+            moved = tuple(range(width))
+        if self.view is not None and moved == self.moved:
+            return self.view
+        if len(moved) == width:
+            index = block.index
+            row = width
+        else:
+            found = block.spreads.get(moved)
+            if found is None:
+                if len(block.spreads) > 64:  # which columns move changes with the fabric
+                    block.spreads.clear()
+                zero = len(moved)  # the column of 0.0 after the moved ones
+                found = block.spreads[moved] = {
+                    name: moved.index(column) if column in moved else zero
+                    for name, column in block.index.items()}
+            index = found
+            row = len(moved) + 1
+        out = array("d", _ZERO) * (row * self.rows)
+        view = np.frombuffer(out, dtype=np.float64).reshape(-1, row)
+        if self.view is not None and self.done:  # the rows so far, each column where it goes
+            kept = [(i, moved.index(c)) for i, c in enumerate(self.moved) if c in moved]
+            view[: self.done, [j for _, j in kept]] = self.view[: self.done, [i for i, _ in kept]]
+        self.moved, self.index, self.out, self.view = moved, index, out, view
+        return view
 
 
 def _raw(values: list[array[int]], bases: list[int], width: int) -> npt.NDArray[np.uint64]:
@@ -298,11 +358,9 @@ def _chunk(
     rows: list[int],
     new: npt.NDArray[np.uint64],
     inv_dt: list[float],
-    rates: npt.NDArray[np.float64],
-) -> tuple[list[bool], int]:
+) -> tuple[list[bool], npt.NDArray[np.float64]]:
     """``advance`` for a chunk of rows (temporaries under the mmap threshold, in cache), read
-    as ``new``: the accounted rows' rates go to the start of ``rates``. Whether each row was
-    accounted, and how many were."""
+    as ``new``: whether each row was accounted, and the accounted rows' rates."""
     width = block.width
     n = len(rows)
     last = np.frombuffer(block.last, dtype=np.uint64).reshape(-1, width)
@@ -340,9 +398,8 @@ def _chunk(
     else:
         last[at] = new
         totals[at] = grown  # a no-op in place
-    got = len(inv)
-    np.multiply(scaled, inv[:, None], out=rates[:got])
-    return cast("list[bool]", ok.tolist()), got
+    rates: npt.NDArray[np.float64] = scaled * inv[:, None]
+    return cast("list[bool]", ok.tolist()), rates
 
 
 def _ratios(

@@ -253,18 +253,22 @@ def test_rates_keep_only_the_columns_that_moved_and_read_as_the_per_port_rules()
     0.0 that every other counter reads (most of a fabric's counters are error counters that
     did not move). Every view must read exactly what the per-port rules give (names, order,
     values), the detectors' column gather too, and views of earlier polls keep theirs while
-    other columns move."""
+    other columns move. The rows are laid out a chunk at a time as the last poll's columns
+    moved: a column that starts moving in the poll's last chunk and one that stops moving
+    must both end up as if the poll had been laid out at once."""
     names = ("transmit_data", "receive_data", "symbol_errors", "link_downed", "receive_errors")
-    # enough ports for the detectors' gather from the shared rows (GATHER_FROM)
-    keys = [(f"0x{p:016x}", "1") for p in range(1, GATHER_FROM + 2)]
+    # enough ports for the detectors' gather from the shared rows (GATHER_FROM), and for
+    # several chunks (``_small_chunks``)
+    keys = [(f"0x{p:016x}", "1") for p in range(1, max(GATHER_FROM, 4 * 37) + 2)]
+    middle, last = len(keys) // 2, len(keys) - 1
     a, b = _PerPort(), _Columns()
 
     def snap(t: int) -> Snapshot:
         def counters(p: int) -> dict[str, int]:
             return {"transmit_data": t * (p + 1),  # moves on every port
                     "receive_data": 0,  # never moves
-                    "symbol_errors": t if p == 7 else 0,  # one port, from the second poll
-                    "link_downed": 1 if p == 3 and t >= 3 else 0,  # one port, at poll 3
+                    "symbol_errors": t if p == middle else 0,  # one port, from poll 2
+                    "link_downed": 1 if p == last and t >= 3 else 0,  # one port, at poll 3
                     "receive_errors": 5}  # constant: never a rate
         return Snapshot("x", float(t), 1e9 + t, {key: PortSample(
             PortIdentity(*key), state=4, rate_bps=8e9, counters=counters(p))
