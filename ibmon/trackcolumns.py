@@ -254,14 +254,18 @@ class _Spread:
     where a column no longer moved (both rare: a fault's counter starting or stopping).
     """
 
-    __slots__ = ("block", "done", "index", "moved", "out", "rows", "seen", "view")
+    __slots__ = ("block", "done", "index", "laid", "moved", "out", "rows", "seen", "take",
+                 "view")
 
     def __init__(self, block: Block, rows: int) -> None:
         self.block = block
         self.rows = rows  # at most: a refused row has no rates
         self.done = 0
-        self.seen: set[int] = set()  # the columns that moved in this poll
+        #: By column: whether it moved in this poll, and whether it is laid out.
+        self.seen = np.zeros(block.width, dtype=np.bool_)
+        self.laid = np.zeros(block.width, dtype=np.bool_)
         self.moved: tuple[int, ...] = ()  # the columns laid out, in order; all: no 0.0 column
+        self.take = np.zeros(0, dtype=np.intp)  # ``moved``, to index with
         self.index = block.index
         self.out = array("d")
         #: ``out`` as rows; None until the first chunk lays them out.
@@ -269,24 +273,26 @@ class _Spread:
 
     def put(self, rates: npt.NDArray[np.float64]) -> None:
         """The next accounted rows' rates (a row a port, the block's columns)."""
-        self.seen.update(np.flatnonzero((rates.view(np.uint64) != 0).any(axis=0)).tolist())
+        moved = (rates.view(np.uint64) != 0).any(axis=0)
+        self.seen |= moved
         view = self.view
         if view is None:
-            view = self._lay_out(self.seen.union(self.block.moved))
-        elif not self.seen.issubset(self.moved):
-            view = self._lay_out(self.seen.union(self.moved))
+            view = self._lay_out(_columns(self.seen).union(self.block.moved))
+        elif (moved > self.laid).any():  # a column moved that is not laid out
+            view = self._lay_out(_columns(self.seen).union(self.moved))
         into = view[self.done : self.done + len(rates)]
         if len(self.moved) == self.block.width:
             into[:] = rates
-        elif self.moved:
-            into[:, : len(self.moved)] = rates[:, self.moved]
+        elif self.moved:  # in place: no temporary of the chunk's moved columns
+            np.take(rates, self.take, axis=1, out=into[:, : len(self.moved)], mode="clip")
         self.done += len(rates)
 
     def packed(self) -> tuple[array[float], dict[str, int], int]:
         """The rates array, its index (the block's names in the block's order) and its row
         width; the block remembers which columns moved, for its next poll."""
-        self.block.moved = tuple(sorted(self.seen))
-        view = self._lay_out(self.seen)  # without a column that moved only in the last poll
+        seen = _columns(self.seen)
+        self.block.moved = tuple(sorted(seen))
+        view = self._lay_out(seen)  # without a column that moved only in the last poll
         width = int(view.shape[1])
         self.view = None  # with ``view``, the hold on ``out``: it cannot be resized while held
         del view
@@ -324,7 +330,14 @@ class _Spread:
             kept = [(i, moved.index(c)) for i, c in enumerate(self.moved) if c in moved]
             view[: self.done, [j for _, j in kept]] = self.view[: self.done, [i for i, _ in kept]]
         self.moved, self.index, self.out, self.view = moved, index, out, view
+        self.take = np.array(moved, dtype=np.intp)
+        self.laid[:] = False
+        self.laid[self.take] = True
         return view
+
+
+def _columns(mask: npt.NDArray[np.bool_]) -> set[int]:
+    return set(np.flatnonzero(mask).tolist())
 
 
 def _raw(values: list[array[int]], bases: list[int], width: int) -> npt.NDArray[np.uint64]:
