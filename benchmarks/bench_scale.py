@@ -77,7 +77,7 @@ class Daemon:
 
     def faults(self) -> int:
         """Minor page faults of the daemon so far: each a page of memory touched for the first
-        time since it was mapped (a poll's fresh arrays and objects), 1.5-10 us each on this
+        time since it was mapped (a poll's fresh arrays and objects), 1.5-13 us each on this
         project's virtual machines."""
         return int(Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
 
