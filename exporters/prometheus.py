@@ -52,6 +52,7 @@ from exporters.http import (
 )
 from exporters.render import PortRenderer
 from exporters.server import HttpApp, HttpConnection, HttpError, Request, Response, Route
+from ibmon.gcpause import paused_gc
 from ibmon.model import PortView
 from ibmon.selfmetrics import SelfMetrics
 from ibmon.state import FabricState, PortSorter, in_port_order
@@ -245,8 +246,14 @@ class PrometheusExporter:
             self.publish_now(state)
             return
         seq = next(self._seq)
-        body = await asyncio.to_thread(self._render, state, wait=True)
+        body = await asyncio.to_thread(self._render_paused, state)
         self._install(seq, state, body)
+
+    def _render_paused(self, state: FabricState) -> Deflated:
+        """``_render`` of a large state (a worker thread) with the cyclic GC paused: its label
+        lists and fingerprints live until the next render (``ibmon.gcpause``)."""
+        with paused_gc():
+            return self._render(state, wait=True)
 
     @property
     def exposition_size(self) -> int:

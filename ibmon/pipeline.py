@@ -44,6 +44,7 @@ import structlog
 from ibmon.config import SourceConfig
 from ibmon.detect.engine import ActiveCondition, Engine
 from ibmon.events import Event
+from ibmon.gcpause import paused_gc
 from ibmon.model import PortKey, PortView, Snapshot, replaced
 from ibmon.polltime import MIN_POLL_TIMEOUT, POLL_TIMEOUT_INTERVALS, poll_timeout
 from ibmon.selfmetrics import SelfMetrics
@@ -253,7 +254,8 @@ class Pipeline:
         by one here, the loop gets the GIL between any two.
         """
         try:
-            return self.ingest(snap, failure)
+            with paused_gc():  # views and samples by the hundred thousand: no collections
+                return self.ingest(snap, failure)
         finally:
             ports = snap.ports
             while ports:

@@ -2,7 +2,8 @@
 
 - Isolation: no test reads or writes the real /var/lib/ibmon state file, and each test starts
   from the interpreter's GIL switch interval and GC thresholds (a pipeline tunes both for the
-  whole process when it first tracks a large sample in a worker thread, as a daemon should).
+  whole process when it first tracks a large sample in a worker thread, as a daemon should),
+  with no object frozen out of the GC's collections.
 - Under ``CI`` a skipped test fails the session. Helpers already turn a missing binary, library
   or real fixture into a failure there (``tests.syspkg``, ``tests.fixtures``), but a plain
   ``pytest.skip`` or ``skipif`` added later would still pass silently; this guard makes sure a
@@ -38,6 +39,9 @@ def _process_wide_defaults() -> Iterator[None]:
     yield
     sys.setswitchinterval(interval)
     gc.set_threshold(*threshold)
+    # A large poll's work freezes every object of the process when it ends (``ibmon.gcpause``,
+    # as the daemon's first poll does): a cycle some test left would then never be collected.
+    gc.unfreeze()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

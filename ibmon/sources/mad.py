@@ -52,11 +52,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
-import gc
 import itertools
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -65,6 +62,7 @@ from typing import Literal
 import structlog
 from pydantic import Field
 
+from ibmon.gcpause import paused_gc
 from ibmon.model import PortKey, Snapshot, SourceError, Topology
 from ibmon.sources.fabric import (
     DETAIL_BASELINES_PER_POLL,
@@ -139,35 +137,6 @@ _DETAIL_ATTR_ID = {
     "PortRcvErrorDetails": ATTR_PORT_RCV_ERROR_DETAILS,
     "PortXmitDiscardDetails": ATTR_PORT_XMIT_DISCARD_DETAILS,
 }
-
-
-_gc_lock = threading.Lock()
-_gc_pauses = 0
-_gc_was_enabled = False
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """No cyclic GC while a sweep runs (on its worker thread).
-
-    A sweep allocates a few short-lived tuples per MAD, tens of thousands per poll; the
-    collections they trigger took about a tenth of the sweep's CPU, re-scanning the same young
-    containers, while the sweep creates no reference cycles. Nested and concurrent sweeps are
-    counted; GC is re-enabled by the last one out, and never when it was off to begin with.
-    """
-    global _gc_pauses, _gc_was_enabled  # noqa: PLW0603 - process-wide, under _gc_lock
-    with _gc_lock:
-        if _gc_pauses == 0:
-            _gc_was_enabled = gc.isenabled()
-            gc.disable()
-        _gc_pauses += 1
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            _gc_pauses -= 1
-            if _gc_pauses == 0 and _gc_was_enabled:
-                gc.enable()
 
 
 @dataclass(slots=True)
@@ -431,7 +400,7 @@ class MadSource(FabricSource):
         and the next poll starts with fresh ones."""
 
         def call() -> object:
-            with _gc_paused():
+            with paused_gc():  # the sweep's answers: no collections, frozen after
                 return fn(*args)
 
         loop = asyncio.get_running_loop()

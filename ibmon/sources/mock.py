@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from pydantic import Field
 
 from ibmon.config import Duration, SourceConfigBase
+from ibmon.gcpause import paused_gc
 from ibmon.model import Snapshot, Topology
 
 if TYPE_CHECKING:  # the simulator (and YAML) load only when a mock source is built
@@ -126,10 +127,16 @@ class MockSource:
     async def _run(self, step: Callable[[], _T]) -> _T:
         """A large simulated fabric steps in a worker thread, like a real fabric's sweep in
         its MAD worker, so the simulator does not hold the event loop (``ibmon demo`` at
-        100,000 ports); a small one inline."""
+        100,000 ports), and with the cyclic GC paused (``ibmon.gcpause``); a small one
+        inline."""
         if len(self.model.keys) < THREAD_PORTS:
             return step()
-        return await asyncio.to_thread(step)
+
+        def paused() -> _T:
+            with paused_gc():  # a real source's sweep runs so too (``ibmon.sources.mad``)
+                return step()
+
+        return await asyncio.to_thread(paused)
 
     def _discover_sync(self) -> Topology:
         with self._lock:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gc
 import gzip
 import socket
 import ssl
 import subprocess
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
@@ -161,6 +163,27 @@ async def test_an_older_render_never_replaces_a_newer_one(exporter: PrometheusEx
         text = await resp.text()
     assert text.count("ibmon_port_info{") == 2
     assert 'node_desc="newest 0' in text
+
+
+async def test_a_large_state_renders_in_a_thread_without_collections(
+        exporter: PrometheusExporter, metrics: SelfMetrics) -> None:
+    views = _views(3000)
+    in_worker: list[int] = []
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and threading.current_thread() is not threading.main_thread():
+            in_worker.append(info["generation"])
+
+    gc.enable()
+    gc.callbacks.append(seen)
+    try:
+        await exporter.publish(_state(views))  # labels and lines by the ten thousand
+    finally:
+        gc.callbacks.remove(seen)
+    assert in_worker == []  # the GC paused while the worker rendered (``ibmon.gcpause``)
+    assert gc.isenabled()
+    async with aiohttp.ClientSession() as session, session.get(_url(exporter)) as resp:
+        assert await resp.read() == metrics.render() + _ports_body(views)
 
 
 async def test_index_head_and_extra_routes(metrics: SelfMetrics) -> None:

@@ -1,13 +1,9 @@
-"""The MAD wire layout the engine writes, and the GC pause around sweeps (no device needed)."""
+"""The MAD wire layout the engine writes (no device needed; the GC pause around sweeps:
+``tests/unit/test_gcpause.py``)."""
 
 from __future__ import annotations
 
-import gc
 import struct
-import threading
-from collections.abc import Iterator
-
-import pytest
 
 from ibmon.sources.libibmad import (
     ATTR_NODE_INFO,
@@ -19,7 +15,6 @@ from ibmon.sources.libibmad import (
     MadRequest,
     _build_into,
 )
-from ibmon.sources.mad import _gc_paused
 
 
 def _mad(req: MadRequest, tid: int) -> bytes:
@@ -55,53 +50,3 @@ def test_building_over_a_used_buffer_needs_the_zeroing_the_engine_does() -> None
     buf[:] = bytes(256)
     _build_into(buf, MadRequest(CLASS_SMI, ATTR_NODE_INFO, path=(2,)), 1)
     assert bytes(buf) == _mad(MadRequest(CLASS_SMI, ATTR_NODE_INFO, path=(2,)), 1)
-
-
-@pytest.fixture
-def _gc_on() -> Iterator[None]:
-    was = gc.isenabled()
-    gc.enable()
-    yield
-    if not was:
-        gc.disable()
-
-
-@pytest.mark.usefixtures("_gc_on")
-def test_gc_paused_during_sweeps_and_restored_by_the_last_one() -> None:
-    with _gc_paused():
-        assert not gc.isenabled()
-        with _gc_paused():  # a second sweep (another source) overlapping the first
-            assert not gc.isenabled()
-        assert not gc.isenabled()  # the outer sweep is still running
-    assert gc.isenabled()
-
-
-@pytest.mark.usefixtures("_gc_on")
-def test_gc_pause_from_two_threads() -> None:
-    inside, release = threading.Event(), threading.Event()
-
-    def sweep() -> None:
-        with _gc_paused():
-            inside.set()
-            release.wait(5)
-
-    t = threading.Thread(target=sweep)
-    t.start()
-    assert inside.wait(5)
-    with _gc_paused():
-        release.set()
-        t.join(5)
-        assert not gc.isenabled()  # the other thread left; this sweep still runs
-    assert gc.isenabled()
-
-
-@pytest.mark.usefixtures("_gc_on")
-def test_gc_left_off_when_it_was_off_and_restored_after_an_error() -> None:
-    gc.disable()
-    with _gc_paused():
-        pass
-    assert not gc.isenabled()  # the application turned it off; a sweep does not turn it on
-    gc.enable()
-    with pytest.raises(RuntimeError), _gc_paused():
-        raise RuntimeError("MAD port closed")
-    assert gc.isenabled()

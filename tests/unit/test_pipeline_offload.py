@@ -89,6 +89,31 @@ def test_offloading_a_large_sample_hands_the_gil_back_sooner_and_spaces_full_col
     assert gc.get_threshold() == (700, 10, FULL_GC_AFTER)
 
 
+def test_a_large_poll_runs_without_collections_and_its_views_stay_out_of_later_ones() -> None:
+    pipeline, source, clock = _setup("gc-paused")
+    started: list[int] = []
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and pipeline.ingesting:
+            started.append(info["generation"])
+
+    async def main() -> None:
+        await pipeline.poll(source)
+        clock.t = 1.0
+        gc.callbacks.append(seen)
+        try:
+            await pipeline.poll(source)
+        finally:
+            gc.callbacks.remove(seen)
+
+    gc.enable()
+    asyncio.run(main())
+    assert started == []  # thousands of views made, not one collection while they were
+    assert gc.isenabled()
+    tracked = {id(o) for o in gc.get_objects()}  # what collections traverse
+    assert not any(id(view) in tracked for view in pipeline.views.values())
+
+
 @pytest.mark.usefixtures("process_defaults")
 def test_a_small_sample_leaves_the_process_settings_alone() -> None:
     pipeline, source, _ = _setup()
@@ -107,6 +132,7 @@ def test_a_small_sample_leaves_the_process_settings_alone() -> None:
 
 def _views_alive(source: str) -> int:
     """PortViews of ``source``'s ports alive in the process (other tests' may be, too)."""
+    gc.unfreeze()  # a large poll's objects are frozen after it (``ibmon.gcpause``): list them
     return sum(1 for o in gc.get_objects()
                if isinstance(o, PortView) and o.identity.source == source)
 
