@@ -46,7 +46,7 @@ SWEEP_SECONDS: Final = 3600.0
 _lock = threading.Lock()
 _open = 0  # windows open now, in every thread
 _was_enabled = False  # automatic collection was on when the first of them opened
-_next_sweep: float | None = None  # monotonic time of the next sweep; set by the first window
+_next_sweep = time.monotonic() + SWEEP_SECONDS  # when the next window to close sweeps first
 
 
 @contextlib.contextmanager
@@ -58,8 +58,6 @@ def paused_gc() -> Iterator[None]:
             _was_enabled = gc.isenabled()
             gc.disable()
         _open += 1
-        if _next_sweep is None:
-            _next_sweep = time.monotonic() + SWEEP_SECONDS
     try:
         yield
     finally:

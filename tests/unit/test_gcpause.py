@@ -21,8 +21,7 @@ from ibmon.gcpause import SWEEP_SECONDS, paused_gc
 def _gc_on() -> Iterator[None]:
     was = gc.isenabled()
     gc.enable()
-    yield
-    gc.unfreeze()
+    yield  # (tests/conftest.py unfreezes what a test froze)
     if not was:
         gc.disable()
 
