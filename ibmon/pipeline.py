@@ -330,7 +330,8 @@ class Pipeline:
         t1 = clock()
         if tracker.resets_seen + tracker.saturations_seen != seen:
             self.save_due = True
-        events = self.engine.process(views, monotonic=snap.monotonic, wall=snap.wall)
+        events = self.engine.process(views, monotonic=snap.monotonic, wall=snap.wall,
+                                     layout=tracker.layout)
         self._stage["track"].observe(t1 - t0)
         self._stage["detect"].observe(clock() - t1)
         m = self.metrics

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 from ibmon.counters import CATALOGUE
 from ibmon.model import GUID_RE, PortKey, PortSample, PortState, PortView, Snapshot
 from ibmon.rates import NO_RATE, Rates
-from ibmon.rowview import Rows, RowView
+from ibmon.rowview import Layout, Rows, RowView
 from ibmon.totals import Totals
 
 if TYPE_CHECKING:
@@ -174,6 +174,7 @@ class Tracker:
         "_ports",
         "_tick",
         "_zeros",
+        "layout",
         "resets_seen",
         "saturations_seen",
         "unknown_counters_seen",
@@ -191,6 +192,8 @@ class Tracker:
         self._keys: dict[tuple[str, ...], tuple[tuple[str, ...], dict[str, int]]] = {}
         #: The rates of an idle port, per ``keys``: shared by every idle port's view.
         self._zeros: dict[tuple[str, ...], Rates] = {}
+        #: The last update's views as rows of one store, when they all are (``Layout``).
+        self.layout: Layout | None = None
         self.resets_seen = 0
         self.saturations_seen = 0
         self.unknown_counters_seen = 0
@@ -213,6 +216,7 @@ class Tracker:
 
     def update(self, snapshot: Snapshot) -> dict[PortKey, PortView]:
         """Account one poll; return views for exactly the ports in ``snapshot``."""
+        self.layout = None
         if len(snapshot.ports) >= self.columns_from and _columns() is not None:
             return self._update_columns(snapshot)
         mono = snapshot.monotonic
@@ -309,23 +313,28 @@ class Tracker:
                 batch.block.reserve(len(arriving))
                 for st in arriving:
                     self._admit(st, batch.block)
-            self._account(batch, cols, out)
+            store = self._account(batch, cols, out)
+            if store is not None and len(batches) == 1 and not arrivals and not slow:
+                self.layout = Layout(store, batch.rows, out)  # type: ignore[arg-type]
         for group in arrivals.values():
             self._arrive(group, cols, out, slow)
         for pos, st, sample, inv_dt in slow:
             out[pos] = self._port(st, sample, inv_dt)
         return dict(zip(snapshot.ports, out, strict=True))  # type: ignore[arg-type]
 
-    def _account(self, batch: _Batch, cols: ModuleType, out: list[PortView | None]) -> None:
+    def _account(self, batch: _Batch, cols: ModuleType,
+                 out: list[PortView | None]) -> Rows | None:
         """One block's ports of a poll: ``advance`` them, and make their views (into ``out``,
-        at each port's position in the snapshot); a refused row takes the per-port rules."""
+        at each port's position in the snapshot); a refused row takes the per-port rules.
+        Returns the rows every view is on when each is a ``RowView`` of the same ``Rows``
+        (``batch.rows`` then lists their rows in order: ``Layout``), else None."""
         block = batch.block
         # The view's link rate, one float a port shared by the view and the ratios (where it
         # is None, ``advance`` reads NaN: no utilization).
         links = list(map(_link_bytes, map(_RATE_BPS, batch.samples)))
-        step: Step = cols.advance(block, [st.row for st in batch.ports], batch.values,
-                                  batch.inv_dt, bases=batch.bases, link_bytes=links,
-                                  tick=self._tick)
+        batch.rows = [st.row for st in batch.ports]
+        step: Step = cols.advance(block, batch.rows, batch.values, batch.inv_dt,
+                                  bases=batch.bases, link_bytes=links, tick=self._tick)
         batch.values.clear()  # the sample's arrays: not kept past the poll
         width = block.width
         totals_of = block.totals
@@ -338,21 +347,25 @@ class Tracker:
         rows = Rows(_NO_INDEX, totals_of, rates_of, rates_index,
                     width=width, rates_width=rates_width, **ratios)
         k = 0  # the row among the accounted ones
+        stores = others = 0  # the ``Rows`` made, the views that are not on one
         for pos, st, sample, inv_dt, ok, link in zip(
             batch.pos, batch.ports, batch.samples, batch.inv_dt, step.ok, links, strict=True
         ):
             if not ok:
                 out[pos] = self._port(st, sample, inv_dt)
+                others += 1
                 continue
             if st.index is not rows.index:  # the block's ports share one (equal ones: rarely)
                 rows = Rows(st.index, totals_of, rates_of, rates_index,
                             width=width, rates_width=rates_width, **ratios)
+                stores += 1
             hw = sample.hw_counters
             hw_rates = self._hw_counters(st, hw, inv_dt) if hw or st.hw_last else _NO_HW_RATES
             state = sample.state
             if state is not None and state != _ACTIVE:
                 out[pos] = self._view(st, sample, Totals(st.index, totals_of, st.row * width),
                                       _NO_RATES, hw_rates)
+                others += 1
             else:
                 # Positional, like _build's PortView: the rows' mappings are made when read.
                 out[pos] = RowView(
@@ -362,6 +375,7 @@ class Tracker:
                     dict(st.hw_totals) if st.hw_totals else _NO_COUNTS, hw_rates, None,
                     _NO_NAMES, sample.hw_gauges or _NO_COUNTS, False, _NO_CAUSES)
             k += 1
+        return rows if stores == 1 and not others else None
 
     def _arrive(self, group: list[tuple[int, _Port, PortSample]], cols: ModuleType,
                 out: list[PortView | None],
@@ -861,7 +875,7 @@ class _Batch:
     """One poll's ports of one ``Block``, in the snapshot's order: where each goes in the
     result (``pos``), and what ``advance`` takes."""
 
-    __slots__ = ("bases", "block", "inv_dt", "ports", "pos", "samples", "values")
+    __slots__ = ("bases", "block", "inv_dt", "ports", "pos", "rows", "samples", "values")
 
     def __init__(self, block: Block) -> None:
         self.block = block
@@ -871,6 +885,7 @@ class _Batch:
         self.values: list[array[int]] = []  # the row's own array, or one rows share
         self.bases: list[int] = []  # where the row starts in it
         self.inv_dt: list[float] = []
+        self.rows: list[int] = []  # each port's row of the block (``_account``)
 
 
 @functools.cache

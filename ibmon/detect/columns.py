@@ -14,12 +14,12 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Collection, Container, Mapping, Sequence
-from operator import attrgetter, itemgetter
+from operator import attrgetter, is_, itemgetter
 from typing import Any
 
 from ibmon.model import PortKey, PortView
 from ibmon.rates import Rates
-from ibmon.rowview import RowView, packed
+from ibmon.rowview import Layout, RowView, packed
 from ibmon.totals import Totals
 
 __all__ = ["GATHER_FROM", "Fresh", "Memo", "PortOrder", "attribute", "read_column", "with_keep"]
@@ -83,15 +83,18 @@ class Fresh(list[tuple[PortKey, PortView]]):
     of its ports (``order``), the previous poll's (``previous``) when it is the same.
     """
 
-    __slots__ = ("_attributes", "_order", "_previous", "_readers", "_views")
+    __slots__ = ("_attributes", "_laid", "_order", "_previous", "_readers", "_views", "layout")
 
-    def __init__(self, previous: PortOrder | None = None) -> None:
+    def __init__(self, previous: PortOrder | None = None, layout: Layout | None = None) -> None:
         super().__init__()
         self._readers: dict[type, _Reader] = {}
         self._attributes: dict[str, list[Any]] = {}
         self._previous = previous
         self._order: PortOrder | None = None
         self._views: list[PortView] | None = None
+        #: Where the tracker put the poll's views, if it says (``ibmon.rowview.Layout``).
+        self.layout = layout
+        self._laid: bool | None = None  # whether ``layout`` lays out these views
 
     def column(self, kind: type[Totals | Rates], name: str, default: Any) -> list[Any]:
         """``mapping.get(name, default)`` of every port's totals (``Totals``) or rates."""
@@ -111,6 +114,29 @@ class Fresh(list[tuple[PortKey, PortView]]):
         if self._views is None:
             self._views = list(map(_VIEW, self))
         return self._views
+
+    def laid_out(self) -> Layout | None:
+        """The tracker's ``layout`` when it lays out these very views (the same objects in
+        the same order: a poll with no stale port), for the readers; else None."""
+        layout = self.layout
+        if self._laid is None:
+            self._laid = (layout is not None and len(self) >= GATHER_FROM
+                          and len(layout.views) == len(self)
+                          and all(map(is_, layout.views, self.views())))  # pointers, in C
+        return layout if self._laid else None
+
+    def ratios(self, name: str) -> Any | None:
+        """Every port's ``util_tx``, ``util_rx`` or ``wait_ratio`` (``ibmon.rowview.Rows``)
+        as a float64 numpy array, NaN where the view has none (``None``), when the tracker
+        laid the poll out (the store's own array: row ``i`` is port ``i``); else None."""
+        layout = self.laid_out()
+        np = sys.modules.get("numpy")
+        if layout is None or np is None:
+            return None
+        values = getattr(layout.store, name)
+        if type(values) is not array or values.typecode != "d" or len(values) != len(self):
+            return None
+        return np.array(values, dtype=np.float64)  # a copy: no buffer held on the store
 
     def sizes(self, kind: type[Totals | Rates]) -> list[int]:
         """How many counters every port's totals (``Totals``) or rates have."""
@@ -292,6 +318,8 @@ class _Reader:
             (m.index for m in self.maps() if type(m) is kind and m.index), {})
         if np is None or len(views) < GATHER_FROM or not self._index:
             return
+        if self._laid_out(fresh.laid_out(), np):
+            return
         index = self._index
         # The store's array is much longer than a port's own: take the longest of three probes.
         probes = [a for i, a, _ in rows
@@ -323,6 +351,27 @@ class _Reader:
             bases.append(0)
             odd.append(i)
         self._bases = np.array(bases, dtype=np.intp)
+
+    def _laid_out(self, layout: Layout | None, np: Any) -> bool:
+        """Take the shared array and each view's place in it from the tracker's ``layout``
+        of these views (``Fresh.laid_out``); False without one."""
+        if layout is None:
+            return False
+        views = self._views
+        store = layout.store
+        shared: Sequence[object]
+        if self._kind is Totals:
+            shared, index = store.totals, store.index
+            bases = np.array(layout.rows, dtype=np.intp) * store.width
+        else:
+            shared, index = store.rates, store.rates_index
+            bases = np.arange(len(views), dtype=np.intp) * store.rates_width
+        if (index is not self._index or type(shared) is not array
+                or shared.typecode not in _DTYPES):
+            return False
+        self._shared = shared
+        self._bases = bases
+        return True
 
     def maps(self) -> list[Any]:
         """Every port's mapping (made for a ``RowView``), for a port-by-port read."""

@@ -51,6 +51,7 @@ from ibmon.events import (
     severity_rank,
 )
 from ibmon.model import LinkInfo, PortIdentity, PortKey, PortView
+from ibmon.rowview import Layout
 
 __all__ = [
     "DETECTORS",
@@ -171,13 +172,14 @@ class Engine:
     # ------------------------------------------------------------------ polling
 
     def process(
-        self, views: Mapping[PortKey, PortView], *, monotonic: float, wall: float
+        self, views: Mapping[PortKey, PortView], *, monotonic: float, wall: float,
+        layout: Layout | None = None,
     ) -> list[Event]:
         """Evaluate one poll; fill ``conditions`` on the views; return the edges, in order.
 
         Stale views (ports that did not answer this poll) count as present, so they never
         "vanish", but no detector judges them: their conditions neither fire nor resolve on
-        data that was not read.
+        data that was not read. ``layout`` is the tracker's, for the column readers.
         """
         self._offset = wall - monotonic
         if self._pending is not None:
@@ -191,7 +193,7 @@ class Engine:
         linked = self._linked
         # The ports read this poll, once for every detector: stale views (ports that did not
         # answer) count as present, so they never "vanish", but no detector judges them.
-        fresh = Fresh(self._order)
+        fresh = Fresh(self._order, layout)
         for key, seen in views.items():
             link = seen.link
             if link is not None:

@@ -4,7 +4,10 @@ Both ways must read exactly what ``mapping.get`` reads (issue 12: CPU per poll).
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from array import array
+from operator import is_
 from typing import Any
 
 import pytest
@@ -15,8 +18,11 @@ from ibmon.detect.base import rate_column, totals_column
 from ibmon.detect.columns import Fresh
 from ibmon.model import PortView, replaced
 from ibmon.rates import NO_RATE, Rates
+from ibmon.rowview import RowView
+from ibmon.sources.mock import MockSource
 from ibmon.totals import Totals
-from tests.detect_views import store_views
+from mocks.scenario import ManualClock
+from tests.detect_views import _ColumnTracker, store_views
 
 pytest.importorskip("numpy", reason="the gather needs numpy (a runtime dependency)")
 
@@ -110,3 +116,64 @@ def test_a_gather_leaves_the_store_free_to_grow(monkeypatch: pytest.MonkeyPatch)
     shared = fresh._readers[Totals]._shared
     assert isinstance(shared, array)
     shared.extend(array("Q", [0] * 64))
+
+
+def _laid_out_poll(polls: int = 3) -> tuple[list[PortView], Any]:
+    """The views of the last of ``polls`` polls through a column tracker, and its layout."""
+    clock = ManualClock()
+    source = MockSource.from_scenario("healthy", clock=clock)
+    tracker = _ColumnTracker()
+    views: list[PortView] = []
+    for t in range(polls):
+        clock.t = float(t * 10)
+        views = list(tracker.update(asyncio.run(source.sample())).values())
+    return views, tracker.layout
+
+
+@pytest.mark.parametrize("swap", [False, True])
+def test_the_tracker_lays_out_a_poll_and_the_readers_take_it_only_for_its_views(
+        swap: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A poll whose every port is a row of one store: the tracker says where each view's rows
+    are (``Tracker.layout``) and the readers take that instead of reading every view; views
+    that are not those very ones, in that order (one swapped for another poll's view of the
+    same port, equal or not), send them back to reading the views. Either way every column is
+    what ``get`` reads."""
+    monkeypatch.setattr(columns, "GATHER_FROM", 1)
+    read_views: list[bool] = []
+    one_store = columns._one_store_bases
+
+    def spy(*args: Any) -> Any:
+        read_views.append(True)
+        return one_store(*args)
+
+    monkeypatch.setattr(columns, "_one_store_bases", spy)
+    views, layout = _laid_out_poll()
+    assert layout is not None and all(map(is_, layout.views, views))
+    if swap:
+        views[4] = _laid_out_poll(polls=2)[0][4]
+    fresh = Fresh(layout=layout)
+    fresh.extend((v.identity.key, v) for v in views)
+    for spec in CATALOGUE:
+        assert totals_column(fresh, spec.name) == [v.totals.get(spec.name) for v in views]
+        got = rate_column(fresh, spec.name)
+        want = [v.rates.get(spec.name, NO_RATE) for v in views]
+        assert [repr(x) for x in got] == [repr(x) for x in want], spec.name
+    assert read_views == ([True, True] if swap else [])
+
+
+def test_a_poll_with_a_port_the_rules_take_has_no_layout() -> None:
+    """A reset on one port: that port's view is not a row of the poll's store, so the tracker
+    lays out nothing (the readers then read the views)."""
+    clock = ManualClock()
+    source = MockSource.from_scenario("healthy", clock=clock)
+    tracker = _ColumnTracker()
+    for t in range(3):
+        clock.t = float(t * 10)
+        snap = asyncio.run(source.sample())
+        if t == 2:
+            key, sample = next(iter(snap.ports.items()))
+            counters = dict.fromkeys(sample.counters, 0)  # every counter reset
+            snap.ports[key] = dataclasses.replace(sample, counters=counters)
+        views = tracker.update(snap)
+        assert (tracker.layout is not None) == (t == 1)
+    assert tracker.resets_seen > 0 and type(views[key]) is not RowView
