@@ -331,7 +331,7 @@ class Pipeline:
         if tracker.resets_seen + tracker.saturations_seen != seen:
             self.save_due = True
         events = self.engine.process(views, monotonic=snap.monotonic, wall=snap.wall,
-                                     layout=tracker.layout)
+                                     layout=tracker.take_layout())
         self._stage["track"].observe(t1 - t0)
         self._stage["detect"].observe(clock() - t1)
         m = self.metrics

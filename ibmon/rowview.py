@@ -65,7 +65,7 @@ class Layout:
     where each view's rows start by reading every view (its ``rows``, then its ``row`` or
     ``at``): two passes over a poll's views for each of the totals and the rates, 30-35 ms at
     118,400 ports with the views no longer in the CPU's cache. The tracker, which made them,
-    says so instead (``Tracker.layout``); a reader takes it after checking that it reads
+    says so instead (``Tracker.take_layout``); a reader takes it after checking that it reads
     those very views (a comparison of pointers).
     """
 

@@ -117,7 +117,8 @@ class Fresh(list[tuple[PortKey, PortView]]):
 
     def laid_out(self) -> Layout | None:
         """The tracker's ``layout`` when it lays out these very views (the same objects in
-        the same order: a poll with no stale port), for the readers; else None."""
+        the same order; the ports that did not answer are not among either), for the
+        readers; else None."""
         layout = self.layout
         if self._laid is None:
             self._laid = (layout is not None and len(self) >= GATHER_FROM

@@ -12,7 +12,7 @@ of 20,000 ports costs one comparison per port.
 from __future__ import annotations
 
 from collections.abc import Collection, Container
-from operator import is_
+from operator import attrgetter
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -40,9 +40,11 @@ from ibmon.detect.cause import (
 from ibmon.detect.columns import Fresh
 from ibmon.events import Severity
 from ibmon.linkspeed import SPEED_ORDER, WIDTH_LANES
-from ibmon.model import PortIdentity, PortKey, PortView
+from ibmon.model import PortKey, PortView
 
 __all__ = ["Congestion", "CongestionSettings"]
+
+_LINK_LAYER = attrgetter("link_layer")
 
 
 class CongestionSettings(DetectorSettings):
@@ -79,9 +81,6 @@ class Congestion(PortDetector):
         self._s = settings
         # [polls >= warning, polls >= critical, polls < clear], consecutive
         self._runs: dict[PortKey, list[int]] = {}
-        # The last laid-out poll's identities and where its RoCE ports were (``_ethernet``).
-        self._identities: list[PortIdentity] = []
-        self._roce: list[int] = []
 
     def needs(self, fresh: Pairs, now: float, active: Container[PortKey]) -> Pairs:
         # An InfiniBand port with no run under way, no condition and a transmit-wait ratio
@@ -108,18 +107,10 @@ class Congestion(PortDetector):
         order = fresh.order()
         picked.update(order.positions(self._runs))
         picked.update(order.positions(active))
-        picked.update(self._ethernet(fresh.attribute("identity")))
+        layers = list(map(_LINK_LAYER, fresh.attribute("identity")))
+        if "Ethernet" in layers:  # RoCE ports: a fabric's MADs never answer for one
+            picked.update(i for i, layer in enumerate(layers) if layer == "Ethernet")
         return [fresh[i] for i in sorted(picked)]
-
-    def _ethernet(self, identities: list[PortIdentity]) -> list[int]:
-        """Where the RoCE ports are among ``identities``: looked for again only when they are
-        not the last poll's (identities are immutable, and a source keeps them)."""
-        last = self._identities
-        if len(last) != len(identities) or not all(map(is_, last, identities)):
-            self._identities = identities
-            self._roce = [i for i, ident in enumerate(identities)
-                          if ident.link_layer == "Ethernet"]
-        return self._roce
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
         s = self._s

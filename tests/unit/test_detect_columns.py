@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 from array import array
 from operator import is_
 from typing import Any
@@ -16,6 +17,7 @@ from ibmon.counters import CATALOGUE
 from ibmon.detect import columns
 from ibmon.detect.base import rate_column, totals_column
 from ibmon.detect.columns import Fresh
+from ibmon.detect.congestion import Congestion, CongestionSettings
 from ibmon.model import PortView, replaced
 from ibmon.rates import NO_RATE, Rates
 from ibmon.rowview import RowView
@@ -127,14 +129,14 @@ def _laid_out_poll(polls: int = 3) -> tuple[list[PortView], Any]:
     for t in range(polls):
         clock.t = float(t * 10)
         views = list(tracker.update(asyncio.run(source.sample())).values())
-    return views, tracker.layout
+    return views, tracker.take_layout()
 
 
 @pytest.mark.parametrize("swap", [False, True])
 def test_the_tracker_lays_out_a_poll_and_the_readers_take_it_only_for_its_views(
         swap: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """A poll whose every port is a row of one store: the tracker says where each view's rows
-    are (``Tracker.layout``) and the readers take that instead of reading every view; views
+    are (``Tracker.take_layout``) and the readers take that instead of reading every view; views
     that are not those very ones, in that order (one swapped for another poll's view of the
     same port, equal or not), send them back to reading the views. Either way every column is
     what ``get`` reads."""
@@ -175,5 +177,31 @@ def test_a_poll_with_a_port_the_rules_take_has_no_layout() -> None:
             counters = dict.fromkeys(sample.counters, 0)  # every counter reset
             snap.ports[key] = dataclasses.replace(sample, counters=counters)
         views = tracker.update(snap)
-        assert (tracker.layout is not None) == (t == 1)
+        assert (tracker.take_layout() is not None) == (t == 1)
+        assert tracker.take_layout() is None  # handed over once
     assert tracker.resets_seen > 0 and type(views[key]) is not RowView
+
+
+def test_congestion_picks_from_a_laid_out_poll_what_it_picks_from_the_views(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``congestion`` reads a laid-out poll's ratios from the store's array, and looks up only
+    the ports it holds something on: it must pick exactly the ports the view-by-view way
+    picks: a ratio at ``clear`` and above, a run under way, a condition, a RoCE port."""
+    monkeypatch.setattr(columns, "GATHER_FROM", 1)
+    views, layout = _laid_out_poll()
+    assert layout is not None
+    det = Congestion(CongestionSettings())
+    clear = det._s.clear
+    wait = layout.store.wait_ratio
+    wait[5], wait[6], wait[7] = clear, math.nextafter(clear, 0.0), 0.9  # at, below, above
+    wait[8] = math.nan  # no ratio
+    det._runs[views[20].identity.key] = [1, 0, 0]
+    views[40].identity = dataclasses.replace(views[40].identity, link_layer="Ethernet")
+    active = {views[30].identity.key: None, ("0xffff", "1"): None}  # one not in the poll
+    pairs = [(v.identity.key, v) for v in views]
+    fresh = Fresh(layout=layout)
+    fresh.extend(pairs)
+    want = det.needs(pairs, 0.0, active)  # a plain list: the view-by-view way
+    assert [p[0] for p in want] == [views[i].identity.key for i in (5, 7, 20, 30, 40)]
+    assert det.needs(fresh, 0.0, active) == want
+    assert fresh.ratios("wait_ratio") is not None  # the laid-out way was taken
