@@ -62,6 +62,11 @@ class _ColumnTracker(Tracker):
 def store_views(polls: int = 3) -> list[PortView]:
     """The views of the last of ``polls`` polls of the ``healthy`` scenario through a tracker
     that takes every poll through its column store: rows of the store, with rates."""
+    return store_poll(polls)[0]
+
+
+def store_poll(polls: int = 3) -> tuple[list[PortView], Tracker]:
+    """``store_views`` and the tracker that made them (``Tracker.take_layout``)."""
     clock = ManualClock()
     source = MockSource.from_scenario("healthy", clock=clock)
     tracker = _ColumnTracker()
@@ -69,4 +74,4 @@ def store_views(polls: int = 3) -> list[PortView]:
     for t in range(polls):
         clock.t = float(t * 10)
         views = list(tracker.update(asyncio.run(source.sample())).values())
-    return views
+    return views, tracker

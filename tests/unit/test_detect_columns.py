@@ -24,7 +24,7 @@ from ibmon.rowview import RowView
 from ibmon.sources.mock import MockSource
 from ibmon.totals import Totals
 from mocks.scenario import ManualClock
-from tests.detect_views import _ColumnTracker, store_views
+from tests.detect_views import _ColumnTracker, store_poll, store_views
 
 pytest.importorskip("numpy", reason="the gather needs numpy (a runtime dependency)")
 
@@ -122,13 +122,7 @@ def test_a_gather_leaves_the_store_free_to_grow(monkeypatch: pytest.MonkeyPatch)
 
 def _laid_out_poll(polls: int = 3) -> tuple[list[PortView], Any]:
     """The views of the last of ``polls`` polls through a column tracker, and its layout."""
-    clock = ManualClock()
-    source = MockSource.from_scenario("healthy", clock=clock)
-    tracker = _ColumnTracker()
-    views: list[PortView] = []
-    for t in range(polls):
-        clock.t = float(t * 10)
-        views = list(tracker.update(asyncio.run(source.sample())).values())
+    views, tracker = store_poll(polls)
     return views, tracker.take_layout()
 
 
