@@ -5,7 +5,9 @@ stop (or the atexit hook after a crash of the test) can kill the whole group: op
 SIGTERM once its simulator is gone (docs/infiniband.md §6), so SIGTERM is followed by SIGKILL after
 a grace period. Each simulator listens on a unique ``IBSIM_SOCKNAME`` so several can run side by
 side, and all files (net file, opensm log and cache, the ``sys-<pid>`` trees umad2sim writes into
-its client's working directory) live in one temporary directory removed on stop.
+its client's working directory) live in one temporary directory removed on stop. ibsim runs with
+``ibsim_guard.c`` preloaded (built once per process), so a tool killed while it attaches does not
+take the simulator down with it.
 
 The console (ibsim's stdin) is driven synchronously: a batch of commands is followed by a
 comment line, which ibsim echoes, so ``console`` returns only after ibsim has applied every
@@ -41,6 +43,7 @@ __all__ = [
     "IbSim",
     "IbSimError",
     "find_umad2sim",
+    "guard_library",
     "ibsim_field",
 ]
 
@@ -96,6 +99,38 @@ def find_umad2sim() -> str | None:
         if hits:
             return hits[0]
     return None
+
+
+_guard: list[str | None] = []
+_guard_lock = threading.Lock()
+
+
+def guard_library() -> str | None:
+    """Path of ``ibsim_guard.c`` compiled for this process (None, with a warning, without a C
+    compiler): preloaded into ibsim so that a tool killed while it attaches costs that tool, not
+    the simulator (the C file says how). Built once per process into a private temporary
+    directory, so nothing another user could have planted is ever loaded into ibsim."""
+    with _guard_lock:
+        if not _guard:
+            _guard.append(_build_guard())
+        return _guard[0]
+
+
+def _build_guard() -> str | None:
+    source = Path(__file__).with_name("ibsim_guard.c")
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        print("ibsim runs unguarded: no C compiler (apt package gcc), so a tool killed while "
+              "it attaches takes the simulator down", file=sys.stderr)
+        return None
+    outdir = Path(tempfile.mkdtemp(prefix="ibmon-ibsim-guard-"))
+    atexit.register(shutil.rmtree, outdir, True)
+    lib = outdir / "ibsim_guard.so"
+    argv = [compiler, "-shared", "-fPIC", "-O2", "-Wall", "-o", str(lib), str(source), "-ldl"]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    if res.returncode != 0:
+        raise IbSimError(f"cannot build {source.name}: {res.stderr.strip()[-2000:]}")
+    return str(lib)
 
 
 def _sizing(netfile: str) -> list[str]:
@@ -250,12 +285,14 @@ class IbSim:
     def revive(self) -> bool:
         """Start the simulator again if it has exited; True if it had to.
 
-        ibsim exits by itself (``IBPANIC`` in ``sim_ctl_connect_client``) when a tool dies
+        ibsim exits by itself (``IBPANIC`` in ``sim_ctl_new_client``) when a tool dies
         between asking to attach and being connected, which a tool killed on a timeout can do
-        at any moment: a limit of the simulator, not of the program under test. Tests that have
-        tools killed on purpose call this before each test, so that such a kill costs at most
-        the test it happened in, not every later test of the module. The fabric comes back from
-        the same netfile, swept again by opensm; the death is reported on stderr.
+        at any moment: a limit of the simulator, not of the program under test.
+        ``guard_library`` keeps it up through that; this is the backstop for a machine without
+        a C compiler or any other death. Tests that have tools killed on purpose call this
+        before each test, so that a death costs at most the test it happened in, not every
+        later test of the module. The fabric comes back from the same netfile, swept again by
+        opensm; the death is reported on stderr.
         """
         if self.running:
             return False
@@ -288,6 +325,9 @@ class IbSim:
     def _start_ibsim(self, netpath: Path) -> None:
         env = dict(os.environ)
         env.pop("LD_PRELOAD", None)
+        guard = guard_library()
+        if guard is not None:
+            env["LD_PRELOAD"] = guard
         env["IBSIM_SOCKNAME"] = self.sockname
         argv = [self._ibsim_bin, "-s", *_sizing(self.netfile), str(netpath)]
         try:

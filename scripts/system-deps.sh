@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the Debian packages the test suite drives for real (only those that are missing).
 # ibsim + opensm + infiniband-diags: the simulated fabric; prometheus: promtool;
-# prometheus-node-exporter: the sysfs oracle; graphviz: dot renders `ibmon topology --format dot`.
+# prometheus-node-exporter: the sysfs oracle; graphviz: dot renders `ibmon topology --format dot`;
+# gcc + libc6-dev: build mocks/ibsim_guard.c, which keeps ibsim up when a tool dies attaching.
 set -euo pipefail
 PACKAGES=(
   prometheus
@@ -17,6 +18,8 @@ PACKAGES=(
   mosquitto-clients
   openssl
   graphviz
+  gcc
+  libc6-dev
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

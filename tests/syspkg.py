@@ -36,6 +36,7 @@ _PACKAGES = {
     "prometheus-alertmanager": "prometheus-alertmanager",
     "amtool": "prometheus-alertmanager",
     "systemd-analyze": "systemd",
+    "gcc": "gcc",
 }
 
 

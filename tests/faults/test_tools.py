@@ -212,10 +212,11 @@ class Tools:
     def hold(self, timeout: float = 10.0) -> None:
         """Hold every new tool before it attaches to ibsim, then wait (up to ``timeout``) for
         the real tools already running to end: a daemon stopped or killed now kills none
-        while it attaches. ibsim exits when a client dies between asking to attach and being
-        connected (its IBPANIC in ``sim_ctl_connect_client``), taking the module's simulator
-        down; on a fabric a killed perfquery costs nothing, so the daemon rightly kills its
-        tools on a stop, and this is the harness's care, not the daemon's."""
+        while it attaches. Unguarded, ibsim exits when a client dies between asking to attach
+        and being connected (its IBPANIC in ``sim_ctl_new_client``; ``mocks/ibsim_guard.c``
+        keeps it up), and even guarded each such tool holds a client slot until reaped; on a
+        fabric a killed perfquery costs nothing, so the daemon rightly kills its tools on a
+        stop, and this is the harness's care, not the daemon's."""
         self._held = True
         self._write()
         deadline = time.monotonic() + timeout
@@ -438,6 +439,10 @@ def daemon(sim: IbSim, tools: Tools, tmp_path: Path) -> Iterator[Callable[..., D
     yield start
     for d in made:
         d.kill()
+        # Shown by pytest only for a failed test: what the daemon said went wrong in its polls.
+        said = [e for e in d.entries() if e.get("level") in ("warning", "error")]
+        print(f"daemon warnings ({len(said)}), the last 30:", *said[-30:], sep="\n",
+              file=sys.stderr)
     # Said here, not by the next test's "ibsim is not running": the test that took it down.
     assert sim.running, f"ibsim died during this test: {sim.how_it_ended()}"
 
@@ -718,9 +723,9 @@ def test_a_simulator_that_died_is_revived_for_the_next_test(
     sim: IbSim, daemon: Callable[..., Daemon]
 ) -> None:
     """ibsim exits by itself when a tool dies while attaching (its IBPANIC in
-    sim_ctl_connect_client), which the kills these tests cause can trigger. Taken down the
-    hard way here, it must come back for the next test: running, answering its console, the
-    subnet swept, and a daemon polling every port of it."""
+    sim_ctl_new_client) unless guarded (tests/integration/test_ibsim_guard.py), and may die
+    of anything else. Taken down the hard way here, it must come back for the next test:
+    running, answering its console, the subnet swept, and a daemon polling every port of it."""
     assert not sim.revive()  # a running simulator is left alone
     proc = sim._ibsim
     assert proc is not None
