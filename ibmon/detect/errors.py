@@ -9,6 +9,7 @@ costs one integer and an erroring one at most a few hundred tuples.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Container
 from itertools import compress
 from typing import Any
@@ -41,9 +42,10 @@ from ibmon.detect.cause import (
     peer_note,
     peer_summary,
 )
-from ibmon.detect.columns import Memo, with_keep
+from ibmon.detect.columns import Fresh, Memo, with_keep
 from ibmon.events import Severity
 from ibmon.model import PortKey, PortState, PortView
+from ibmon.rates import Rates
 
 __all__ = ["Discards", "HighBer", "LinkIntegrity", "ReceiveErrors"]
 
@@ -304,9 +306,15 @@ class _RateDetector(PortDetector):
         # and no condition, gets None (no rate: KEEP, the same for a port without one).
         threshold = self._s.threshold
         moves = self._window.moves(fresh, totals_column(fresh, self.counter))
-        rates = rate_column(fresh, self.counter)
-        picks = bytearray([moved or rate > threshold
-                           for moved, rate in zip(moves, rates, strict=True)])
+        over = fresh.column_array(Rates, self.counter) if type(fresh) is Fresh else None
+        if over is None:
+            rates = rate_column(fresh, self.counter)
+            picks = bytearray([moved or rate > threshold
+                               for moved, rate in zip(moves, rates, strict=True)])
+        else:  # the same, in numpy (NaN > threshold is False): no float object a port
+            np = sys.modules["numpy"]
+            picks = bytearray((np.frombuffer(moves, dtype=np.uint8) | (over > threshold))
+                              .tobytes())
         return list(compress(fresh, with_keep(fresh, picks, active)))
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:

@@ -18,6 +18,7 @@ from ibmon.detect import columns
 from ibmon.detect.base import rate_column, totals_column
 from ibmon.detect.columns import Fresh
 from ibmon.detect.congestion import Congestion, CongestionSettings
+from ibmon.detect.errors import Discards, DiscardsSettings, ReceiveErrors, ReceiveErrorsSettings
 from ibmon.model import PortView, replaced
 from ibmon.rates import NO_RATE, Rates
 from ibmon.rowview import RowView
@@ -199,3 +200,35 @@ def test_congestion_picks_from_a_laid_out_poll_what_it_picks_from_the_views(
     assert [p[0] for p in want] == [views[i].identity.key for i in (5, 7, 20, 30, 40)]
     assert det.needs(fresh, 0.0, active) == want
     assert fresh.ratios("wait_ratio") is not None  # the laid-out way was taken
+
+
+@pytest.mark.parametrize("kind", ["receive_errors", "discards"])
+def test_rate_detectors_pick_from_a_laid_out_poll_what_they_pick_from_the_views(
+        kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``receive_errors`` and ``discards`` compare a laid-out poll's rates with the threshold
+    as one numpy column: they must pick exactly the ports the view-by-view way picks: a rate
+    above the threshold (not one at it), no rate (NaN), a total the window would record, a
+    condition held."""
+    monkeypatch.setattr(columns, "GATHER_FROM", 1)
+    views, layout = _laid_out_poll()
+    assert layout is not None
+    det = (ReceiveErrors(ReceiveErrorsSettings(threshold=5.0)) if kind == "receive_errors"
+           else Discards(DiscardsSettings(threshold=5.0)))
+    store = layout.store
+    pos = store.rates_index[det.counter]
+    rates = store.rates
+    for row, value in ((5, 5.0), (6, math.nextafter(5.0, 9.0)), (7, 1e9), (8, math.nan)):
+        rates[row * store.rates_width + pos] = value
+    for v in views:  # every total recorded: only what changes below is picked
+        det._window.observe(v.identity.key, 0.0, v.totals)
+    key = views[20].identity.key
+    rec = det._window._last[key]
+    det._window._last[key] = (rec[0], rec[1] - 1, *rec[2:])  # its total moved since
+    active = {views[30].identity.key: None, ("0xffff", "1"): None}  # one not in the poll
+    pairs = [(v.identity.key, v) for v in views]
+    fresh = Fresh(layout=layout)
+    fresh.extend(pairs)
+    want = det.needs(pairs, 0.0, active)  # a plain list: the view-by-view way
+    assert [p[0] for p in want] == [views[i].identity.key for i in (6, 7, 20, 30)]
+    assert fresh.column_array(Rates, det.counter) is not None  # the numpy way is taken
+    assert det.needs(fresh, 0.0, active) == want

@@ -165,3 +165,22 @@ def test_an_order_finds_positions_one_by_one_or_in_one_pass(asked: int) -> None:
     assert sorted(order.positions(wanted)) == list(range(100 - asked, 100))
     assert sorted(order.positions(set(wanted))) == list(range(100 - asked, 100))
     assert len(order._found) == (0 if asked > 8 else asked + 1)
+
+
+@pytest.mark.parametrize("changed", [[], [0], [columns.DIFF_STRETCH - 1, columns.DIFF_STRETCH],
+                                     [5, 700, 701, 1299], list(range(1300))])
+def test_differences_are_found_stretch_by_stretch_as_pair_by_pair(changed: list[int]) -> None:
+    """``differences`` skips stretches that compare equal in C: it must still find every
+    changed position (on a stretch's edges too) and nothing else. A NaN that is the same
+    object is unchanged (as in a list comparison); an equal value in a new object is too."""
+    nan = float("nan")
+    prev: list[object] = [i % 7 if i % 5 else None for i in range(1300)]
+    prev[3] = nan
+    new = list(prev)
+    new[4] = int(str(prev[4]))  # an equal int, another object: unchanged
+    for i in changed:
+        new[i] = float("nan") if i % 3 == 0 else (-1 if prev[i] is not None else 0)
+    expected = [i for i, (a, b) in enumerate(zip(new, prev, strict=True))
+                if a is not b and a != b]
+    assert columns.differences(new, prev) == expected
+    assert expected == changed  # the attack is real: each change is one
