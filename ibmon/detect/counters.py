@@ -8,6 +8,7 @@ saturated counter is a condition: increments are being lost until someone resets
 from __future__ import annotations
 
 from collections.abc import Container
+from itertools import compress
 from typing import Any
 
 from ibmon.detect.base import (
@@ -20,6 +21,7 @@ from ibmon.detect.base import (
     key_from_json,
     key_to_json,
 )
+from ibmon.detect.columns import attribute, with_keep
 from ibmon.events import Severity
 from ibmon.model import PortKey, PortView
 
@@ -91,7 +93,10 @@ class CounterSaturated(PortDetector):
         self._severity: Severity = settings.severity
 
     def needs(self, fresh: Pairs, now: float, active: Container[PortKey]) -> Pairs:
-        return [pair for pair in fresh if pair[1].saturated or pair[0] in active]
+        # In C but for the conditions held (looked up by position): a Python pass hashed
+        # every port's key to look it up in ``active``, 10-14 ms at 118,400 ports.
+        picks = bytearray(map(bool, attribute(fresh, "saturated")))
+        return list(compress(fresh, with_keep(fresh, picks, active)))
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
         sat = view.saturated
