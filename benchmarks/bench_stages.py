@@ -115,6 +115,8 @@ def main() -> int:
     ap.add_argument("--step", type=float, default=100.0, help="simulated seconds a poll")
     ap.add_argument("--idle", type=float, default=0.0, help="seconds slept between polls")
     args = ap.parse_args()
+    if args.polls < 1 or args.skip < 0:
+        ap.error("--polls must be at least 1 and --skip at least 0")
     res = asyncio.run(run(args))
     print(f"hosts={args.hosts} scenario={args.scenario} idle={args.idle}")
     print(json.dumps({k: round(v, 4) for k, v in res.items()}))
