@@ -22,7 +22,8 @@ from ibmon.rates import Rates
 from ibmon.rowview import Layout, RowView, packed
 from ibmon.totals import Totals
 
-__all__ = ["GATHER_FROM", "Fresh", "Memo", "PortOrder", "attribute", "read_column", "with_keep"]
+__all__ = ["DIFF_STRETCH", "GATHER_FROM", "Fresh", "Memo", "PortOrder", "attribute", "differences",
+           "read_column", "with_keep"]
 
 #: Below this many ports a column is read port by port: the gather's setup costs more.
 GATHER_FROM = 512
