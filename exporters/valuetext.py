@@ -75,20 +75,53 @@ def array_texts(column: Any) -> list[str] | None:
 
 
 def _respell(texts: list[str], column: Any, np: Any) -> None:
-    """Respell (``_small``) the texts of ``column``'s values below 1e-4, in place."""
-    # Only the values below 1e-4 (not 0.0, not None: NaN) can be spelled otherwise;
-    # ``_small`` leaves any other text as it is, so this only spares it calls.
-    for i in np.flatnonzero((np.abs(column) < _EXPONENT_BELOW) & (column != 0)).tolist():
-        texts[i] = _small(texts[i])
+    """Respell (``_small``) the texts of ``column``'s values below 1e-4, in place.
+
+    Only the values below 1e-4 (not 0.0, not None: NaN) can be spelled otherwise. The
+    positive ones are respelled a class at a time, each text by one expression of a list
+    comprehension (``_positional``, ``_exponent``) once the class's joined text shows it is
+    spelled as the class must be: a call of ``_small`` a text cost 700 ns, 41 ms a publish at
+    118,400 ports, where half of the simulated fabric's transmit-wait ratios are that small.
+    Anything else (a negative value, a text not as expected) is respelled one by one.
+    """
+    for mask, spell in (((column >= _POSITIONAL_FROM) & (column < _EXPONENT_BELOW), _positional),
+                        ((column > 0) & (column < _POSITIONAL_FROM), _exponent),
+                        ((column < 0) & (column > -_EXPONENT_BELOW), _one_by_one)):
+        at = np.flatnonzero(mask).tolist()
+        if at:
+            for i, text in zip(at, spell(list(map(texts.__getitem__, at))), strict=True):
+                texts[i] = text
+
+
+def _positional(texts: list[str]) -> list[str]:
+    """``_small`` of texts that orjson wrote positionally (``0.0000`` and digits, the first
+    not 0: 1e-5 <= value < 1e-4): ``0.000025`` is ``2.5e-05``, ``0.00001`` is ``1e-05``."""
+    joined = "," + ",".join(texts)
+    if joined.count(",0.0000") != len(texts) or "e" in joined or "-" in joined:
+        return _one_by_one(texts)
+    return [f"{t[6]}.{t[7:]}e-05" if len(t) > 7 else f"{t[6]}e-05" for t in texts]
+
+
+def _exponent(texts: list[str]) -> list[str]:
+    """``_small`` of texts that orjson wrote with an exponent (below 1e-5): a one-digit
+    exponent gets a 0 before its digit (``2.5e-7`` is ``2.5e-07``), others stay."""
+    if ",".join(texts).count("e-") != len(texts):
+        return _one_by_one(texts)
+    return [f"{t[:-1]}0{t[-1]}" if t[-2] == "-" else t for t in texts]
+
+
+def _one_by_one(texts: list[str]) -> list[str]:
+    return list(map(_small, texts))
 
 
 # Below 1e-4 Python writes an exponent of at least two digits (``1e-05``, ``2.5e-07``); orjson
 # writes 1e-5 to 1e-4 positionally (``0.00001``, ``0.000025``) and smaller ones with the
 # exponent's own digits (``2.5e-7``); both with the same shortest digits. Those texts are
-# respelled one by one (half of a fabric's transmit-wait ratios are that small): a pass over
+# respelled (``_respell``; half of a fabric's transmit-wait ratios are that small): a pass over
 # the block's whole text per spelling (``bytes.replace``; a regular expression's replacement
 # template is a Python call a match in this Python) cost as much as ``repr``.
 _EXPONENT_BELOW = 1e-4
+_POSITIONAL_FROM = 1e-5
 _E05 = ("0.0000", "-0.0000")
 _ONE_DIGIT_EXPONENT = tuple(f"e-{d}" for d in range(1, 10))
 

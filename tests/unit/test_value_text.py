@@ -16,6 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import exporters.render as render
+import exporters.valuetext as valuetext
 from exporters.render import PortRenderer
 from exporters.valuetext import MIN_VALUES, NO_TEXT, array_texts, float_texts, int_texts
 from ibmon.counters import CATALOGUE
@@ -94,6 +95,25 @@ def test_array_texts_spell_a_float64_array_as_repr_and_nan_as_no_value() -> None
     column[17] = math.inf
     assert array_texts(column) is None
     assert array_texts(np.full(MIN_VALUES - 1, 0.5)) is None
+
+
+def test_small_positive_ratios_are_respelled_in_bulk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Transmit-wait ratios below 1e-4 (half of a busy fabric's) are respelled by passes over
+    their joined texts, not one ``_small`` call each: the texts are still ``repr``'s, for both
+    of orjson's spellings (positional from 1e-5, an exponent below) and their boundaries."""
+    np = pytest.importorskip("numpy", reason="numpy is a runtime dependency")
+    rng = random.Random(9)
+    values = [10 ** rng.uniform(-9, -3.5) for _ in range(20_000)]
+    values += [1e-5, 9.999999999999999e-05, 1e-4 / 3, 9.99999999999e-06, 1e-6, 5e-9, 1e-10,
+               2.5e-5, 1.0000000000000002e-05, 0.0001, 0.0, 1e-300, 5e-324]
+    rng.shuffle(values)
+    column = np.array(values, dtype=np.float64)
+
+    def one_by_one(text: str) -> str:
+        raise AssertionError(f"respelled one by one: {text}")
+
+    monkeypatch.setattr(valuetext, "_small", one_by_one)
+    assert array_texts(column) == [repr(x) for x in values]
 
 
 @pytest.mark.parametrize("with_numpy", [True, False])
