@@ -44,6 +44,13 @@ class _PerPort(Tracker):
 
 class _Columns(Tracker):
     columns_from = 1
+    #: Polls accounted by ``_update_same`` (a poll of the last poll's ports), by class.
+    same_polls = 0
+
+    def _update_same(self, *args: Any) -> Any:
+        views = super()._update_same(*args)
+        type(self).same_polls += views is not None
+        return views
 
 
 def _in_store(totals: object) -> bool:
@@ -70,7 +77,10 @@ CASES = [(n, False) for n in list_scenarios() if n != "scale"] + [
 
 
 @pytest.mark.parametrize(("name", "dicts"), CASES)
-def test_columns_account_exactly_as_the_per_port_rules(name: str, dicts: bool) -> None:
+def test_columns_account_exactly_as_the_per_port_rules(
+    name: str, dicts: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_Columns, "same_polls", 0)
     sc = load_scenario(name)
     clock = ManualClock()
     source = MockSource.from_scenario(name, clock=clock)
@@ -103,6 +113,61 @@ def test_columns_account_exactly_as_the_per_port_rules(name: str, dicts: bool) -
         per_port.resets_seen, per_port.saturations_seen)
     # Not a speed test: that the column store did the accounting (else this proves little).
     assert in_columns > polls * len(want) // 2
+    if not dicts:  # and that polls of the last poll's ports took the way without dispatch
+        assert _Columns.same_polls > 0  # (a pinned counter keeps its port on the dispatch)
+
+
+@pytest.mark.parametrize("name", ["counter-reset", "flap"])
+def test_a_poll_of_the_last_polls_ports_accounts_as_the_dispatch_would(
+    name: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``Tracker._update_same`` (the poll of the same ports, in the same order, as the last
+    one, all plain rows) against the per-port rules, poll after poll, across what ends that
+    state between polls: a port forgotten while it still answers, state loaded into the same
+    tracker, a poll with no time passed, a counter reset, a link going down and up, samples
+    that are not rows of 64-bit values (dicts, a list). Views of
+    earlier polls never change meanwhile."""
+    monkeypatch.setattr(_Columns, "same_polls", 0)
+    clock = ManualClock()
+    source = MockSource.from_scenario(name, clock=clock)
+    per_port: Tracker = _PerPort()
+    columns: Tracker = _Columns()
+    kept: list[tuple[dict[str, int], dict[str, float], Any]] = []
+    down = 0  # views of ports that were not Active
+    snap = asyncio.run(source.sample())
+    for poll in range(1, 60):
+        if poll % 7 != 0:  # every seventh poll: the same instant again (no interval)
+            clock.t += 10.0
+            snap = asyncio.run(source.sample())
+        if poll % 11 == 0:  # a poll of plain dicts: not rows of 64-bit values
+            snap = _as_dicts(snap)
+        if poll % 13 == 0:  # rows of a list: not of 64-bit values either
+            snap = Snapshot(snap.source, snap.monotonic, snap.wall, {
+                k: dataclasses.replace(s, counters=Totals(s.counters.index,  # type: ignore[attr-defined]
+                                                          list(s.counters.own())))  # type: ignore[attr-defined]
+                for k, s in snap.ports.items()}, list(snap.errors))
+        if poll == 20:  # forgotten (left the fabric for good), yet it answers again
+            key = next(iter(snap.ports))
+            per_port.forget(key)
+            columns.forget(key)
+        if poll == 40:  # state loaded into the running trackers
+            saved = json.loads(json.dumps(per_port.dump()))
+            per_port.load(saved)
+            columns.load(saved)
+        want = per_port.update(snap)
+        got = columns.update(snap)
+        assert list(got) == list(want)
+        for key, view in want.items():
+            assert got[key] == view, f"poll {poll} {key}"
+        kept += [(v.totals.as_dict(), dict(v.rates), v)  # type: ignore[attr-defined]
+                 for v in list(got.values())[:: max(1, len(got) // 50)]]
+        down += sum(v.state not in (None, 4) for v in got.values())
+    assert json.dumps(columns.dump(), sort_keys=True) == json.dumps(per_port.dump(), sort_keys=True)
+    assert columns.resets_seen == per_port.resets_seen
+    assert _Columns.same_polls > 20
+    assert (down if name == "flap" else columns.resets_seen) > 0  # what each case is for
+    assert all(view.totals.as_dict() == totals and dict(view.rates) == rates
+               for totals, rates, view in kept)
 
 
 def test_published_column_views_never_change() -> None:
