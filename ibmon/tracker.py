@@ -375,13 +375,8 @@ class Tracker:
                 and all(map(is_, map(_INDEX, counters), itertools.repeat(same.index)))):
             return None
         values = list(map(_PACKED, counters))
-        if set(map(type, values)) != {array} or set(map(_TYPECODE, values)) != {"Q"}:
-            return None
         bases = list(map(_BASE, counters))
-        width = same.block.width
-        # ``_aligned``'s bound, and a row of its own starts at 0 (as ``_Batch.bases`` has it)
-        if min(bases) < 0 or not all(map(le, map(add, bases, itertools.repeat(width)),
-                                         map(len, values))):
+        if not _rows_of_64_bits(values, bases, same.block.width):
             return None
         inv_dt = 1.0 / (mono - same.monotonic)  # ``_interval``'s, for every port
         wall = snapshot.wall
@@ -956,6 +951,23 @@ class Tracker:
         self._ports = ports
         self._blocks = {}
         self._same = None
+
+
+def _rows_of_64_bits(values: list[Sequence[int]], bases: list[int], width: int) -> bool:
+    """Whether each sample's values are an ``array('Q')`` with its row of ``width`` from its
+    base on (``Tracker._aligned``'s test), and a row of its own starts at 0 (as
+    ``_Batch.bases`` has it); one array the rows share (the simulator's) is tested once."""
+    if min(bases) < 0:
+        return False
+    first = values[0]
+    if all(map(is_, values, itertools.repeat(first))):
+        return (type(first) is array and first.typecode == "Q"
+                and max(bases) + width <= len(first))
+    if set(map(type, values)) != {array} or set(map(_TYPECODE, values)) != {"Q"}:
+        return False
+    if bases.count(0) == len(bases) and set(map(len, values)) == {width}:
+        return True  # rows of their own (``ibmon.totals.packed_counters``)
+    return all(map(le, map(add, bases, itertools.repeat(width)), map(len, values)))
 
 
 class _Same:

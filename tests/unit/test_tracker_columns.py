@@ -125,7 +125,8 @@ def test_a_poll_of_the_last_polls_ports_accounts_as_the_dispatch_would(
     one, all plain rows) against the per-port rules, poll after poll, across what ends that
     state between polls: a port forgotten while it still answers, state loaded into the same
     tracker, a poll with no time passed, a counter reset, a link going down and up, samples
-    that are not rows of 64-bit values (dicts, a list). Views of
+    that are rows of their own (as ``mad`` hands them) or not of 64-bit values (dicts, a
+    list). Views of
     earlier polls never change meanwhile."""
     monkeypatch.setattr(_Columns, "same_polls", 0)
     clock = ManualClock()
@@ -141,10 +142,11 @@ def test_a_poll_of_the_last_polls_ports_accounts_as_the_dispatch_would(
             snap = asyncio.run(source.sample())
         if poll % 11 == 0:  # a poll of plain dicts: not rows of 64-bit values
             snap = _as_dicts(snap)
-        if poll % 13 == 0:  # rows of a list: not of 64-bit values either
-            snap = Snapshot(snap.source, snap.monotonic, snap.wall, {
-                k: dataclasses.replace(s, counters=Totals(s.counters.index,  # type: ignore[attr-defined]
-                                                          list(s.counters.own())))  # type: ignore[attr-defined]
+        if poll % 13 == 0 or 25 <= poll < 31:  # rows of a list, or of their own (``mad``'s)
+            snap = Snapshot(snap.source, snap.monotonic, snap.wall, {k: dataclasses.replace(
+                s, counters=Totals(s.counters.index,  # type: ignore[attr-defined]
+                                   list(s.counters.own()) if poll % 13 == 0  # type: ignore[attr-defined]
+                                   else array("Q", s.counters.own())))  # type: ignore[attr-defined]
                 for k, s in snap.ports.items()}, list(snap.errors))
         if poll == 20:  # forgotten (left the fabric for good), yet it answers again
             key = next(iter(snap.ports))
