@@ -21,7 +21,7 @@ import pytest
 
 from ibmon import trackcolumns
 from ibmon.detect.columns import GATHER_FROM, Fresh
-from ibmon.model import PortIdentity, PortSample, Snapshot, replaced
+from ibmon.model import PortIdentity, PortSample, PortState, Snapshot, replaced
 from ibmon.rates import Rates
 from ibmon.rowview import RowView
 from ibmon.sources.mock import MockSource
@@ -126,8 +126,7 @@ def test_a_poll_of_the_last_polls_ports_accounts_as_the_dispatch_would(
     state between polls: a port forgotten while it still answers, state loaded into the same
     tracker, a poll with no time passed, a counter reset, a link going down and up, samples
     that are rows of their own (as ``mad`` hands them) or not of 64-bit values (dicts, a
-    list). Views of
-    earlier polls never change meanwhile."""
+    list). Views of earlier polls never change meanwhile."""
     monkeypatch.setattr(_Columns, "same_polls", 0)
     clock = ManualClock()
     source = MockSource.from_scenario(name, clock=clock)
@@ -163,7 +162,7 @@ def test_a_poll_of_the_last_polls_ports_accounts_as_the_dispatch_would(
             assert got[key] == view, f"poll {poll} {key}"
         kept += [(v.totals.as_dict(), dict(v.rates), v)  # type: ignore[attr-defined]
                  for v in list(got.values())[:: max(1, len(got) // 50)]]
-        down += sum(v.state not in (None, 4) for v in got.values())
+        down += sum(v.state not in (None, PortState.ACTIVE) for v in got.values())
     assert json.dumps(columns.dump(), sort_keys=True) == json.dumps(per_port.dump(), sort_keys=True)
     assert columns.resets_seen == per_port.resets_seen
     assert _Columns.same_polls > 20
