@@ -6,7 +6,8 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 
 # One stamp per install level, inside the venv so that deleting .venv resets them. Each depends on
-# pyproject.toml (changed dependencies reinstall). Installing the test extra also satisfies the
+# pyproject.toml (changed dependencies reinstall) and on the C module's source (the editable
+# install builds exporters/_lines.c in place; optional: without a compiler ibmon renders in Python). Installing the test extra also satisfies the
 # runtime stamp; a venv made by `make demo` gets the test extra the first time `make test` runs.
 PY       = $(BIN)/python
 RUNTIME  = $(VENV)/.installed-runtime
@@ -17,11 +18,11 @@ TESTDEPS = $(VENV)/.installed-test
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(RUNTIME): pyproject.toml | $(PY)
+$(RUNTIME): pyproject.toml exporters/_lines.c | $(PY)
 	$(BIN)/pip install --quiet -e .
 	touch $@
 
-$(TESTDEPS): pyproject.toml | $(PY)
+$(TESTDEPS): pyproject.toml exporters/_lines.c | $(PY)
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@ $(RUNTIME)
 
@@ -47,4 +48,4 @@ bench: $(TESTDEPS)
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info exporters/*.so

@@ -6,7 +6,8 @@ text is built once and cached until the port's identity changes, the descriptive
 families are kept as encoded bytes until the topology changes, and every other family is one list
 comprehension of f-strings joined and encoded once (the counter families' values read as columns
 of the ports' packed totals, ``_Block``; the lines of those that change every poll put together
-by C, ``_joined_lines``). The exporter renders once per FabricState, not per scrape.
+in C, ``exporters.linebytes``, or by C passes, ``_joined_lines``). The exporter renders once per
+FabricState, not per scrape.
 
 Format rules this module keeps (promtool checks them in the tests):
 - one ``# HELP``/``# TYPE`` pair per family and all samples of a family together;
@@ -34,7 +35,16 @@ from math import isfinite
 from operator import attrgetter, is_not, itemgetter
 from typing import TYPE_CHECKING, Any
 
-from exporters.valuetext import MIN_VALUES, NO_TEXT, array_texts, float_texts, int_texts
+from exporters import linebytes
+from exporters.linebytes import Encoded
+from exporters.valuetext import (
+    MIN_VALUES,
+    NO_TEXT,
+    array_json,
+    array_texts,
+    float_texts,
+    int_texts,
+)
 from ibmon.counters import CATALOGUE
 from ibmon.model import LinkInfo, PortIdentity, PortKey, PortView
 from ibmon.rowview import RowView, packed, ratio_arrays, ratio_columns
@@ -362,7 +372,7 @@ class PortRenderer:
         moved.clear()
         relinked.clear()
 
-        def deflate(lines: list[str]) -> Deflated | None:
+        def deflate(lines: _Text) -> Deflated | None:
             if not lines:
                 return None
             return deflate_chunks(_encoded(lines), level, final=False)
@@ -426,7 +436,7 @@ class PortRenderer:
         bodies: list[list[Deflated]] = [[] for _ in _FAMILIES]
         out: list[Deflated] = []
 
-        def deflate(lines: list[str]) -> Deflated | None:
+        def deflate(lines: _Text) -> Deflated | None:
             if not lines:
                 return None
             return deflate_chunks(_encoded(lines), level, final=False)
@@ -504,8 +514,12 @@ def _fingerprint(keys: Sequence[object] | None) -> object:
     return keys
 
 
-def _encoded(lines: list[str]) -> Iterator[bytes]:
+def _encoded(lines: _Text) -> Iterator[bytes]:
     """A block's lines as encoded text, ``SLICE_LINES`` at a time; ``lines`` ends empty."""
+    if isinstance(lines, Encoded):
+        yield from lines
+        lines.clear()
+        return
     if type(lines) is _Joined:
         for text in lines:
             yield text.encode("utf-8")
@@ -531,9 +545,11 @@ def _joined(segments: list[Deflated], *, final: bool) -> Deflated:
 
 
 _Pairs = Sequence[tuple[str, PortView]]  # (cached guid/port label text, view)
-_Lines = Callable[["_Block", "_EscapeMemo"], list[str]]
+#: A block's lines of a family: text, a line an item (or ``_Joined``), or ``Encoded``.
+_Text = list[str] | Encoded
+_Lines = Callable[["_Block", "_EscapeMemo"], _Text]
 _Keys = Callable[["_Block"], Sequence[object] | None]
-_KeyLines = Callable[[Sequence[str], Sequence[object] | None], list[str]]
+_KeyLines = Callable[[Sequence[str], Sequence[object] | None], _Text]
 
 
 class _Block:
@@ -547,7 +563,8 @@ class _Block:
     families (``itemgetter``, 60 ms at 36,720 ports).
     """
 
-    __slots__ = ("_counters", "_pairs", "_ratio_texts", "_ratios", "labels", "views")
+    __slots__ = ("_arrays", "_counters", "_pairs", "_ratio_json", "_ratio_texts", "_ratios",
+                 "labels", "views")
 
     def __init__(self, views: Sequence[PortView], labels: Sequence[str]) -> None:
         self.views = views
@@ -556,6 +573,8 @@ class _Block:
         self._counters: dict[str, Sequence[int | None]] | None = None
         self._ratios: tuple[list[float | None], ...] | None = None
         self._ratio_texts: tuple[list[str] | None, ...] | None = None
+        self._ratio_json: tuple[bytes | None, ...] | None = None
+        self._arrays: tuple[Any, ...] | bool | None = False  # False: not read yet
 
     def ratios(self) -> tuple[list[float | None], ...]:
         """Each port's transmit and receive utilization and transmit-wait ratio (columns)."""
@@ -568,10 +587,26 @@ class _Block:
         tracker's arrays (``ratio_arrays``), without a float object a value; a column that
         must be spelled the Python way (``ratios``) is None."""
         if self._ratio_texts is None:
-            arrays = ratio_arrays(self.views) if len(self.views) >= MIN_VALUES else None
+            arrays = self._ratio_arrays()
             self._ratio_texts = ((None, None, None) if arrays is None
                                  else tuple(map(array_texts, arrays)))
         return self._ratio_texts
+
+    def ratio_json(self) -> tuple[bytes | None, ...]:
+        """orjson's text of each of ``ratios``' columns (``array_json``: for
+        ``exporters.linebytes``), read from the tracker's arrays; None for a column that must
+        be spelled the Python way."""
+        if self._ratio_json is None:
+            arrays = self._ratio_arrays()
+            self._ratio_json = ((None, None, None) if arrays is None
+                                else tuple(map(array_json, arrays)))
+        return self._ratio_json
+
+    def _ratio_arrays(self) -> tuple[Any, ...] | None:
+        if self._arrays is False:
+            self._arrays = ratio_arrays(self.views) if len(self.views) >= MIN_VALUES else None
+        assert self._arrays is not True
+        return self._arrays
 
     @property
     def pairs(self) -> _Pairs:
@@ -697,7 +732,7 @@ class _Family:
 
     def render(
         self, block: _Block, names: _EscapeMemo, keys: Sequence[object] | None = None
-    ) -> list[str]:
+    ) -> _Text:
         """The block's lines: from its keys (``keys`` when the caller has them) where the
         family makes its lines from them, else from the views."""
         if self.key_lines is not None:
@@ -747,13 +782,19 @@ def _finite(values: Iterable[object]) -> bool:
 
 
 def _counter_family(name: str, head: str, header: str) -> _Family:
+    column = ((head.encode("utf-8"), b"} "),)
+
     def keys(block: _Block) -> Sequence[object] | None:
         # Totals are ints, so a None value means "not counted on this port".
         return block.counter(name)
 
-    def key_lines(labels: Sequence[str], values: Sequence[object] | None) -> list[str]:
+    def key_lines(labels: Sequence[str], values: Sequence[object] | None) -> _Text:
         if values is None:
             return []
+        if type(values) is array and values.typecode == "Q":
+            encoded = linebytes.lines(labels, ((*column[0], values),))
+            if encoded is not None:
+                return encoded
         texts = int_texts(values)  # type: ignore[arg-type]
         if texts is not None:  # a column of 64-bit totals: no None among them
             return _joined_lines((head, "", "} ", "", "\n"), {1: labels, 3: texts})
@@ -773,9 +814,16 @@ def _hw_gauge_lines(block: _Block, names: _EscapeMemo) -> list[str]:
             for lb, v in block.pairs if v.hw_gauges for k, n in v.hw_gauges.items()]
 
 
-def _util_lines(block: _Block, names: _EscapeMemo) -> list[str]:
+def _util_lines(block: _Block, names: _EscapeMemo) -> _Text:
     # The family that changes on every port every poll: both directions' texts spelled in C,
-    # each port's two lines put together by C (``_line_parts``).
+    # each port's two lines put together in C (``exporters.linebytes``) or by C passes
+    # (``_line_parts``).
+    tx_json, rx_json, _ = block.ratio_json()
+    if tx_json is not None and rx_json is not None:
+        encoded = linebytes.lines(block.labels, ((_UTIL_HEAD, _TX_MID, tx_json),
+                                                 (_UTIL_HEAD, _RX_MID, rx_json)))
+        if encoded is not None:
+            return encoded
     tx_texts, rx_texts, _ = block.ratio_texts()
     if tx_texts is None or rx_texts is None:
         tx, rx, _ = block.ratios()
@@ -821,6 +869,9 @@ _UTIL_LINE: tuple[str, ...] = (
     "ibmon_port_utilization_ratio{", "", ',direction="transmit"} ', "", "\n",
     "ibmon_port_utilization_ratio{", "", ',direction="receive"} ', "", "\n")
 _NO_LINE = ("",) * 5
+_UTIL_HEAD = _UTIL_LINE[0].encode("utf-8")
+_TX_MID = _UTIL_LINE[2].encode("utf-8")
+_RX_MID = _UTIL_LINE[7].encode("utf-8")
 
 
 def _line_parts(line: tuple[str, ...], columns: Mapping[int, Sequence[str]]) -> list[str]:
@@ -855,7 +906,12 @@ def _chunks(parts: list[str], width: int) -> _Joined:
     return _Joined("".join(parts[at : at + step]) for at in range(0, len(parts), step))
 
 
-def _wait_lines(block: _Block, names: _EscapeMemo) -> list[str]:
+def _wait_lines(block: _Block, names: _EscapeMemo) -> _Text:
+    raw = block.ratio_json()[2]
+    if raw is not None:
+        encoded = linebytes.lines(block.labels, ((_WAIT_HEAD_BYTES, b"} ", raw),))
+        if encoded is not None:
+            return encoded
     texts = block.ratio_texts()[2]
     if texts is not None:
         return _text_lines(_WAIT_HEAD, block.labels, texts)
@@ -863,6 +919,7 @@ def _wait_lines(block: _Block, names: _EscapeMemo) -> list[str]:
 
 
 _WAIT_HEAD = "ibmon_port_transmit_wait_ratio{"
+_WAIT_HEAD_BYTES = _WAIT_HEAD.encode("utf-8")
 _WAIT_LINES = _float_lines(_WAIT_HEAD)
 
 
@@ -928,10 +985,15 @@ def _some(chunk: bytes) -> Iterator[bytes]:
         yield chunk
 
 
-def _family(header: str, lines: list[str]) -> bytes:
+def _family(header: str, lines: _Text) -> bytes:
     """One family's encoded text, or b"" when it has no samples (no header for an empty one)."""
     if not lines:
         return b""
+    if isinstance(lines, Encoded):
+        lines.insert(0, header.encode("utf-8"))
+        data = b"".join(lines)
+        lines.clear()
+        return data
     lines.insert(0, header)
     text = "".join(lines)
     lines.clear()  # the caller's list: free the per-line strings before encoding

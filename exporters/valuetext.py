@@ -27,7 +27,7 @@ from math import isfinite
 from operator import is_not
 from typing import Any
 
-__all__ = ["MIN_VALUES", "NO_TEXT", "array_texts", "float_texts", "int_texts"]
+__all__ = ["MIN_VALUES", "NO_TEXT", "array_json", "array_texts", "float_texts", "int_texts"]
 
 #: Below this many values a column is spelled by Python: the call and the split cost more.
 MIN_VALUES = 64
@@ -61,17 +61,26 @@ def array_texts(column: Any) -> list[str] | None:
     """``float_texts`` of a float64 numpy array whose NaN stand for None (``NO_TEXT``): the
     tracker's ratio columns, spelled without a float object a value. None for a column with an
     infinity, or too short to gain."""
+    raw = array_json(column)
+    if raw is None:
+        return None
+    texts = raw[1:-1].decode("ascii").split(",")
+    if b"e-" in raw or b"0.0000" in raw:
+        _respell(texts, column, sys.modules["numpy"])
+    return texts
+
+
+def array_json(column: Any) -> bytes | None:
+    """orjson's text of a float64 numpy array whose NaN stand for None: a JSON list of the
+    values spelled as ``float_texts`` spells them before it respells those below 1e-4, and
+    ``null`` for NaN. None for a column with an infinity, or too short to gain."""
     np = sys.modules["numpy"]  # the caller's array is one
     if len(column) < MIN_VALUES or np.isinf(column).any():
         return None
     import orjson
 
     # orjson spells a float64 of an array as it does a float, and NaN as null (NO_TEXT)
-    raw = orjson.dumps(column, option=orjson.OPT_SERIALIZE_NUMPY)
-    texts = raw[1:-1].decode("ascii").split(",")
-    if b"e-" in raw or b"0.0000" in raw:
-        _respell(texts, column, np)
-    return texts
+    return orjson.dumps(column, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def _respell(texts: list[str], column: Any, np: Any) -> None:

@@ -2,7 +2,8 @@
 # Install the Debian packages the test suite drives for real (only those that are missing).
 # ibsim + opensm + infiniband-diags: the simulated fabric; prometheus: promtool;
 # prometheus-node-exporter: the sysfs oracle; graphviz: dot renders `ibmon topology --format dot`;
-# gcc + libc6-dev: build mocks/ibsim_guard.c, which keeps ibsim up when a tool dies attaching.
+# gcc + libc6-dev: build mocks/ibsim_guard.c, which keeps ibsim up when a tool dies attaching, and
+# exporters/_lines.c, the C module the renderer of a large fabric uses (tests run it under CI).
 set -euo pipefail
 PACKAGES=(
   prometheus

@@ -15,6 +15,7 @@ from dataclasses import replace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import exporters.linebytes as linebytes
 import exporters.render as render
 import exporters.valuetext as valuetext
 from exporters.render import PortRenderer
@@ -24,6 +25,17 @@ from ibmon.model import PortView
 from ibmon.totals import Totals
 from tests.detect_views import store_views
 from tests.unit.test_prometheus_render import _load_bench
+
+
+@pytest.fixture(params=["c", "python"])
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each way of putting a block's lines together: in C (``exporters._lines``), and the
+    renderer's own."""
+    name: str = request.param
+    if name == "c" and linebytes._lines is None:
+        pytest.skip("exporters._lines was not built (no C compiler when ibmon was installed)")
+    monkeypatch.setattr(linebytes, "BACKEND", name)
+    return name
 
 
 def _doubles(rng: random.Random, n: int) -> list[float]:
@@ -149,12 +161,13 @@ def _fabric(n: int) -> list[PortView]:
 
 @pytest.mark.parametrize("store", [False, True])
 def test_a_publish_with_c_text_equals_the_python_way(
-        store: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+        store: bool, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every family of a fabric large enough for the exporter's cached blocks, as a publish
-    renders it (``series_deflated``, its segment cache kept from one poll to the next) and as
-    an uncached render without ``exporters.valuetext`` spells it: byte for byte the same, on
-    the first poll and on the next one where values moved (``store``: totals as rows of 64-bit
-    arrays, as the tracker's)."""
+    renders it (``series_deflated``, its segment cache kept from one poll to the next; lines
+    put together by ``backend``) and as an uncached render without ``exporters.valuetext``
+    or ``exporters.linebytes`` spells it: byte for byte the same, on the first poll and on the
+    next one where values moved (``store``: totals as rows of 64-bit arrays, as the
+    tracker's)."""
     views = _fabric(render.CACHE_MIN_PORTS * 2 + 300)
     if store:
         index = {spec.name: k for k, spec in enumerate(CATALOGUE)}
@@ -171,6 +184,7 @@ def test_a_publish_with_c_text_equals_the_python_way(
             m.setattr(render, "float_texts", lambda values: None)
             m.setattr(render, "int_texts", lambda values: None)
             m.setattr(render, "array_texts", lambda column: None)
+            m.setattr(linebytes, "BACKEND", "python")
             python.prepare(views)
             slow = b"".join(python.series_chunks(views))
         return fast, slow
@@ -188,18 +202,21 @@ def test_a_publish_with_c_text_equals_the_python_way(
 
 
 def test_a_publish_of_the_trackers_views_equals_the_python_way(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The tracker's views (rows of its store): their ratios are spelled from its arrays
-    (``ratio_arrays``, ``array_texts``), byte for byte what Python spells from each view."""
+    (``ratio_arrays``, then ``array_json`` and lines put together in C, or ``array_texts``),
+    byte for byte what Python spells from each view."""
     views = store_views()
     spelled: list[bool] = []
+    name = "array_json" if backend == "c" else "array_texts"
+    spelling = getattr(render, name)
 
-    def spy(column: object) -> list[str] | None:
-        texts = array_texts(column)
+    def spy(column: object) -> object:
+        texts = spelling(column)
         spelled.append(texts is not None)
         return texts
 
-    monkeypatch.setattr(render, "array_texts", spy)
+    monkeypatch.setattr(render, name, spy)
     publisher = PortRenderer()
     publisher.prepare(views)
     body = publisher.series_deflated(views, 1)
@@ -209,6 +226,7 @@ def test_a_publish_of_the_trackers_views_equals_the_python_way(
     with monkeypatch.context() as m:
         for name in ("float_texts", "int_texts", "array_texts"):
             m.setattr(render, name, lambda values: None)
+        m.setattr(linebytes, "BACKEND", "python")
         python.prepare(views)
         slow = b"".join(python.series_chunks(views))
     assert fast == slow
