@@ -39,17 +39,45 @@ typedef struct {
     Py_ssize_t at;        /* the next value's offset in text */
 } column_t;
 
+static const char DIGIT_PAIRS[201] =
+    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    "8081828384858687888990919293949596979899";
+
 static char *put_u64(char *out, uint64_t v)
 {
     char tmp[20];
-    int n = 0;
-    do {
-        tmp[n++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    while (n)
-        *out++ = tmp[--n];
-    return out;
+    char *p = tmp + sizeof tmp;
+    while (v >= 100) {
+        unsigned pair = (unsigned)(v % 100);
+        v /= 100;
+        p -= 2;
+        memcpy(p, DIGIT_PAIRS + 2 * pair, 2);
+    }
+    if (v >= 10) {
+        p -= 2;
+        memcpy(p, DIGIT_PAIRS + 2 * v, 2);
+    } else {
+        *--p = (char)('0' + v);
+    }
+    size_t n = (size_t)(tmp + sizeof tmp - p);
+    memcpy(out, p, n);
+    return out + n;
+}
+
+/* A label's UTF-8 text: the str's own bytes when it is ASCII (every label of a fabric: GUIDs
+ * and port numbers), else its cached UTF-8 copy. NULL with an exception set if not a str. */
+static const char *label_text(PyObject *label, Py_ssize_t *len)
+{
+    if (PyUnicode_CheckExact(label) && PyUnicode_IS_COMPACT_ASCII(label)) {
+        *len = PyUnicode_GET_LENGTH(label);
+        return (const char *)PyUnicode_DATA(label);
+    }
+    if (!PyUnicode_Check(label)) {
+        PyErr_SetString(PyExc_TypeError, "labels must be str");
+        return NULL;
+    }
+    return PyUnicode_AsUTF8AndSize(label, len);
 }
 
 /* One float's text as repr() spells it: orjson writes 1e-5 <= |x| < 1e-4 positionally
@@ -128,19 +156,14 @@ static int parse_column(PyObject *spec, Py_ssize_t n, column_t *c)
     return 0;
 }
 
-/* One chunk: ports lo..hi-1. */
+/* One chunk: ports lo..hi-1; ``ends`` has room for each float column's end of each value. */
 static PyObject *chunk(PyObject *labels, column_t *cols, Py_ssize_t ncols, Py_ssize_t lo,
-                       Py_ssize_t hi, Py_ssize_t n)
+                       Py_ssize_t hi, Py_ssize_t n, Py_ssize_t *ends)
 {
     Py_ssize_t size = 0;
     for (Py_ssize_t i = lo; i < hi; i++) {
-        PyObject *label = PyList_GET_ITEM(labels, i);
         Py_ssize_t len;
-        if (!PyUnicode_Check(label)) {
-            PyErr_SetString(PyExc_TypeError, "labels must be str");
-            return NULL;
-        }
-        if (PyUnicode_AsUTF8AndSize(label, &len) == NULL)
+        if (label_text(PyList_GET_ITEM(labels, i), &len) == NULL)
             return NULL;
         size += ncols * len;
     }
@@ -159,7 +182,7 @@ static PyObject *chunk(PyObject *labels, column_t *cols, Py_ssize_t ncols, Py_ss
                 PyErr_SetString(PyExc_ValueError, "not one value a label");
                 return NULL;
             }
-            p++;
+            ends[(i - lo) * ncols + k] = p++;
         }
         size += 2 * (p - c->at);
     }
@@ -170,13 +193,13 @@ static PyObject *chunk(PyObject *labels, column_t *cols, Py_ssize_t ncols, Py_ss
     char *out = start;
     for (Py_ssize_t i = lo; i < hi; i++) {
         Py_ssize_t len;
-        const char *label = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(labels, i), &len);
+        const char *label = label_text(PyList_GET_ITEM(labels, i), &len); /* checked above */
         for (Py_ssize_t k = 0; k < ncols; k++) {
             column_t *c = &cols[k];
             const char *t = NULL;
             Py_ssize_t tn = 0;
             if (c->ints.obj == NULL) {
-                Py_ssize_t end = value_end(c, c->at); /* found above */
+                Py_ssize_t end = ends[(i - lo) * ncols + k];
                 t = c->text + c->at;
                 tn = end - c->at;
                 c->at = end + 1;
@@ -204,7 +227,7 @@ static PyObject *chunk(PyObject *labels, column_t *cols, Py_ssize_t ncols, Py_ss
 static PyObject *lines(PyObject *self, PyObject *args)
 {
     PyObject *labels, *specs, *result = NULL;
-    Py_ssize_t per_chunk;
+    Py_ssize_t per_chunk, *ends = NULL;
     column_t cols[MAX_COLUMNS];
     Py_ssize_t ncols = 0, parsed = 0;
     (void)self;
@@ -223,12 +246,18 @@ static PyObject *lines(PyObject *self, PyObject *args)
             parsed++; /* its buffer, if it got one */
             goto done;
         }
+    /* where each value of a chunk ends, found when the chunk's size is bounded */
+    ends = PyMem_New(Py_ssize_t, (size_t)ncols * (size_t)(per_chunk < n ? per_chunk : n + 1));
+    if (ends == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
     result = PyList_New(0);
     if (result == NULL)
         goto done;
     for (Py_ssize_t lo = 0; lo < n; lo += per_chunk) {
         Py_ssize_t hi = n - lo > per_chunk ? lo + per_chunk : n;
-        PyObject *part = chunk(labels, cols, ncols, lo, hi, n);
+        PyObject *part = chunk(labels, cols, ncols, lo, hi, n, ends);
         if (part == NULL || PyList_Append(result, part) < 0) {
             Py_XDECREF(part);
             Py_CLEAR(result);
@@ -237,6 +266,7 @@ static PyObject *lines(PyObject *self, PyObject *args)
         Py_DECREF(part);
     }
 done:
+    PyMem_Free(ends);
     for (Py_ssize_t k = 0; k < parsed; k++)
         if (cols[k].ints.obj != NULL)
             PyBuffer_Release(&cols[k].ints);
