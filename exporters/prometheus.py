@@ -23,7 +23,7 @@ import functools
 import itertools
 import socket
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -54,6 +54,7 @@ from exporters.render import PortRenderer
 from exporters.server import HttpApp, HttpConnection, HttpError, Request, Response, Route
 from ibmon.gcpause import paused_gc
 from ibmon.model import PortView
+from ibmon.rowview import Span
 from ibmon.selfmetrics import SelfMetrics
 from ibmon.state import FabricState, PortSorter, in_port_order
 
@@ -132,11 +133,12 @@ class _Compressor:
         self.lock = threading.Lock()
         self._descriptive: Deflated | None = None
 
-    def compress(self, views: list[PortView]) -> Deflated:
+    def compress(self, views: list[PortView], span: Span | None = None,
+                 order: Sequence[int] | None = None) -> Deflated:
         renderer = self.renderer
         if renderer.prepare(views) or self._descriptive is None:
             self._descriptive = renderer.descriptive_deflated(GZIP_LEVEL)
-        tail = renderer.series_deflated(views, GZIP_LEVEL)
+        tail = renderer.series_deflated(views, GZIP_LEVEL, span, order)
         return concat(self._descriptive, tail)
 
 
@@ -206,7 +208,7 @@ class PrometheusExporter:
     # --- publishing -----------------------------------------------------------------------------
 
     def _render(self, state: FabricState, *, wait: bool) -> Deflated:
-        views = self._sorter(state.ports)
+        views, order = self._sorter.ordered(state.ports)
         compressor = self._compressor
         if not compressor.lock.acquire(blocking=wait):
             # A worker thread holds the cached renderer; never block the loop on it.
@@ -214,7 +216,7 @@ class PrometheusExporter:
             body = deflate_chunks(fresh.iter_chunks(views), GZIP_LEVEL)
         else:
             try:
-                body = compressor.compress(views)
+                body = compressor.compress(views, state.span, order)
             finally:
                 compressor.lock.release()
         return body

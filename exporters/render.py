@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import sys
 import threading
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -47,7 +48,15 @@ from exporters.valuetext import (
 )
 from ibmon.counters import CATALOGUE
 from ibmon.model import LinkInfo, PortIdentity, PortKey, PortView
-from ibmon.rowview import RowView, packed, ratio_arrays, ratio_columns
+from ibmon.rowview import (
+    RowView,
+    Span,
+    as_run,
+    packed,
+    ratio_arrays,
+    ratio_columns,
+    span_ratio_arrays,
+)
 from ibmon.totals import Totals
 
 if TYPE_CHECKING:
@@ -405,7 +414,8 @@ class PortRenderer:
         for fam in _FAMILIES:
             yield from _some(_family(fam.header, fam.render(block, names)))
 
-    def series_deflated(self, views: Sequence[PortView], level: int) -> Deflated:
+    def series_deflated(self, views: Sequence[PortView], level: int, span: Span | None = None,
+                        order: Sequence[int] | None = None) -> Deflated:
         """``series_chunks`` of the views last prepared as one final raw-deflate stream,
         rendering and compressing again only the blocks whose values changed.
 
@@ -415,8 +425,10 @@ class PortRenderer:
         value its lines are made of (``_Family.keys``) compares equal; then its text would be
         the same, so its segment is too. On a fabric most counters are error counters that
         rarely move, so most blocks are reused (issue 12: CPU per poll at fabric scale). Fewer
-        than ``CACHE_MIN_PORTS`` ports are compressed whole, without a cache. The
-        decompressed stream equals ``b"".join(self.series_chunks(views))``.
+        than ``CACHE_MIN_PORTS`` ports are compressed whole, without a cache. ``span``, when
+        ``views`` are its views (in ``order``, a position in it a view: ``Span.positions``),
+        says where their rows are. The decompressed stream equals
+        ``b"".join(self.series_chunks(views))``.
         """
         from exporters.http import deflate_chunks
 
@@ -433,6 +445,9 @@ class PortRenderer:
             self._seg_level = level
         names = self._names
         n = len(labels)
+        at = None if span is None else span.positions(views, order)
+        if at is None:
+            span = None
         bodies: list[list[Deflated]] = [[] for _ in _FAMILIES]
         out: list[Deflated] = []
 
@@ -449,7 +464,8 @@ class PortRenderer:
         # scrape wait for it.
         for start in range(0, n, SEGMENT_PORTS):
             stop = start + SEGMENT_PORTS
-            block = _Block(views[start:stop], labels[start:stop])
+            block = _Block(views[start:stop], labels[start:stop], span,
+                           None if at is None else at[start:stop])
             for fi, fam in enumerate(_FAMILIES):
                 if fam.keys is None:  # changes every poll: render every block, keep none
                     seg = deflate(fam.render(block, names))
@@ -564,11 +580,16 @@ class _Block:
     """
 
     __slots__ = ("_arrays", "_counters", "_pairs", "_ratio_json", "_ratio_texts", "_ratios",
-                 "labels", "views")
+                 "at", "labels", "span", "views")
 
-    def __init__(self, views: Sequence[PortView], labels: Sequence[str]) -> None:
+    def __init__(self, views: Sequence[PortView], labels: Sequence[str],
+                 span: Span | None = None, at: Any = None) -> None:
         self.views = views
         self.labels = labels
+        #: the views are ``span``'s at ``at`` (a part of ``Span.positions``): their rows are
+        #: found without reading them
+        self.span = span
+        self.at = at
         self._pairs: _Pairs | None = None
         self._counters: dict[str, Sequence[int | None]] | None = None
         self._ratios: tuple[list[float | None], ...] | None = None
@@ -604,7 +625,13 @@ class _Block:
 
     def _ratio_arrays(self) -> tuple[Any, ...] | None:
         if self._arrays is False:
-            self._arrays = ratio_arrays(self.views) if len(self.views) >= MIN_VALUES else None
+            n = len(self.views)
+            if n < MIN_VALUES:
+                self._arrays = None
+            elif self.span is not None:
+                self._arrays = span_ratio_arrays(self.span, self.at)
+            else:
+                self._arrays = ratio_arrays(self.views)
         assert self._arrays is not True
         return self._arrays
 
@@ -618,7 +645,10 @@ class _Block:
         """Each port's total of ``name`` (None where the port does not count it), or None when
         no port of the block counts it."""
         if self._counters is None:
-            self._counters = _packed_columns(self.views)
+            if self.span is not None:
+                self._counters = _span_columns(self.span, self.at)
+            if self._counters is None:
+                self._counters = _packed_columns(self.views)
             if self._counters is None:
                 self._counters = _columns(list(map(_TOTALS, self.views)))
         return self._counters.get(name)
@@ -661,9 +691,44 @@ def _packed_columns(views: Sequence[PortView]) -> dict[str, Sequence[int | None]
         end = start + width
     runs.append((rows_of, start, end))
     del runs[0]  # the empty run before the first port
+    return _run_columns(index, width, runs, len(views))
+
+
+def _span_columns(span: Span, at: Any) -> dict[str, Sequence[int | None]] | None:
+    """The columns of the totals of the views of ``span`` at ``at`` (``Span.positions``, a
+    part of it), found without reading a view: slices of a run of its store's rows where they
+    are consecutive (a block of the exporter's port order nearly always is), else each column
+    gathered (numpy) on its own, a block's worth of rows being larger than glibc's mmap
+    threshold (fresh pages every block)."""
+    store = span.store
+    width = store.width
+    totals = store.totals
+    n = len(at)
+    run = as_run(at)
+    if run is not None:
+        lo = (span.first + run.start) * width
+        return _run_columns(store.index, width, [(totals, lo, lo + n * width)], n)
+    if type(totals) is not array or totals.typecode != "Q":
+        return None  # a total outgrew 64 bits: the views' own
+    np = sys.modules["numpy"]
+    table = np.frombuffer(totals, dtype=np.uint64).reshape(-1, width)
+    rows = at + span.first
+    zeros = _zeros(n)
+    columns: dict[str, Sequence[int | None]] = {}
+    for name, i in store.index.items():
+        column = array("Q")
+        column.frombytes(table[rows, i].tobytes())
+        columns[name] = zeros if column == zeros else column
+    return columns
+
+
+def _run_columns(index: Mapping[str, int], width: int, runs: list[tuple[Sequence[int], int, int]],
+                 n: int) -> dict[str, Sequence[int | None]] | None:
+    """The columns of ``n`` ports' totals laid out as ``runs`` (array, first offset, end) of
+    rows of ``width`` on ``index``; None when a total outgrew 64 bits."""
     rows_of, start, end = runs[0]
     one = len(runs) == 1 and type(rows_of) is array
-    zeros = _zeros(len(views))
+    zeros = _zeros(n)
     columns: dict[str, Sequence[int | None]] = {}
     for name, i in index.items():
         if one:

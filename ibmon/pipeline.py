@@ -47,6 +47,7 @@ from ibmon.events import Event
 from ibmon.gcpause import paused_gc
 from ibmon.model import PortKey, PortView, Snapshot, replaced
 from ibmon.polltime import MIN_POLL_TIMEOUT, POLL_TIMEOUT_INTERVALS, poll_timeout
+from ibmon.rowview import Span
 from ibmon.selfmetrics import SelfMetrics
 from ibmon.sources import Source
 from ibmon.state import FabricState, SourceStatus
@@ -125,6 +126,7 @@ class Pipeline:
         #: before the next poll instead of at ``save_interval``. The daemon clears it.
         self.save_due = False
         self._views = _NO_VIEWS
+        self._span: Span | None = None  # where ``_views`` are in the tracker's store
         self._discovered: Source | None = None
         self._next_discover = 0.0
         self._stage = {s: metrics.stage_seconds.labels(self.label, s) for s in STAGES}
@@ -330,8 +332,9 @@ class Pipeline:
         t1 = clock()
         if tracker.resets_seen + tracker.saturations_seen != seen:
             self.save_due = True
+        layout = tracker.take_layout()
         events = self.engine.process(views, monotonic=snap.monotonic, wall=snap.wall,
-                                     layout=tracker.take_layout())
+                                     layout=layout)
         self._stage["track"].observe(t1 - t0)
         self._stage["detect"].observe(clock() - t1)
         m = self.metrics
@@ -345,6 +348,8 @@ class Pipeline:
         if self._publishing:
             self._retired = list(self._views.values())
         self._views = MappingProxyType(views)
+        self._span = (Span.of(layout, self._views)
+                      if layout is not None and views is fresh else None)
         self.sampled_at = snap.monotonic
         if failure is not None:
             return events + self._down(*failure, wall=snap.wall)
@@ -427,6 +432,13 @@ class Pipeline:
     def views(self) -> Mapping[PortKey, PortView]:
         """The latest good poll's port views (read-only; a new mapping every poll)."""
         return self._views
+
+    @property
+    def span(self) -> Span | None:
+        """Where ``views`` are in the tracker's store, when they are one span of it (for the
+        renderer: ``ibmon.rowview.Span``); None once the views are others (a failed poll)."""
+        span = self._span
+        return span if span is not None and span.ports is self._views else None
 
     def active(self) -> list[ActiveCondition]:
         """Every condition firing on this source's ports (while a poll is being ingested in a
@@ -534,8 +546,10 @@ def build_state(pipelines: Iterable[Pipeline], *, generated: float | None = None
     the same port, the first configured one wins."""
     sources: dict[str, SourceStatus] = {}
     each: list[Mapping[PortKey, PortView]] = []
+    span: Span | None = None
     for pipeline in pipelines:
         each.append(pipeline.views)
+        span = pipeline.span
         sources[pipeline.label] = pipeline.status
     ports: Mapping[PortKey, PortView]
     if len(each) == 1:
@@ -552,4 +566,5 @@ def build_state(pipelines: Iterable[Pipeline], *, generated: float | None = None
         generated=time.time() if generated is None else generated,
         ports=ports,
         sources=MappingProxyType(sources),
+        span=span if len(each) == 1 else None,
     )

@@ -11,8 +11,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from ibmon.model import PortIdentity, PortKey, PortView
+
+if TYPE_CHECKING:
+    from ibmon.rowview import Span
 
 __all__ = ["EMPTY_STATE", "FabricState", "PortSorter", "SourceStatus", "in_port_order",
            "port_order"]
@@ -54,6 +58,13 @@ class PortSorter:
         self._last: tuple[list[PortIdentity], array[int] | None] | None = None
 
     def __call__(self, ports: Mapping[PortKey, PortView]) -> list[PortView]:
+        return self.ordered(ports)[0]
+
+    def ordered(
+        self, ports: Mapping[PortKey, PortView]
+    ) -> tuple[list[PortView], array[int] | None]:
+        """The views in port order, and where each one is in ``ports`` (None: in the same
+        order), for a reader of the tracker's store (``ibmon.rowview.Span.positions``)."""
         views = list(ports.values())
         idents = list(map(_IDENTITY, views))
         last = self._last
@@ -62,7 +73,7 @@ class PortSorter:
             in_order = found == list(range(len(views)))
             last = self._last = (idents, None if in_order else array("I", found))
         order = last[1]
-        return views if order is None else list(map(views.__getitem__, order))
+        return (views, None) if order is None else (list(map(views.__getitem__, order)), order)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +90,14 @@ class SourceStatus:
 
 @dataclass(frozen=True, slots=True)
 class FabricState:
-    """Every port view and every source's status at one moment (wall-clock ``generated``)."""
+    """Every port view and every source's status at one moment (wall-clock ``generated``);
+    ``span``: where the views' rows are in the tracker's store when they are one span of it
+    (``ibmon.rowview.Span``, for the renderer), else None."""
 
     generated: float
     ports: Mapping[PortKey, PortView] = field(default_factory=lambda: MappingProxyType({}))
     sources: Mapping[str, SourceStatus] = field(default_factory=lambda: MappingProxyType({}))
+    span: Span | None = None
 
 
 EMPTY_STATE = FabricState(generated=0.0)
