@@ -847,7 +847,7 @@ def _finite(values: Iterable[object]) -> bool:
 
 
 def _counter_family(name: str, head: str, header: str) -> _Family:
-    column = ((head.encode("utf-8"), b"} "),)
+    head_bytes = head.encode("utf-8")
 
     def keys(block: _Block) -> Sequence[object] | None:
         # Totals are ints, so a None value means "not counted on this port".
@@ -857,7 +857,7 @@ def _counter_family(name: str, head: str, header: str) -> _Family:
         if values is None:
             return []
         if type(values) is array and values.typecode == "Q":
-            encoded = linebytes.lines(labels, ((*column[0], values),))
+            encoded = linebytes.lines(labels, ((head_bytes, b"} ", values),))
             if encoded is not None:
                 return encoded
         texts = int_texts(values)  # type: ignore[arg-type]
@@ -883,7 +883,7 @@ def _util_lines(block: _Block, names: _EscapeMemo) -> _Text:
     # The family that changes on every port every poll: both directions' texts spelled in C,
     # each port's two lines put together in C (``exporters.linebytes``) or by C passes
     # (``_line_parts``).
-    tx_json, rx_json, _ = block.ratio_json()
+    tx_json, rx_json, _ = block.ratio_json() if linebytes.BACKEND == "c" else (None, None, None)
     if tx_json is not None and rx_json is not None:
         encoded = linebytes.lines(block.labels, ((_UTIL_HEAD, _TX_MID, tx_json),
                                                  (_UTIL_HEAD, _RX_MID, rx_json)))
@@ -972,7 +972,7 @@ def _chunks(parts: list[str], width: int) -> _Joined:
 
 
 def _wait_lines(block: _Block, names: _EscapeMemo) -> _Text:
-    raw = block.ratio_json()[2]
+    raw = block.ratio_json()[2] if linebytes.BACKEND == "c" else None
     if raw is not None:
         encoded = linebytes.lines(block.labels, ((_WAIT_HEAD_BYTES, b"} ", raw),))
         if encoded is not None:

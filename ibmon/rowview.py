@@ -126,15 +126,16 @@ class Span:
         if order is None:
             return range(len(views)) if self.holds(views) else None
         ports = list(self.ports.values())
-        if len(views) != len(ports) or len(order) != len(ports):
+        np = sys.modules["numpy"]  # the tracker's store is made with it
+        at = np.asarray(order, dtype=np.intp)
+        if len(views) != len(ports) or len(at) != len(ports) or (len(at) and at.min() < 0):
             return None
         try:
             if not all(map(is_, views, map(ports.__getitem__, order))):
                 return None
         except IndexError:
             return None
-        np = sys.modules["numpy"]  # the tracker's store is made with it
-        return np.asarray(order, dtype=np.intp)
+        return at
 
 
 class RowView(PortView):

@@ -100,6 +100,7 @@ def test_a_span_holds_only_its_own_views_in_its_order() -> None:
     assert span.positions(views, order) is None  # and be the views' order
     assert span.positions(ordered[1:], order[1:]) is None
     assert span.positions(ordered, [len(views)] * len(views)) is None  # not a position in it
+    assert span.positions(ordered, [i - len(views) for i in order]) is None  # nor from its end
     clock.t = 3.0
     asyncio.run(pipeline.poll(source))
     newer = build_state([pipeline])
