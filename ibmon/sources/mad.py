@@ -97,13 +97,11 @@ from ibmon.sources.parse import (
     PortCounterValues,
     PortInfo,
     decode_class_port_info,
+    decode_counters,
     decode_details,
     decode_node_desc,
     decode_node_info,
-    decode_port_counters,
-    decode_port_counters_ext,
     decode_port_info,
-    merge_counters,
 )
 
 __all__ = ["Config", "MadSource", "MadSourceConfig", "SweepResult", "build"]
@@ -752,13 +750,7 @@ class MadSource(FabricSource):
         plid = view.ports[key].lid
         assert plid is not None
         cpi = self._cpi[plid]
-        narrow = decode_port_counters(parts["narrow"], cpi.cap_mask) if "narrow" in parts else None
-        ext = (
-            decode_port_counters_ext(parts["ext"], cpi.cap_mask, cpi.cap_mask2)
-            if "ext" in parts
-            else None
-        )
-        return merge_counters(narrow, ext, cpi.cap_mask)
+        return decode_counters(parts.get("narrow"), parts.get("ext"), cpi.cap_mask, cpi.cap_mask2)
 
     def _sample_sync(self, view: FabricView, refresh_state: bool) -> Snapshot:
         """One poll on the MAD thread, PortSamples included (built with GC paused, off the loop)."""

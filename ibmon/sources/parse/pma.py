@@ -16,7 +16,9 @@ sources learn it (``ibmon.sources.fabric.DetailReads``).
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from ibmon.counters import BY_PMA, DETAIL_ATTRIBUTES
 from ibmon.sources.parse.errors import ParseError
@@ -32,6 +34,7 @@ __all__ = [
     "ClassPortInfo",
     "PortCounterValues",
     "decode_class_port_info",
+    "decode_counters",
     "decode_details",
     "decode_port_counters",
     "decode_port_counters_ext",
@@ -256,3 +259,89 @@ _COUNTER_NAME: dict[str, str] = {
 _COUNTER_NAME_NO_EXT_DATA: dict[str, str] = {
     pma: name for pma, name in _COUNTER_NAME.items() if pma not in EXT_DATA
 }
+
+
+#: How ``decode_counters`` decodes one kind of port: which parts of PortCountersExtended to
+#: unpack (unicast/multicast, 64-bit error copies), then the catalogue names in
+#: ``merge_counters``' order, a getter of their values among the unpacked fields, the 64-bit ones.
+_Getter = Callable[[tuple[int, ...]], tuple[int, ...]]
+_Plan = tuple[bool, bool, tuple[str, ...], _Getter, frozenset[str]]
+#: Plans by (CapabilityMask, CapabilityMask2, PortCounters read, PortCountersExtended read): a
+#: fabric has a few kinds of port; bounded all the same.
+_PLANS: dict[tuple[int | None, int | None, bool, bool], _Plan] = {}
+#: PortCounters' fields as ``decode_counters`` unpacks them: ``_PC_STRUCT``'s 17 values (byte 19
+#: whole at position 9), then byte 19's two halves.
+_PC_POSITIONS = (*range(9), *range(10, 17), 17, 18)
+_PC_UNPACKED = 19  # how many values that is, byte 19 whole included: the extended ones follow
+assert len(_PC_STRUCT.unpack(bytes(44))) + 2 == _PC_UNPACKED
+_PC_ALL_NAMES = (*_PC_NAMES, "LocalLinkIntegrityErrors", "ExcessiveBufferOverrunErrors")
+
+
+def _plan(cap_mask: int | None, cap_mask2: int | None, narrow: bool, ext: bool) -> _Plan:
+    """What ``merge_counters`` makes of ``decode_port_counters`` and ``decode_port_counters_ext``
+    for one kind of port, worked out once by field name under the same mask rules."""
+    xmit_wait = cap_mask is None or bool(cap_mask & CPI_CAP_XMIT_WAIT)
+    casts = cap_mask is None or bool(cap_mask & CPI_CAP_EXT_WIDTH)
+    errors = cap_mask2 is not None and bool(cap_mask2 & CPI_CAP2_ADDL_EXT)
+    ext_ok = cap_mask is None or bool(cap_mask & (CPI_CAP_EXT_WIDTH | CPI_CAP_EXT_WIDTH_NOIETF))
+    at: dict[str, int] = {}  # catalogue name -> position; a 64-bit copy overwrites in place
+    wide: list[str] = []
+    if narrow:
+        for name, pos in zip(_PC_ALL_NAMES, _PC_POSITIONS, strict=True):
+            cname = _COUNTER_NAME.get(name)
+            if cname is not None and (xmit_wait or name != "PortXmitWait"):
+                at[cname] = pos
+    if ext:
+        names = _COUNTER_NAME if ext_ok else _COUNTER_NAME_NO_EXT_DATA
+        fields = EXT_DATA + (EXT_CASTS if casts else ()) + (EXT_ERRORS if errors else ())
+        for pos, name in enumerate(fields, start=_PC_UNPACKED if narrow else 0):
+            cname = names.get(name)
+            if cname is not None:
+                at[cname] = pos
+                wide.append(cname)
+    positions = tuple(at.values())
+
+    def few(vals: tuple[int, ...]) -> tuple[int, ...]:  # itemgetter of one is not a tuple
+        return tuple(vals[p] for p in positions)
+
+    getter = itemgetter(*positions) if len(positions) > 1 else few
+    return casts, errors, tuple(at), getter, _shared_wide(frozenset(wide))
+
+
+def decode_counters(
+    narrow: bytes | None, ext: bytes | None, cap_mask: int | None, cap_mask2: int | None
+) -> PortCounterValues:
+    """``merge_counters(decode_port_counters(narrow, cap_mask), decode_port_counters_ext(ext,
+    cap_mask, cap_mask2), cap_mask)``: the same values in the same order, in a third of the time.
+
+    Why: the ``mad`` source decodes every port of a poll while its worker is still sending
+    MADs, on the same CPUs (2,394 ports: 20 -> 7 ms; 118,400 ports: about 0.6 s of CPU a poll
+    less). The field-by-field merge is worked out once per kind of port (``_plan``); a port
+    costs its unpacks and one gather.
+    """
+    key = (cap_mask, cap_mask2, narrow is not None, ext is not None)
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= 256:
+            _PLANS.clear()
+        plan = _PLANS[key] = _plan(*key)
+    casts, errors, names, getter, wide = plan
+    vals: tuple[int, ...] = ()
+    if narrow is not None:
+        if len(narrow) < 44:
+            raise ParseError("PortCounters payload shorter than 44 bytes")
+        vals = _PC_STRUCT.unpack_from(narrow)
+        vals += (vals[9] >> 4, vals[9] & 0x0F)
+    if ext is not None:
+        if len(ext) < 72:
+            raise ParseError("PortCountersExtended payload shorter than 72 bytes")
+        vals += _EXT_DATA_STRUCT.unpack_from(ext)
+        if casts:
+            vals += _EXT_CASTS_STRUCT.unpack_from(ext)
+        if errors:
+            if len(ext) < 184:
+                raise ParseError(
+                    "PortCountersExtended payload too short for its 64-bit error copies"
+                )
+            vals += _EXT_ERRORS_STRUCT.unpack_from(ext)
+    return PortCounterValues(dict(zip(names, getter(vals), strict=True)), wide)

@@ -1,0 +1,107 @@
+"""``decode_counters`` (the ``mad`` source's one-pass decode) against the field-by-field way it
+replaces: ``merge_counters`` of ``decode_port_counters`` and ``decode_port_counters_ext``.
+
+Both must agree on every value, the key order (rendering and the golden exposition follow it),
+which counters are 64-bit, and which payloads they refuse, for every combination of capability
+mask bits the decoders look at and of the attributes read.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from ibmon.sources.parse import (
+    ParseError,
+    PortCounterValues,
+    decode_counters,
+    decode_port_counters,
+    decode_port_counters_ext,
+    merge_counters,
+)
+from ibmon.sources.parse.pma import (
+    CPI_CAP2_ADDL_EXT,
+    CPI_CAP_EXT_WIDTH,
+    CPI_CAP_EXT_WIDTH_NOIETF,
+    CPI_CAP_XMIT_WAIT,
+)
+
+#: Every subset of the CapabilityMask bits the decoders read (plus an unrelated bit), and None.
+CAP_MASKS: list[int | None] = [None] + [
+    sum(bits)
+    for n in range(5)
+    for bits in itertools.combinations(
+        (CPI_CAP_EXT_WIDTH, CPI_CAP_EXT_WIDTH_NOIETF, CPI_CAP_XMIT_WAIT, 1 << 8), n
+    )
+]
+CAP_MASKS2: list[int | None] = [None, 0, CPI_CAP2_ADDL_EXT, CPI_CAP2_ADDL_EXT | 1]
+
+
+def _reference(
+    narrow: bytes | None, ext: bytes | None, cap: int | None, cap2: int | None
+) -> PortCounterValues:
+    return merge_counters(
+        decode_port_counters(narrow, cap) if narrow is not None else None,
+        decode_port_counters_ext(ext, cap, cap2) if ext is not None else None,
+        cap,
+    )
+
+
+def _payload(rng: random.Random, style: str) -> bytes:
+    if style == "zero":
+        return bytes(192)
+    if style == "max":
+        return b"\xff" * 192
+    return rng.randbytes(192)
+
+
+@pytest.mark.parametrize("cap", CAP_MASKS)
+@pytest.mark.parametrize("cap2", CAP_MASKS2)
+def test_same_values_order_and_width_as_the_field_by_field_merge(
+    cap: int | None, cap2: int | None
+) -> None:
+    rng = random.Random(f"{cap}/{cap2}")
+    for reads, style in itertools.product(
+        ((True, True), (True, False), (False, True), (False, False)), ("random", "zero", "max")
+    ):
+        for _ in range(8 if style == "random" else 1):
+            narrow = _payload(rng, style) if reads[0] else None
+            ext = _payload(rng, style) if reads[1] else None
+            want = _reference(narrow, ext, cap, cap2)
+            got = decode_counters(narrow, ext, cap, cap2)
+            assert list(got.counters.items()) == list(want.counters.items())
+            assert got.wide == want.wide
+
+
+def test_a_port_counts_only_the_fields_its_masks_allow() -> None:
+    """Not only agreement: the masks decide (a reference bug would be copied otherwise)."""
+    data = bytes(range(192))
+    full = decode_counters(data, data, CPI_CAP_EXT_WIDTH | CPI_CAP_XMIT_WAIT, CPI_CAP2_ADDL_EXT)
+    bare = decode_counters(data, data, 0, 0)
+    assert "transmit_wait" in full.counters and "transmit_wait" not in bare.counters
+    # no extended support claimed: the 64-bit data fields are not trusted, the 32-bit ones are
+    assert bare.counters["transmit_data"] == int.from_bytes(data[24:28], "big")
+    assert full.counters["transmit_data"] == int.from_bytes(data[8:16], "big")
+    assert "transmit_data" in full.wide and "transmit_data" not in bare.wide
+    assert full.counters["symbol_errors"] == int.from_bytes(data[72:80], "big")
+    assert bare.counters["symbol_errors"] == int.from_bytes(data[4:6], "big")
+    assert decode_counters(None, None, 0, 0).counters == {}
+
+
+@pytest.mark.parametrize(
+    ("narrow", "ext", "cap2", "message"),
+    [
+        (bytes(43), None, 0, "PortCounters payload shorter than 44 bytes"),
+        (None, bytes(71), 0, "PortCountersExtended payload shorter than 72 bytes"),
+        (None, bytes(183), CPI_CAP2_ADDL_EXT, "too short for its 64-bit error copies"),
+    ],
+)
+def test_short_payloads_are_refused_like_the_decoders_refuse_them(
+    narrow: bytes | None, ext: bytes | None, cap2: int, message: str
+) -> None:
+    with pytest.raises(ParseError, match=message):
+        _reference(narrow, ext, CPI_CAP_EXT_WIDTH, cap2)
+    with pytest.raises(ParseError, match=message):
+        decode_counters(narrow, ext, CPI_CAP_EXT_WIDTH, cap2)
