@@ -6,23 +6,25 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 
 # One stamp per install level, inside the venv so that deleting .venv resets them. Each depends on
-# pyproject.toml (changed dependencies reinstall) and on the C module's source (the editable
-# install builds exporters/_lines.c in place; optional: without a compiler ibmon renders in Python). Installing the test extra also satisfies the
-# runtime stamp; a venv made by `make demo` gets the test extra the first time `make test` runs.
+# pyproject.toml (changed dependencies reinstall) and on the C modules' sources (the editable
+# install builds exporters/_lines.c and ibmon/sources/_madloop.c in place; optional: without a
+# compiler ibmon renders and loops over MADs in Python). Installing the test extra also satisfies
+# the runtime stamp; a venv made by `make demo` gets the test extra the first time `make test` runs.
 PY       = $(BIN)/python
 RUNTIME  = $(VENV)/.installed-runtime
 TESTDEPS = $(VENV)/.installed-test
+C_MODULES = exporters/_lines.c ibmon/sources/_madloop.c
 
 .PHONY: demo test lint bench venv system-deps clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(RUNTIME): pyproject.toml exporters/_lines.c | $(PY)
+$(RUNTIME): pyproject.toml $(C_MODULES) | $(PY)
 	$(BIN)/pip install --quiet -e .
 	touch $@
 
-$(TESTDEPS): pyproject.toml exporters/_lines.c | $(PY)
+$(TESTDEPS): pyproject.toml $(C_MODULES) | $(PY)
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@ $(RUNTIME)
 
@@ -48,4 +50,4 @@ bench: $(TESTDEPS)
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info exporters/*.so
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info exporters/*.so ibmon/sources/*.so

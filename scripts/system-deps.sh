@@ -3,7 +3,8 @@
 # ibsim + opensm + infiniband-diags: the simulated fabric; prometheus: promtool;
 # prometheus-node-exporter: the sysfs oracle; graphviz: dot renders `ibmon topology --format dot`;
 # gcc + libc6-dev: build mocks/ibsim_guard.c, which keeps ibsim up when a tool dies attaching, and
-# exporters/_lines.c, the C module the renderer of a large fabric uses (tests run it under CI).
+# exporters/_lines.c and ibmon/sources/_madloop.c, the C modules the renderer of a large fabric and
+# the MAD worker use (tests run them under CI).
 set -euo pipefail
 PACKAGES=(
   prometheus

@@ -10,9 +10,12 @@ Each MAD has its own deadline and is re-sent up to ``retries`` times with a fres
 that never comes back (a dead switch, ibsim's ``Error`` command) ends as a "timeout" result for
 that request only. The kernel may also report a timeout itself (umad status ETIMEDOUT).
 
-No compiled extension: only the stable C ABI (``umad_*``, ``mad_rpc_*``) is used, plus the
-``status`` word of ``struct ib_user_mad`` (kernel uAPI ``rdma/ib_user_mad.h``, what
-``umad_status`` returns), read from the receive buffer to save a call per MAD.
+Only the stable C ABI (``umad_*``, ``mad_rpc_*``) is used, plus the ``status`` word of
+``struct ib_user_mad`` (kernel uAPI ``rdma/ib_user_mad.h``, what ``umad_status`` returns), read
+from the receive buffer to save a call per MAD. The send/receive loop itself runs in the
+optional C module ``_madloop`` (built by ``pip install``; it calls the same three ``umad_*``
+functions through the addresses ctypes found) and otherwise here in Python, the same loop
+(``LOOP`` says which): under ibsim a MAD costs the worker 22 us of CPU in Python, 11 in C.
 """
 
 from __future__ import annotations
@@ -27,6 +30,16 @@ from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from ibmon.sources.localport import LocalCA
+
+try:
+    from ibmon.sources import _madloop
+except ImportError:  # built without a C compiler: the loop runs in Python
+    _madloop = None  # type: ignore[assignment]
+
+#: Which send/receive loop a ``MadEngine`` runs by default: "c" (``_madloop``) or "python".
+LOOP = "c" if _madloop is not None else "python"
+#: A batch's answers as the loop makes them: (payload or None, error or None), request order.
+RawResult = tuple[bytes | None, str | None]
 
 # Imported where used: the MAD worker process imports this module on every start, and only
 # needs ``localport`` (dataclasses and all) to explain a port that would not open.
@@ -47,6 +60,7 @@ __all__ = [
     "MadError",
     "MadRequest",
     "MadResult",
+    "RawResult",
     "load_libraries",
     "local_cas",
 ]
@@ -294,10 +308,12 @@ class MadEngine:
 
     Not thread-safe: one engine per thread. ``close`` releases the port.
 
-    The per-MAD path is kept to one ``umad_send`` and one ``umad_recv`` ctypes call: MADs are
-    packed straight into the umad send buffer, the address is set only when it changes, replies
-    are read through a memoryview, and expiry looks only at the oldest outstanding MAD (sends
-    happen in deadline order). Under ibsim the sweep is bound by this loop, not by the fabric.
+    The loop runs in C (``_madloop``) when it was built, else in Python (``loop`` chooses, for
+    the tests). In Python the per-MAD path is kept to one ``umad_send`` and one ``umad_recv``
+    ctypes call: MADs are packed straight into the umad send buffer, the address is set only
+    when it changes, replies are read through a memoryview, and expiry looks only at the oldest
+    outstanding MAD (sends happen in deadline order). Under ibsim the sweep is bound by this
+    loop, not by the fabric; in C it costs the worker half the CPU a MAD.
     """
 
     def __init__(
@@ -308,7 +324,12 @@ class MadEngine:
         timeout: float = 1.0,
         retries: int = 2,
         window: int = 64,
+        loop: str | None = None,
     ) -> None:
+        loop = loop or LOOP
+        if loop not in ("c", "python") or (loop == "c" and _madloop is None):
+            raise ValueError(f"no MAD loop {loop!r} here (built: {LOOP})")
+        self.loop = loop
         self._mad, self._umad = load_libraries()
         classes = (ctypes.c_int * 3)(CLASS_SMI, CLASS_SMI_DIRECT, CLASS_PMA)
         ctypes.set_errno(0)
@@ -330,20 +351,32 @@ class MadEngine:
         self._tid = int(time.monotonic_ns()) & 0x7FFFFFFF
         self._send_buf = ctypes.create_string_buffer(self._usize + _MAD_SIZE)
         self._recv_buf = ctypes.create_string_buffer(self._usize + _MAD_SIZE)
-        self._send_view = self._mad_view(self._send_buf)
-        self._recv_view = self._mad_view(self._recv_buf)
         # plain addresses: ctypes converts an int argument faster than a buffer object
         self._send_addr = ctypes.addressof(self._send_buf)
         self._recv_addr = ctypes.addressof(self._recv_buf)
+        # where the MAD starts in a umad buffer (after struct ib_user_mad's header)
+        self._mad_offset = int(self._umad.umad_get_mad(self._send_buf)) - self._send_addr
+        self._send_view = self._mad_view(self._send_buf)
+        self._recv_view = self._mad_view(self._recv_buf)
         # struct ib_user_mad starts {u32 agent_id; u32 status; ...}: what umad_status() reads
         self._recv_head = memoryview(self._recv_buf).cast("B")[:8]
         self._addr: tuple[int, int, int] | None = None
+        # what the C loop needs: libibumad's functions (those ctypes calls), agents, buffers
+        umad = self._umad
+        self._c_args = (
+            tuple(
+                int(ctypes.cast(f, ctypes.c_void_p).value or 0)
+                for f in (umad.umad_send, umad.umad_recv, umad.umad_set_addr)
+            ),
+            tuple(self._agents[c] for c in (CLASS_SMI, CLASS_SMI_DIRECT, CLASS_PMA)),
+            (self._send_addr, self._recv_addr, self._mad_offset),
+        )
         self.sent = 0
         self.timeouts = 0
 
     def _mad_view(self, buf: ctypes.Array[ctypes.c_char]) -> memoryview:
         """The 256 MAD bytes inside a umad buffer, writable in place (no memmove per MAD)."""
-        offset = int(self._umad.umad_get_mad(buf)) - ctypes.addressof(buf)
+        offset = self._mad_offset
         return memoryview(buf).cast("B")[offset : offset + _MAD_SIZE]
 
     def close(self) -> None:
@@ -391,10 +424,44 @@ class MadEngine:
         list, which then holds only the rest: the caller can decode the first answers while
         later MADs are still in flight.
         """
+
+        def emit_results(part: list[RawResult]) -> None:
+            assert emit is not None
+            emit(list(map(MadResult._make, part)))
+
+        raw = self.run_raw(requests, emit_results if emit is not None else None, chunk)
+        return list(map(MadResult._make, raw))
+
+    def run_raw(
+        self,
+        requests: Sequence[MadRequest],
+        emit: Callable[[list[RawResult]], None] | None = None,
+        chunk: int = 512,
+    ) -> list[RawResult]:
+        """``run`` with plain (payload, error) tuples: what the MAD worker ships as they are."""
         if not self._handle:
             raise MadError("MAD port closed")
+        if self.loop == "c":
+            fns, agents, bufs = self._c_args
+            results, self._tid, sent, timeouts = _madloop.run(
+                requests, fns, self._fd, agents, bufs,
+                self.timeout, self.retries, self.window, self._tid, emit, chunk,
+            )  # fmt: skip
+            self._addr = None  # the loop set the send buffer's address
+            self.sent += sent
+            self.timeouts += timeouts
+            return results
+        return self._run_python(requests, emit, chunk)
+
+    def _run_python(
+        self,
+        requests: Sequence[MadRequest],
+        emit: Callable[[list[RawResult]], None] | None,
+        chunk: int,
+    ) -> list[RawResult]:
+        """The loop without the C module (``_madloop.c`` is this, line for line)."""
         n = len(requests)
-        results: list[MadResult | None] = [None] * n
+        results: list[RawResult | None] = [None] * n
         done = emitted = 0  # results[:done] are all in; results[:emitted] went to ``emit``
         tries = [0] * len(requests)
         todo: deque[int] = deque(range(len(requests)))
@@ -413,7 +480,7 @@ class MadEngine:
                 todo.appendleft(idx)
             else:
                 self.timeouts += 1
-                results[idx] = MadResult(None, "timeout")
+                results[idx] = (None, "timeout")
 
         while todo or pending:
             now = time.monotonic()
@@ -421,7 +488,7 @@ class MadEngine:
                 idx = todo.popleft()
                 tid = next_tid()
                 if not send(requests[idx], tid):
-                    results[idx] = MadResult(None, "send_failed")
+                    results[idx] = (None, "send_failed")
                     continue
                 pending[tid] = idx
                 deadlines.append((now + timeout, tid))
@@ -442,9 +509,9 @@ class MadEngine:
                         if view[1] == CLASS_SMI_DIRECT:
                             status &= 0x7FFF
                         if status & 0x1C:  # bad version / method / attribute / value
-                            results[idx] = MadResult(None, f"status_0x{status:04x}")
+                            results[idx] = (None, f"status_0x{status:04x}")
                         else:
-                            results[idx] = MadResult(view[64:].tobytes())
+                            results[idx] = (view[64:].tobytes(), None)
                 now = time.monotonic()
             while deadlines and deadlines[0][0] <= now:
                 idx = pending.pop(deadlines.popleft()[1], -1)
@@ -457,4 +524,4 @@ class MadEngine:
                 if done - emitted >= chunk:
                     emit(results[emitted:done])  # type: ignore[arg-type]  # all answered
                     emitted = done
-        return [r if r is not None else MadResult(None, "timeout") for r in results[emitted:]]
+        return [r if r is not None else (None, "timeout") for r in results[emitted:]]

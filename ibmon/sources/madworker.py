@@ -54,7 +54,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ibmon.sources.libibmad import MadEngine, MadError, MadRequest, MadResult
+from ibmon.sources.libibmad import MadEngine, MadError, MadRequest, MadResult, RawResult
 
 if TYPE_CHECKING:
     import subprocess
@@ -329,8 +329,8 @@ def _serve(out: int, args: dict[str, Any]) -> int:
     reader = _Reader(0, threading.Event())
     requests: list[MadRequest] = []
 
-    def part(results: list[MadResult]) -> None:
-        _write_frame(out, ("part", [(r.data, r.error) for r in results]))
+    def part(results: list[RawResult]) -> None:
+        _write_frame(out, ("part", results))
 
     with engine:
         while True:
@@ -344,11 +344,11 @@ def _serve(out: int, args: dict[str, Any]) -> int:
                 requests = list(map(MadRequest._make, msg[1]))
             batch = list(map(MadRequest._make, msg[1])) if msg[0] == "once" else requests
             try:
-                results = engine.run(batch, part, STREAM_CHUNK)
+                results = engine.run_raw(batch, part, STREAM_CHUNK)
             except MadError as exc:
                 _write_frame(out, ("error", str(exc), exc.cause))
                 return 0
-            _write_frame(out, ("ok", [(r.data, r.error) for r in results]))
+            _write_frame(out, ("ok", results))
 
 
 def main(argv: Sequence[str]) -> int:
