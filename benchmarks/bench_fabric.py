@@ -10,8 +10,9 @@ Measures, on one simulator:
   plus the first counter sweep, which is what a cold start (or ``ibmon scan``) pays and the
   like-for-like comparison with ``ibqueryerrors``, and the steady-state counter sweep the daemon
   runs every poll (with and without the per-poll PortInfo state refresh);
-- ``ibqueryerrors --data --counters`` (rdma-core's C tool: its own discovery plus PortCounters
-  for every port, on every run);
+- ``ibqueryerrors --data --counters`` (rdma-core's C tool: its own discovery, ClassPortInfo per
+  node and PortCountersExtended for every port, on every run: 7,847 MADs here; ``--counters``
+  prints data counters only, so it reads no PortCounters, where ``mad`` reads both);
 - the ``diags`` source (discover + one sample);
 - a naive perfquery-per-port loop (timed on ``--loop-sample`` ports, median extrapolated to the
   fabric; said so).
