@@ -24,6 +24,7 @@ from tests.syspkg import require_binary
 __all__ = [
     "REPO",
     "require_ibsim",
+    "run_child",
     "run_diags",
     "run_mad",
     "sim_for",
@@ -129,6 +130,22 @@ def run_mad(
         pytest.fail(f"mad child failed ({proc.returncode}): {stderr[-3000:]}")
     out: dict[str, Any] = json.loads(stdout.splitlines()[-1])
     return out
+
+
+def run_child(sim: IbSim, code: str, *args: str, timeout: float = 120.0) -> Any:
+    """Run ``code`` (``python -c``, with ``args``) in a child with the simulator's environment;
+    its last line of output, parsed as JSON. A child that fails fails the test with its stderr."""
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env=sim.tool_env(),
+        cwd=sim.workdir,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1])
 
 
 def topology_json(t: Any) -> dict[str, Any]:

@@ -6,9 +6,6 @@ the sweep read every PortInfo moments before. The saved MADs must not change wha
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +13,7 @@ import pytest
 
 from mocks.ibsim import IbSim
 from mocks.topology import fabric_for_ports, to_ibsim_netfile
-from tests.ibsim_fixtures import require_ibsim
+from tests.ibsim_fixtures import require_ibsim, run_child
 
 pytestmark = pytest.mark.system
 
@@ -56,17 +53,7 @@ def sim() -> Iterator[IbSim]:
 
 
 def _run(sim: IbSim) -> list[dict[str, Any]]:
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD],
-        env=sim.tool_env(),
-        cwd=sim.workdir,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out: list[dict[str, Any]] = json.loads(proc.stdout.splitlines()[-1])
+    out: list[dict[str, Any]] = run_child(sim, _CHILD)
     return out
 
 

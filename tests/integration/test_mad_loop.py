@@ -10,9 +10,6 @@ bytes, error), the parts' sizes and order, and the sent / timed-out counts must 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +18,7 @@ import pytest
 from ibmon.sources import libibmad
 from mocks.ibsim import IbSim
 from mocks.topology import fabric_for_ports, to_ibsim_netfile
-from tests.ibsim_fixtures import require_ibsim
+from tests.ibsim_fixtures import require_ibsim, run_child
 
 pytestmark = pytest.mark.system
 
@@ -67,17 +64,7 @@ def sim() -> Iterator[IbSim]:
 
 
 def _run(sim: IbSim, loop: str, window: int, chunk: int) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, loop, str(window), str(chunk)],
-        env=sim.tool_env(),
-        cwd=sim.workdir,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out: dict[str, Any] = json.loads(proc.stdout.splitlines()[-1])
+    out: dict[str, Any] = run_child(sim, _CHILD, loop, str(window), str(chunk))
     return out
 
 
