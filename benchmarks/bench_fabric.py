@@ -7,9 +7,10 @@
 Measures, on one simulator:
 
 - the ``mad`` source in a child process with the simulator's LD_PRELOAD: discovery (DR sweep)
-  plus the first counter sweep, which is what a cold start (or ``ibmon scan``) pays and the
-  like-for-like comparison with ``ibqueryerrors``, and the steady-state counter sweep the daemon
-  runs every poll (with and without the per-poll PortInfo state refresh);
+  plus the first poll (whose counters the discovery's last batch reads), which is what a cold
+  start (or ``ibmon scan``) pays and the like-for-like comparison with ``ibqueryerrors``, and
+  the steady-state counter sweep the daemon runs every poll (with and without the per-poll
+  PortInfo state refresh);
 - ``ibqueryerrors --data --counters`` (rdma-core's C tool: its own discovery, ClassPortInfo per
   node and PortCountersExtended for every port, on every run: 7,847 MADs here; ``--counters``
   prints data counters only, so it reads no PortCounters, where ``mad`` reads both);
@@ -122,10 +123,10 @@ def cold_start(sim: IbSim, repeat: int, before: str | None = None) -> bool:
     print(f"load average {load0[0]:.2f} before, {load1[0]:.2f} after; best of {repeat}, "
           "interleaved")
     for m_ in sorted(mads):
-        print(f"MADs: discovery {m_[0]}, first sweep {m_[1]}, later polls {list(m_[2:])}")
+        print(f"MADs: discovery {m_[0]}, first poll {m_[1]}, later polls {list(m_[2:])}")
     print(f"ibqueryerrors --data --counters      {iqe_s:7.3f} s   ({_spread(iqe)})")
-    print(f"mad discovery (+ ClassPortInfo)      {min(disc):7.3f} s   ({_spread(disc)})")
-    print(f"mad first sweep                      {min(first):7.3f} s   ({_spread(first)})")
+    print(f"mad discovery (+ first PMA reads)    {min(disc):7.3f} s   ({_spread(disc)})")
+    print(f"mad first poll                       {min(first):7.3f} s   ({_spread(first)})")
     medians = statistics.median(coldr) / statistics.median(iqe)
     print(f"mad discovery + first sweep          {cold_s:7.3f} s   = {cold_s / iqe_s:.2f}x "
           f"ibqueryerrors ({_spread(coldr)}; medians {medians:.2f}x)")
@@ -286,7 +287,7 @@ def main() -> None:
     nostate_s = min(steady_nostate)
     print(f"fabric: {n_ports} ports ({len(fab.nodes)} nodes), best of {args.repeat}")
     print(f"ibqueryerrors --data --counters      {iqe_s:7.3f} s   (discovers on every run)")
-    print(f"mad discovery (DR sweep)             {min(disc):7.3f} s")
+    print(f"mad discovery (+ first PMA reads)    {min(disc):7.3f} s")
     print(
         f"mad discovery + first counter sweep  {cold_s:7.3f} s   "
         f"= {cold_s / iqe_s:.2f}x ibqueryerrors"

@@ -4,10 +4,16 @@ Topology is a directed-route SMP sweep from the local port, breadth first, one b
 per hop level: NodeInfo for every neighbour, then NodeDescription and PortInfo (every switch
 port, the CA ports we arrived on) for every new node. Counters are LID-routed PMA Gets:
 ClassPortInfo once per LID per topology refresh (its CapMask/CapMask2 say which fields are
-valid; the discovery sends these as soon as its sweep ends and reads them once the view is
-built), then PortCountersExtended and, when the 64-bit error copies are missing, PortCounters
+valid), then PortCountersExtended and, when the 64-bit error copies are missing, PortCounters
 for every port. The same decoding and the same rules as the ``diags`` source (``parse`` and
 ``fabric`` modules) make both report identical topologies and snapshots.
+
+The discovery's last batch is the first poll's reads: as its sweep ends it sends ClassPortInfo
+for every LID and then both counter attributes of every port (which ones a port has is known
+only from its ClassPortInfo; the answers to the other are dropped, at most one spare MAD per
+port and discovery), and the worker sends them while this thread builds the view. The poll that
+directly follows the discovery (within ``DISCOVERY_STATE_FRESH``, as the daemon's does) takes
+those counters and their time, and sends only its detail reads.
 
 Error and discard details (PortRcvErrorDetails, PortXmitDiscardDetails) follow
 ``fabric.DetailReads``: baselines of new ports and re-reads of failed reads go out in the poll's
@@ -66,6 +72,7 @@ from ibmon.gcpause import paused_gc
 from ibmon.model import PortKey, Snapshot, SourceError, Topology
 from ibmon.sources.fabric import (
     DETAIL_BASELINES_PER_POLL,
+    DISCOVERY_STATE_FRESH,
     DetailRead,
     FabricSource,
     FabricSourceConfig,
@@ -145,6 +152,33 @@ class _Node:
     ports: dict[int, PortInfo] = field(default_factory=dict)
 
 
+#: The counter attributes of a port, in the order a port's Gets go out, by the name
+#: ``decode_counters`` takes them under.
+_COUNTER_ATTRS = (("ext", ATTR_PORT_COUNTERS_EXT), ("narrow", ATTR_PORT_COUNTERS))
+
+
+def _kinds(cpi: ClassPortInfo) -> tuple[str, ...]:
+    """Which counter attributes a port behind ``cpi`` is read with: PortCountersExtended when
+    it has it, PortCounters when it has no extended set or no 64-bit error copies (CapMask2
+    bit 1)."""
+    ext = bool(cpi.cap_mask & (CPI_CAP_EXT_WIDTH | CPI_CAP_EXT_WIDTH_NOIETF))
+    if not ext:
+        return ("narrow",)
+    return ("ext",) if cpi.cap_mask2 & CPI_CAP2_ADDL_EXT else ("ext", "narrow")
+
+
+@dataclass(slots=True)
+class _FirstSweep:
+    """The counters a discovery read for the poll that follows it (``MadSource.discover``)."""
+
+    monotonic: float  # when its batch went out: the poll's sample time
+    wall: float
+    done: float = 0.0  # when its answers were all in
+    asked: dict[PortKey, int] = field(default_factory=dict)  # port -> the LID it was read at
+    values: dict[PortKey, PortCounterValues] = field(default_factory=dict)
+    failed: dict[PortKey, str] = field(default_factory=dict)
+
+
 #: ClassPortInfo masks by LID, and why by LID for the LIDs that did not answer.
 _Learned = tuple[dict[int, ClassPortInfo], dict[int, str]]
 #: A node reached in a sweep round: its NodeInfo, the directed route to it, the port entered by.
@@ -216,6 +250,8 @@ class MadSource(FabricSource):
         self._cpi: dict[int, ClassPortInfo] = {}
         #: LIDs whose ClassPortInfo the last discovery asked in vain, and why (the next poll's)
         self._cpi_failed: dict[int, str] = {}
+        #: the counters the last discovery read, until the poll that follows it takes them
+        self._first: _FirstSweep | None = None
         self.last_sweep_mads = 0
         #: of ``last_sweep_mads``, the detail Gets (PortRcvErrorDetails, PortXmitDiscardDetails)
         self.last_detail_mads = 0
@@ -544,14 +580,27 @@ class MadSource(FabricSource):
     async def discover(self) -> Topology:
         await self._ensure_workers()
         started = time.monotonic()
+        self._first = None
 
-        def sweep_and_view() -> tuple[SweepResult, FabricView, _Learned, int]:
+        def sweep_and_view() -> tuple[SweepResult, FabricView, _Learned, int, _FirstSweep]:
             sweep = self.sweep_sync()
-            # The ClassPortInfo reads of the first poll go out now, and the worker does them
-            # while this thread builds the view (tens of ms at 2,000 ports) instead of after.
-            lids = self._cpi_lids(sweep)
+            # The first poll's PMA reads go out now, in one batch: ClassPortInfo per LID, then
+            # both counter attributes of every port (which of them a port has is known only
+            # once its ClassPortInfo is in; the spare one costs a MAD per port a discovery).
+            # The worker sends them while this thread builds the view (tens of ms at 2,000
+            # ports), and the poll that follows the discovery takes the counters from here.
+            targets = self._poll_targets(sweep)
+            lids = list(targets)
+            plan: list[tuple[PortKey, str, MadRequest]] = [
+                (key, kind, MadRequest(CLASS_PMA, attr, lid=lid, port_select=int(key[1])))
+                for lid, keys in targets.items()
+                for key in keys
+                for kind, attr in _COUNTER_ATTRS
+            ]
+            first = _FirstSweep(time.monotonic(), time.time())
             pending = self._results(
                 [MadRequest(CLASS_PMA, ATTR_CLASS_PORT_INFO, lid=lid) for lid in lids]
+                + [req for _key, _kind, req in plan]
             )
             try:
                 view = self._view_from(sweep)
@@ -559,9 +608,13 @@ class MadSource(FabricSource):
                 self._broken = self._broken or "a batch was not read to its end"
                 raise
             learned: _Learned = ({}, {})
-            for lid, r in zip(lids, pending, strict=True):
+            for lid, r in zip(lids, itertools.islice(pending, len(lids)), strict=True):
                 self._book_class_port_info(lid, r, learned)
-            return sweep, view, learned, len(lids)
+            first.values, first.failed = self._decode_plan(plan, pending, learned[0])
+            next(pending, None)  # the end of the batch: its verdict on the workers
+            first.asked = {key: lid for lid, keys in targets.items() for key in keys}
+            first.done = time.monotonic()
+            return sweep, view, learned, len(lids) + len(plan), first
 
         got = await self._in_thread(sweep_and_view)
         assert isinstance(got, tuple)
@@ -569,27 +622,33 @@ class MadSource(FabricSource):
         view: FabricView = got[1]
         self._cpi, self._cpi_failed = got[2]
         self.last_sweep_mads = sweep.mads + got[3]
-        return self._adopt(view, sweep.errors, started, reached=len(sweep.nodes))
+        topo = self._adopt(view, sweep.errors, started, reached=len(sweep.nodes))
+        self._first = got[4]
+        return topo
 
-    def _cpi_lids(self, sweep: SweepResult) -> list[int]:
-        """The LIDs the view of ``sweep`` will poll (the rules of ``_view_from``), for the
-        ClassPortInfo reads that go out with the discovery. None with a shard: it drops ports
-        by the finished topology, and a LID it drops must not cost a MAD."""
+    def _poll_targets(self, sweep: SweepResult) -> dict[int, list[PortKey]]:
+        """The ports the view of ``sweep`` will poll by LID (the rules of ``_view_from`` and
+        ``FabricView.by_lid``: LIDs ascending, ports in numeric order), for the reads that go
+        out with the discovery. Empty with a shard: it drops ports by the finished topology,
+        and a port it drops must not cost a MAD."""
         if self._shard is not None:
-            return []
-        lids: set[int] = set()
+            return {}
+        groups: dict[int, list[PortKey]] = {}
         for guid, node in sweep.nodes.items():
             if not self._filter.keep(guid, node.desc):
                 continue
             if node.info.node_type == "switch":
-                if any(p in node.ports for p in range(1, node.info.num_ports + 1)):
+                numbers = [p for p in range(1, node.info.num_ports + 1) if p in node.ports]
+                if numbers:
                     port0 = node.ports.get(0)
                     lid = port0.lid if port0 is not None else self._known_lid(guid)
                     if lid:
-                        lids.add(lid)
+                        groups.setdefault(lid, []).extend((guid, str(p)) for p in numbers)
             else:
-                lids.update(pi.lid for p, pi in node.ports.items() if p > 0 and pi.lid)
-        return sorted(lids)
+                for p in sorted(node.ports):
+                    if p > 0 and node.ports[p].lid:
+                        groups.setdefault(node.ports[p].lid, []).append((guid, str(p)))
+        return {lid: groups[lid] for lid in sorted(groups)}
 
     @staticmethod
     def _book_class_port_info(lid: int, r: MadResult, learned: _Learned) -> None:
@@ -606,45 +665,47 @@ class MadSource(FabricSource):
     # ------------------------------------------------------------------ counters
 
     def _counters_sync(
-        self, view: FabricView, refresh_state: bool = True
+        self, view: FabricView, refresh_state: bool = True, first: _FirstSweep | None = None
     ) -> tuple[dict[PortKey, PortCounterValues], list[SourceError], int]:
         """Every port's counters (and, with ``refresh_state``, its PortInfo) in one MAD batch,
         then the detail Gets of the ports whose aggregates moved (``fabric.DetailReads``).
+        ``first``: what the discovery already read; only the ports it did not ask at the LID
+        they have now are asked again.
 
         Returns counters by port (detail values included), the errors (one per port and
         poll, plus one per failed detail read), and the MADs sent.
         """
         by_lid = view.by_lid()
         errors, mads = self._learn_class_port_info(by_lid)
-        plan = self._pma_plan(by_lid)
+        had: list[PortKey] = []
+        if first is not None:
+            ports = view.ports
+            had = [k for k, lid in first.asked.items() if k in ports and ports[k].lid == lid]
+        done = set(had)
+        plan = [p for p in self._pma_plan(by_lid) if p[0] not in done]
         state = [(k, lid) for lid, keys in by_lid.items() for k in keys] if refresh_state else []
         details = self.details
         # baselines and owed re-reads are known now: they ride in the poll's batch
-        early = details.planned(dict.fromkeys(k for k, _kind, _r in plan))
+        early = details.planned(dict.fromkeys(
+            itertools.chain(had, (k for k, _kind, _r in plan))))
         reqs = [req for _key, _kind, req in plan]
         reqs += [MadRequest(CLASS_SMI, ATTR_PORT_INFO, attr_mod=int(k[1]), lid=lid)
                  for k, lid in state]
         reqs += [self._detail_request(view, read) for read in early]
         results = self._results(reqs)  # decoded as they arrive, while later MADs are out
         mads += len(reqs)
-        n_plan, n_state = len(plan), len(state)
         out: dict[PortKey, PortCounterValues] = {}
         failed: dict[PortKey, str] = {}
-        # a port's counter Gets are adjacent in the plan: decode it once its last one is in
-        key: PortKey | None = None
-        parts: dict[str, bytes] = {}
-        for (k, kind, _req), r in zip(plan, itertools.islice(results, n_plan), strict=True):
-            if k != key:
-                if key is not None and key not in failed:
-                    out[key] = self._decode(view, key, parts)
-                key, parts = k, {}
-            if r.data is None:
-                failed.setdefault(k, r.error or "timeout")
-            else:
-                parts[kind] = r.data
-        if key is not None and key not in failed:
-            out[key] = self._decode(view, key, parts)
-        for (k, _lid), r in zip(state, itertools.islice(results, n_state), strict=True):
+        if first is not None:
+            for k in had:
+                if k in first.values:
+                    out[k] = first.values[k]
+                elif k in first.failed:
+                    failed[k] = first.failed[k]
+        more, more_failed = self._decode_plan(plan, results, self._cpi)
+        out.update(more)
+        failed.update(more_failed)
+        for (k, _lid), r in zip(state, itertools.islice(results, len(state)), strict=True):
             if r.data is not None:
                 view.refresh_port(k, decode_port_info(r.data))
             elif k in out:
@@ -659,10 +720,11 @@ class MadSource(FabricSource):
         self._record_details(early, list(results), out, errors)
         late = details.moved(out, set(early))
         if late:
-            more = self._run_sync([self._detail_request(view, read) for read in late], keep=False)
+            more_reqs = [self._detail_request(view, read) for read in late]
+            answers = self._run_sync(more_reqs, keep=False)
             detail_mads += len(late)
             mads += len(late)
-            self._record_details(late, more, out, errors)
+            self._record_details(late, answers, out, errors)
         details.fill(out)
         details.report_learned(self.name)
         self.last_detail_mads = detail_mads
@@ -724,38 +786,79 @@ class MadSource(FabricSource):
         return errors, len(missing)
 
     def _pma_plan(
-        self, by_lid: dict[int, list[PortKey]]
+        self, by_lid: Mapping[int, Sequence[PortKey]]
     ) -> list[tuple[PortKey, str, MadRequest]]:
-        """The counter Gets per port: PortCountersExtended when the port has it, PortCounters
-        when it has no extended set or no 64-bit error copies (CapMask2 bit 1)."""
+        """The counter Gets per port (``_kinds``), a port's Gets adjacent; LIDs without known
+        ClassPortInfo are left out (their error is the ClassPortInfo's)."""
         plan: list[tuple[PortKey, str, MadRequest]] = []
         for lid, keys in by_lid.items():
             cpi = self._cpi.get(lid)
             if cpi is None:
                 continue
-            ext = bool(cpi.cap_mask & (CPI_CAP_EXT_WIDTH | CPI_CAP_EXT_WIDTH_NOIETF))
-            narrow = not cpi.cap_mask2 & CPI_CAP2_ADDL_EXT
+            kinds = _kinds(cpi)
             for key in keys:
                 sel = int(key[1])
-                if ext:
-                    req = MadRequest(CLASS_PMA, ATTR_PORT_COUNTERS_EXT, lid=lid, port_select=sel)
-                    plan.append((key, "ext", req))
-                if narrow or not ext:
-                    req = MadRequest(CLASS_PMA, ATTR_PORT_COUNTERS, lid=lid, port_select=sel)
-                    plan.append((key, "narrow", req))
+                for kind, attr in _COUNTER_ATTRS:
+                    if kind in kinds:
+                        plan.append(
+                            (key, kind, MadRequest(CLASS_PMA, attr, lid=lid, port_select=sel))
+                        )
         return plan
 
-    def _decode(self, view: FabricView, key: PortKey, parts: dict[str, bytes]) -> PortCounterValues:
-        """One port's counter payloads, decoded and merged under its LID's capability masks."""
-        plid = view.ports[key].lid
-        assert plid is not None
-        cpi = self._cpi[plid]
-        return decode_counters(parts.get("narrow"), parts.get("ext"), cpi.cap_mask, cpi.cap_mask2)
+    @staticmethod
+    def _decode_plan(
+        plan: Sequence[tuple[PortKey, str, MadRequest]],
+        results: Iterator[MadResult],
+        cpi: Mapping[int, ClassPortInfo],
+    ) -> tuple[dict[PortKey, PortCounterValues], dict[PortKey, str]]:
+        """The answers to ``plan`` (as many as it has, taken from ``results``), decoded per port
+        under its LID's capability masks: values by port, and why by port for those that failed.
+        Answers to attributes the masks say the port does not have are ignored (the discovery
+        asks both before it knows); a port whose LID has no masks is in neither."""
+        out: dict[PortKey, PortCounterValues] = {}
+        failed: dict[PortKey, str] = {}
+
+        def finish(key: PortKey, lid: int, got: dict[str, MadResult]) -> None:
+            masks = cpi.get(lid)
+            if masks is None:
+                return
+            parts: dict[str, bytes] = {}
+            for kind in _kinds(masks):
+                r = got[kind]
+                if r.data is None:
+                    failed[key] = r.error or "timeout"
+                    return
+                parts[kind] = r.data
+            out[key] = decode_counters(
+                parts.get("narrow"), parts.get("ext"), masks.cap_mask, masks.cap_mask2
+            )
+
+        # a port's counter Gets are adjacent in the plan: decode it once its last one is in
+        key: PortKey | None = None
+        lid = 0
+        got: dict[str, MadResult] = {}
+        for (k, kind, req), r in zip(plan, itertools.islice(results, len(plan)), strict=True):
+            if k != key:
+                if key is not None:
+                    finish(key, lid, got)
+                key, lid, got = k, req.lid, {}
+            got[kind] = r
+        if key is not None:
+            finish(key, lid, got)
+        return out, failed
 
     def _sample_sync(self, view: FabricView, refresh_state: bool) -> Snapshot:
-        """One poll on the MAD thread, PortSamples included (built with GC paused, off the loop)."""
-        snap = Snapshot(source=self.name, monotonic=time.monotonic(), wall=time.time())
-        values, errors, mads = self._counters_sync(view, refresh_state)
+        """One poll on the MAD thread, PortSamples included (built with GC paused, off the loop).
+        The poll that directly follows a discovery (``DISCOVERY_STATE_FRESH``) takes the
+        counters that discovery read, and their time."""
+        first, self._first = self._first, None
+        if first is not None and time.monotonic() - first.done >= DISCOVERY_STATE_FRESH:
+            first = None
+        if first is not None:
+            snap = Snapshot(source=self.name, monotonic=first.monotonic, wall=first.wall)
+        else:
+            snap = Snapshot(source=self.name, monotonic=time.monotonic(), wall=time.time())
+        values, errors, mads = self._counters_sync(view, refresh_state, first)
         self.last_sweep_mads = mads
         snap.errors.extend(errors)
         self._fill(snap, view, values)
