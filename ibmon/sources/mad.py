@@ -61,7 +61,7 @@ import concurrent.futures
 import itertools
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -681,8 +681,7 @@ class MadSource(FabricSource):
         if first is not None:
             ports = view.ports
             had = [k for k, lid in first.asked.items() if k in ports and ports[k].lid == lid]
-        done = set(had)
-        plan = [p for p in self._pma_plan(by_lid) if p[0] not in done]
+        plan = self._pma_plan(by_lid, skip=set(had))
         state = [(k, lid) for lid, keys in by_lid.items() for k in keys] if refresh_state else []
         details = self.details
         # baselines and owed re-reads are known now: they ride in the poll's batch
@@ -786,10 +785,10 @@ class MadSource(FabricSource):
         return errors, len(missing)
 
     def _pma_plan(
-        self, by_lid: Mapping[int, Sequence[PortKey]]
+        self, by_lid: Mapping[int, Sequence[PortKey]], skip: Container[PortKey] = ()
     ) -> list[tuple[PortKey, str, MadRequest]]:
-        """The counter Gets per port (``_kinds``), a port's Gets adjacent; LIDs without known
-        ClassPortInfo are left out (their error is the ClassPortInfo's)."""
+        """The counter Gets per port (``_kinds``), a port's Gets adjacent, ports in ``skip``
+        left out; LIDs without known ClassPortInfo too (their error is the ClassPortInfo's)."""
         plan: list[tuple[PortKey, str, MadRequest]] = []
         for lid, keys in by_lid.items():
             cpi = self._cpi.get(lid)
@@ -797,6 +796,8 @@ class MadSource(FabricSource):
                 continue
             kinds = _kinds(cpi)
             for key in keys:
+                if key in skip:
+                    continue
                 sel = int(key[1])
                 for kind, attr in _COUNTER_ATTRS:
                     if kind in kinds:
