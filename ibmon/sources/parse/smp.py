@@ -82,9 +82,9 @@ def decode_node_info(data: bytes) -> NodeInfo:
     return NodeInfo(
         NODE_TYPES.get(ntype, "unknown"),  # node_type
         nports,  # num_ports
-        f"0x{sysguid:016x}",  # system_guid, as hex_guid writes it
-        f"0x{nguid:016x}",  # node_guid
-        f"0x{pguid:016x}",  # port_guid
+        hex_guid(sysguid),  # system_guid
+        hex_guid(nguid),  # node_guid
+        hex_guid(pguid),  # port_guid
         devid,  # device_id
         vendor,  # vendor_id
         local_port,  # local_port
