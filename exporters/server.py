@@ -33,7 +33,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import h11
@@ -256,6 +256,35 @@ def peer_address(transport: asyncio.BaseTransport) -> str | None:
     return None if peer is None else str(peer)
 
 
+class _Placeholder:
+    """Stands for a whole body in one h11 ``Data`` event: h11 needs only its length and hands
+    the object back where the bytes go (h11's documented support for ``sendfile``)."""
+
+    __slots__ = ("length",)
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+
+def _framed(conn: h11.Connection, pieces: list[bytes]) -> list[bytes | memoryview]:
+    """``pieces`` as h11 frames them, told to h11 as one event: a gzip ``/metrics`` body is a
+    few hundred deflate parts, and an h11 event per part was 0.8 ms of the loop's time per
+    scrape (issue 12, target 5). h11 still checks the total against ``Content-Length``."""
+    placeholder = _Placeholder(sum(len(p) for p in pieces))
+    framed: list[object] = list(
+        conn.send_with_data_passthrough(h11.Data(data=cast(bytes, placeholder))) or ())
+    out: list[bytes | memoryview] = []
+    for item in framed:
+        if item is placeholder:
+            out.extend(pieces)
+        else:
+            out.append(cast(bytes, item))
+    return out
+
+
 class HttpConnection(asyncio.Protocol):
     """One client connection: h11 parses, one request is answered at a time.
 
@@ -469,10 +498,7 @@ class HttpConnection(asyncio.Protocol):
                 else:
                     await asyncio.sleep(0)  # a big body never holds the loop for long
         else:
-            parts: list[bytes | memoryview] = [head]
-            for piece in pieces:
-                if piece:
-                    parts.extend(conn.send_with_data_passthrough(h11.Data(data=piece)) or ())
+            parts: list[bytes | memoryview] = [head, *_framed(conn, [p for p in pieces if p])]
             if not self._tls and response.length >= bodysend.MIN_BYTES:
                 rest = await self._send_from_thread(transport, parts)
                 if rest is not None:

@@ -63,8 +63,15 @@ async def served() -> AsyncIterator[Served]:
     async def bug(request: Request) -> Response:
         raise RuntimeError("a bug in a handler")
 
+    async def parts(request: Request) -> Response:
+        count, size = int(request.match_info["count"]), int(request.match_info["size"])
+        body = [bytes([65 + i % 26]) * size for i in range(count)]
+        declared = sum(map(len, body)) + int(request.query.get("off", "0"))
+        return Response(body, length=declared)
+
     exporter.add_routes([Route("/echo", echo), Route("/items/{a}/{b}", echo),
-                         Route("/big", big), Route("/bug", bug)])
+                         Route("/big", big), Route("/bug", bug),
+                         Route("/parts/{count}/{size}", parts)])
     async with exporter:
         yield s
 
@@ -168,6 +175,33 @@ async def test_http_10_gets_its_answer_then_the_connection_closes(served: Served
         writer.write(b"GET /echo HTTP/1.0\r\n\r\n")
         writer.write_eof()  # a client that half-closes still gets its answer
         assert (await _read_answer(reader)).status == 200
+
+
+@pytest.mark.parametrize(("count", "size"), [(3, 1000), (330, 26_000)])  # one write; a thread
+async def test_a_body_in_parts_arrives_whole_and_in_order(served: Served, count: int,
+                                                          size: int) -> None:
+    want = b"".join(bytes([65 + i % 26]) * size for i in range(count))
+    async with _client(served.port) as (reader, writer):
+        for _ in range(2):  # keep-alive: the next answer is framed right after it
+            writer.write(_get(f"/parts/{count}/{size}"))
+            answer = await _read_answer(reader)
+            assert (answer.status, answer.body) == (200, want)
+    async with _client(served.port) as (reader, writer):
+        writer.write(_get(f"/parts/{count}/{size}", version="1.0"))
+        assert (await _read_answer(reader)).body == want
+        assert await _eof(reader)
+
+
+@pytest.mark.parametrize("off", [-1, 1])
+async def test_parts_that_disagree_with_their_length_are_never_a_complete_answer(
+    served: Served, off: int,
+) -> None:
+    async with _client(served.port) as (reader, writer):
+        writer.write(_get(f"/parts/3/1000?off={off}"))
+        data = await asyncio.wait_for(reader.read(), 10)  # until the server closes
+    head, _, body = data.partition(b"\r\n\r\n")
+    if head:  # too little: the head went out, the body stops short of it
+        assert int(head.split(b"content-length: ")[1].split(b"\r\n")[0]) > len(body)
 
 
 async def test_a_small_body_on_get_is_drained_a_big_one_closes(served: Served) -> None:
