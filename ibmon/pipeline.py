@@ -76,8 +76,8 @@ SILENT_FRACTION: Final = 0.5
 OFFLOAD_PORTS: Final = 200
 
 #: How long a worker thread holds the GIL while the event loop waits for it, once large
-#: samples are offloaded (``_tune_for_large_samples``).
-SWITCH_INTERVAL: Final = 0.001
+#: samples are offloaded (``_tune_for_large_samples``); CPython keeps it in microseconds.
+SWITCH_INTERVAL: Final = 0.0002
 #: Collections of the GC's middle generation between two full ones, once large samples are
 #: offloaded (CPython's default is 10; ``_tune_for_large_samples``).
 FULL_GC_AFTER: Final = 1000
@@ -480,11 +480,13 @@ def _tune_for_large_samples() -> None:
 
     The GIL: a worker thread gives it back to a waiting thread after ``SWITCH_INTERVAL``
     instead of CPython's default 5 ms. While a fabric's poll runs in worker threads (sample,
-    ingest, render), the event loop needs the GIL for each step of a scrape (accept, read,
-    every write of the body) and waited up to a whole interval for each: busy scrapes took
-    several times as long as idle ones (issue 12, target 5). A thread gives the GIL up only
-    when another one asks for it, so an idle loop costs the workers nothing. An interval
-    already changed from the default (by an embedding program) is left alone.
+    ingest, render), the event loop needs the GIL after each of a scrape's system calls
+    (accept, read, the hand-over to the sender thread; each gives it away) and waits up to
+    a whole interval for each: at 1 ms, busy scrapes took 1.5-2x the idle ones at the
+    median, at 0.2 ms about the same (issue 12, target 5; ``benchmarks/README.md``,
+    twenty-seventh round). A thread gives the GIL up only when another one asks for it, so an idle loop
+    costs the workers nothing. An interval already changed from the default (by an
+    embedding program) is left alone.
 
     The cyclic GC: every poll leaves tens of thousands of new container objects (views,
     samples) that reference counting frees when the next poll replaces them, and after
