@@ -240,7 +240,7 @@ def main() -> int:
     ap.add_argument("--hosts", type=int, default=7000)
     ap.add_argument("--scenario", default="demo")
     ap.add_argument("--polls", type=int, default=3)
-    ap.add_argument("--scrapes", type=int, default=40)
+    ap.add_argument("--scrapes", type=int, default=200)
     ap.add_argument("--phases", default="steady,idle,busy")
     args = ap.parse_args()
     phases = args.phases.split(",")
