@@ -52,6 +52,7 @@ from exporters.http import (
 )
 from exporters.render import PortRenderer
 from exporters.server import HttpApp, HttpConnection, HttpError, Request, Response, Route
+from ibmon.bulkwork import run_bulk
 from ibmon.gcpause import paused_gc
 from ibmon.model import PortView
 from ibmon.rowview import Span
@@ -248,7 +249,7 @@ class PrometheusExporter:
             self.publish_now(state)
             return
         seq = next(self._seq)
-        body = await asyncio.to_thread(self._render_paused, state)
+        body = await run_bulk(self._render_paused, state)
         self._install(seq, state, body)
 
     def _render_paused(self, state: FabricState) -> Deflated:

@@ -41,6 +41,7 @@ from typing import Any, Final
 
 import structlog
 
+from ibmon.bulkwork import run_bulk, submit_bulk
 from ibmon.config import SourceConfig
 from ibmon.detect.engine import ActiveCondition, Engine
 from ibmon.events import Event
@@ -226,7 +227,7 @@ class Pipeline:
             _tune_for_large_samples()
             self._active_before = self.engine.active()
             self._ingesting = True
-            work = asyncio.ensure_future(asyncio.to_thread(self._ingest_and_free, snap, failure))
+            work = asyncio.ensure_future(run_bulk(self._ingest_and_free, snap, failure))
             cancelled = False
             try:
                 while True:
@@ -424,7 +425,7 @@ class Pipeline:
         self._publishing = True
         retired, self._retired = self._retired, []
         if len(retired) >= OFFLOAD_PORTS:
-            asyncio.get_running_loop().run_in_executor(None, _release, retired)
+            submit_bulk(_release, retired)
 
     # -- what it knows ---------------------------------------------------------------------------
 
@@ -482,11 +483,11 @@ def _tune_for_large_samples() -> None:
     instead of CPython's default 5 ms. While a fabric's poll runs in worker threads (sample,
     ingest, render), the event loop needs the GIL after each of a scrape's system calls
     (accept, read, the hand-over to the sender thread; each gives it away) and waits up to
-    a whole interval for each: at 1 ms, busy scrapes took 1.5-2x the idle ones at the
-    median, at 0.2 ms about the same (issue 12, target 5; ``benchmarks/README.md``,
-    twenty-seventh round). A thread gives the GIL up only when another one asks for it, so an idle loop
-    costs the workers nothing. An interval already changed from the default (by an
-    embedding program) is left alone.
+    a whole interval for each: at 1 ms, the median busy scrape took 1.5-1.8x the idle one;
+    at 0.2 ms (with the other steps of that round) 1.0-1.4x, and the polls took no more CPU
+    (issue 12, target 5; ``benchmarks/README.md``, twenty-seventh round). A thread gives the GIL up only when another one asks for it, so
+    an idle loop costs the workers nothing. An interval already changed from the default
+    (by an embedding program) is left alone.
 
     The cyclic GC: every poll leaves tens of thousands of new container objects (views,
     samples) that reference counting frees when the next poll replaces them, and after

@@ -12,7 +12,6 @@ are what both ends support, the active ones what the link runs at now.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import Field
 
+from ibmon.bulkwork import run_bulk
 from ibmon.config import Duration, SourceConfigBase
 from ibmon.gcpause import paused_gc
 from ibmon.model import Snapshot, Topology
@@ -140,7 +140,7 @@ class MockSource:
             with paused_gc():  # a real source's sweep runs so too (``ibmon.sources.mad``)
                 return step()
 
-        return await asyncio.to_thread(paused)
+        return await run_bulk(paused)
 
     def _discover_sync(self) -> Topology:
         with self._lock:

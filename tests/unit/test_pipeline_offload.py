@@ -7,6 +7,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
 
@@ -16,6 +20,8 @@ from ibmon.model import PortView
 from ibmon.pipeline import FULL_GC_AFTER, OFFLOAD_PORTS, SWITCH_INTERVAL, Pipeline
 from ibmon.selfmetrics import SelfMetrics
 from ibmon.sources.mock import ManualClock, MockSource
+
+T = TypeVar("T")
 
 
 def _setup(name: str = "mock") -> tuple[Pipeline, MockSource, ManualClock]:
@@ -45,6 +51,27 @@ def test_the_loop_runs_while_a_large_poll_is_ingested() -> None:
     assert asyncio.run(main()) >= 1
     assert len(pipeline.views) == len(source.model.keys)
     assert pipeline.sampled_at == 1.0
+
+
+def test_a_large_poll_is_sampled_and_ingested_in_bulk_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Below the loop's CPU priority (``ibmon.bulkwork``), so a scrape's wake-ups go first."""
+    pipeline, source, _ = _setup()
+    threads: list[str] = []
+    ingest, sample = pipeline._ingest_and_free, source._sample_sync
+
+    def recorded(step: Callable[..., T]) -> Callable[..., T]:
+        def run(*args: object) -> T:
+            threads.append(threading.current_thread().name)
+            return step(*args)
+        return run
+
+    monkeypatch.setattr(pipeline, "_ingest_and_free", recorded(ingest))
+    monkeypatch.setattr(source, "_sample_sync", recorded(sample))
+    asyncio.run(pipeline.poll(source))
+    assert len(threads) == 2
+    assert all(name.startswith("ibmon-bulk") for name in threads)
 
 
 def test_a_cancelled_poll_is_ingested_and_emitted_before_it_ends() -> None:
@@ -149,10 +176,12 @@ def test_the_views_a_poll_replaced_are_not_kept_once_the_new_ones_are_published(
         pipeline.observe_publish(0.0)  # the daemon's call after the state is published
         return old
 
-    before_publish = asyncio.run(main())  # which waits for the worker threads' jobs
-    alive = _views_alive(source.name)
+    before_publish = asyncio.run(main())
     assert before_publish >= 2 * len(pipeline.views)  # two polls' views until published
-    assert alive == len(pipeline.views)
+    deadline = time.monotonic() + 10  # freed by a bulk thread, a few hundred at a time
+    while _views_alive(source.name) > len(pipeline.views) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _views_alive(source.name) == len(pipeline.views)
 
 
 def test_a_pipeline_nobody_publishes_keeps_one_generation_of_views() -> None:
