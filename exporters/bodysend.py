@@ -9,6 +9,12 @@ against 9 ms idle. One blocking ``sendmsg`` of all the parts, from a thread, giv
 once and lets the kernel copy the body as fast as the client reads it: the loop thread is not
 involved at all, and the same scrape takes 12 ms.
 
+What the socket takes at once (a fresh local connection takes megabytes) the loop sends
+itself, without blocking, before the hand-over: the client reads that while the sender thread
+waits for the GIL and a CPU to start, instead of waiting for it. That wait was up to 4-8 ms
+while polls ran back to back; the worst busy scrapes of 200 went from 14.6 / 12.3 ms to
+11.1 / 10.5 ms (issue 12, target 5; ``benchmarks/README.md``, twenty-seventh round).
+
 The connection's socket is the asyncio transport's. The sender works on a duplicate of its
 descriptor, made blocking only while it sends (``O_NONBLOCK`` belongs to the shared open file,
 so the transport must not do I/O meanwhile: its write buffer is empty and the caller pauses its
@@ -57,7 +63,8 @@ class BodySender:
     async def send(
         self, transport: asyncio.Transport, parts: Sequence[bytes | memoryview]
     ) -> list[memoryview] | None:
-        """Send ``parts`` on ``transport``'s socket from a thread.
+        """Send ``parts`` on ``transport``'s socket: what it takes at once from here, the rest
+        from a thread.
 
         Returns what the client did not take in time (empty when everything was sent), or None
         when nothing was attempted (no socket, every thread busy): the caller then writes all
@@ -73,11 +80,18 @@ class BodySender:
             self._slots.release()
             return None
         try:
+            views = [memoryview(p) for p in parts if p]
+            with contextlib.suppress(BlockingIOError):  # still non-blocking: what fits now
+                _advance(views, dup.sendmsg(views[:_IOV_MAX]))
+            if not views:
+                _restore(dup)
+                self._slots.release()
+                return []
             dup.setblocking(True)
             dup.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, self._timeout)
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="ibmon-send")
-            future = self._pool.submit(_send_blocking, dup, parts, self._slots)
+            future = self._pool.submit(_send_blocking, dup, views, self._slots)
         except BaseException:
             _restore(dup)
             self._slots.release()

@@ -485,9 +485,9 @@ def _tune_for_large_samples() -> None:
     (accept, read, the hand-over to the sender thread; each gives it away) and waits up to
     a whole interval for each: at 1 ms, the median busy scrape took 1.5-1.8x the idle one;
     at 0.2 ms (with the other steps of that round) 1.0-1.4x, and the polls took no more CPU
-    (issue 12, target 5; ``benchmarks/README.md``, twenty-seventh round). A thread gives the GIL up only when another one asks for it, so
-    an idle loop costs the workers nothing. An interval already changed from the default
-    (by an embedding program) is left alone.
+    (issue 12, target 5; ``benchmarks/README.md``, twenty-seventh round). A thread gives the
+    GIL up only when another one asks for it, so an idle loop costs the workers nothing. An
+    interval already changed from the default (by an embedding program) is left alone.
 
     The cyclic GC: every poll leaves tens of thousands of new container objects (views,
     samples) that reference counting frees when the next poll replaces them, and after
