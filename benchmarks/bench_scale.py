@@ -1,7 +1,7 @@
 """Memory, CPU per poll and scrape latency of a real fabric daemon on a large simulated fabric.
 
     .venv/bin/python benchmarks/bench_scale.py [--hosts 7000] [--scenario demo]
-        [--polls 3] [--scrapes 40] [--phases steady,idle,busy]
+        [--polls 3] [--scrapes 200] [--phases steady,idle,busy]
 
 Issue 12, targets 3-5. Each phase starts its own ``python -m ibmon run`` with one ``mock`` source
 exactly as ``ibmon demo --hosts N --scenario S`` configures it (simulated time x10), which is

@@ -12,7 +12,7 @@ involved at all, and the same scrape takes 12 ms.
 What the socket takes at once (a fresh local connection takes megabytes) the loop sends
 itself, without blocking, before the hand-over: the client reads that while the sender thread
 waits for the GIL and a CPU to start, instead of waiting for it. That wait was up to 4-8 ms
-while polls ran back to back; the worst busy scrapes of 200 went from 14.6 / 12.3 ms to
+while polls ran back to back; the p99 of 200 busy scrapes went from 14.6 / 12.3 ms to
 11.1 / 10.5 ms (issue 12, target 5; ``benchmarks/README.md``, twenty-seventh round).
 
 The connection's socket is the asyncio transport's. The sender works on a duplicate of its

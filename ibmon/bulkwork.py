@@ -4,8 +4,8 @@ Why (issue 12, target 5): a fabric daemon's poll runs in worker threads (the sim
 step, tracking and detection, rendering, freeing the last poll's views) that keep a CPU or
 two busy while polls follow each other. The event loop, which answers scrapes, wakes up after
 every system call of a scrape and had to wait for a CPU behind those threads as often as for
-the GIL: on two CPUs the worst of 200 busy scrapes took 20-21 ms, against 15-16 ms when the
-bulk threads run ``NICE`` steps below the process (``benchmarks/README.md``, twenty-seventh
+the GIL: on two CPUs the p99 of 200 busy scrapes was 20-21 ms, against 15-16 ms with the
+bulk threads ``NICE`` steps below the process (``benchmarks/README.md``, twenty-seventh
 round). The scheduler still gives them every CPU nobody else wants, so a poll is as fast on
 an idle host; on a busy one, the loop, the body sender threads and other programs (the subnet
 manager on a management node) go first.
