@@ -100,10 +100,10 @@ class BodySender:
 
 
 def _send_blocking(
-    sock: socket.socket, parts: Sequence[bytes | memoryview], slots: threading.BoundedSemaphore
+    sock: socket.socket, views: list[memoryview], slots: threading.BoundedSemaphore
 ) -> list[memoryview]:
-    """Runs in a sender thread, which owns ``sock`` (a duplicate) and releases the slot."""
-    views = [memoryview(p) for p in parts if p]
+    """Runs in a sender thread, which owns ``sock`` (a duplicate) and ``views`` (what is left
+    is returned), and releases the slot."""
     try:
         while views:
             batch = views[:_IOV_MAX]
