@@ -24,6 +24,7 @@ from tests.e2e.test_prometheus_alertmanager import Proc, query, wait_until
 from tests.integration.test_prometheus_server import _ports_body, _state, _views, self_signed
 from tests.mqtt_broker import free_port
 from tests.syspkg import require_binary
+from tests.unit.test_bodysend import small_send_buffers
 
 __all__ = ["self_signed"]  # the fixture, used by the TLS test
 
@@ -52,6 +53,7 @@ async def test_prometheus_reads_every_series_of_a_body_sent_by_a_thread(
         return real(sock, parts, slots)
 
     monkeypatch.setattr(bodysend, "_send_blocking", counted)
+    small_send_buffers(monkeypatch)  # else a local socket takes the whole body from the loop
     views = _views(PORTS)
     expected = _port_samples(_ports_body(views))
     port_series = sum(1 for series in expected if series.startswith("ibmon_port_"))
