@@ -17,8 +17,9 @@ state machine, 0.4 MB) parses and frames; this module adds what ibmon relies on 
 - write backpressure: a client that does not read stops the answer at the transport's high-water
   mark (``pause_writing``) instead of growing the buffer; a client that goes away mid-answer
   cancels its handler;
-- a body of ``bodysend.MIN_BYTES`` or more on plain TCP leaves from a sender thread in one
-  blocking ``sendmsg`` (``exporters.bodysend``); what the loop writes, it writes 1 MB at a time;
+- a body of ``bodysend.MIN_BYTES`` or more on plain TCP is sent in C: what the socket takes at
+  once by the loop, the rest by a native thread that never takes the GIL
+  (``exporters.bodysend``); what the loop writes, it writes 1 MB at a time;
 - malformed requests (including ``Transfer-Encoding`` together with ``Content-Length``, a
   request smuggling vector, and HTTP versions other than 1.x) are answered 400 (431 for an
   oversize head) and the connection is closed; ``ServerLog`` counts and logs them.
@@ -500,29 +501,24 @@ class HttpConnection(asyncio.Protocol):
         else:
             parts: list[bytes | memoryview] = [head, *_framed(conn, [p for p in pieces if p])]
             if not self._tls and response.length >= bodysend.MIN_BYTES:
-                rest = await self._send_from_thread(transport, parts)
+                rest = await self._send_natively(transport, parts)
                 if rest is not None:
                     parts = rest
             await self._write_coalesced(transport, parts)
         self._check_open()
         transport.write(conn.send(h11.EndOfMessage()))
 
-    async def _send_from_thread(
+    async def _send_natively(
         self, transport: asyncio.Transport, parts: list[bytes | memoryview]
     ) -> list[bytes | memoryview] | None:
-        """Hand ``parts`` to a sender thread (``exporters.bodysend``); what it left unsent,
-        or None when it did not take them."""
+        """Send ``parts`` the native way (``exporters.bodysend``); what it left unsent, or
+        None when it did not take them."""
         if transport.get_write_buffer_size():
             return None
-        paused_here = self._reading
-        if paused_here:
-            transport.pause_reading()  # the socket is blocking while the thread sends
         try:
             rest = await _SENDER.send(transport, parts)
         except OSError as exc:  # the client went away mid-body
             raise ConnectionResetError(str(exc)) from exc
-        if paused_here and self._reading and not self._closing and self._transport is transport:
-            transport.resume_reading()
         return None if rest is None else list(rest)
 
     async def _write_coalesced(

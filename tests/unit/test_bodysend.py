@@ -1,8 +1,9 @@
-"""Big bodies sent from a sender thread (``exporters.bodysend``), attacked as clients do: every
-byte arrives in order, a client that stops reading gets the rest from the loop (and frees the
-thread), one that leaves mid-body frees its thread, descriptor and place, every thread busy
-falls back to the loop, and the connection's socket is non-blocking again afterwards (a
-blocking one would let a non-reading client freeze the whole loop)."""
+"""Big bodies sent natively (``exporters.bodysend``, ``exporters._sendbody``), attacked as
+clients do: every byte arrives in order, a client that stops reading gets the rest from the loop
+(and frees the thread), one that leaves mid-body frees its thread, descriptor and place, every
+thread busy falls back to the loop, the connection's socket is never blocking (a blocking one
+would let a non-reading client freeze the whole loop), a pipelined request waits for the body
+before it, and without the C module the loop sends every body itself."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import contextlib
 import fcntl
 import os
 import random
+import shutil
 import socket
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +32,7 @@ from tests.unit.test_http_server import _client as http_client
 _RNG = random.Random(12)
 PARTS = [_RNG.randbytes(_RNG.randrange(1, 56_000)) for _ in range(300)]
 BLOB = b"".join(PARTS)
-#: Above ``bodysend.MIN_BYTES`` and far below what a fresh local socket takes at once.
+#: Just above ``bodysend.MIN_BYTES`` (and ``FIRST_BYTES``, what the loop sends itself).
 SMALL_PARTS = PARTS[:12]
 SMALL_BLOB = b"".join(SMALL_PARTS)
 
@@ -46,15 +49,21 @@ class Served:
 
 
 @pytest.fixture
-async def served(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Served]:
+def native() -> None:
+    if bodysend.BACKEND != "c":
+        pytest.skip("exporters._sendbody was not built (no C compiler when ibmon was installed)")
+
+
+@pytest.fixture
+async def served(monkeypatch: pytest.MonkeyPatch, native: None) -> AsyncIterator[Served]:
     s = Served(PrometheusExporter(listen="127.0.0.1:0", self_metrics=SelfMetrics()))
-    real = bodysend._send_blocking
+    real = bodysend._start
 
-    def counted(sock: socket.socket, parts: Any, slots: Any) -> Any:
+    def counted(fd: int, parts: Any, seconds: float) -> Any:
         s.sends.append(len(parts))
-        return real(sock, parts, slots)
+        return real(fd, parts, seconds)
 
-    monkeypatch.setattr(bodysend, "_send_blocking", counted)
+    monkeypatch.setattr(bodysend, "_start", counted)
     monkeypatch.setattr(exporters.server, "_SENDER",
                         bodysend.BodySender(threads=2, stall_seconds=0.2))
 
@@ -152,6 +161,12 @@ def _blocking_sockets(port: int) -> list[int]:
     return found
 
 
+def test_the_native_sender_is_built_where_a_c_compiler_is() -> None:
+    """CI has a compiler: the fast path must really be taken there, not skipped."""
+    if shutil.which("cc") or shutil.which("gcc"):
+        assert bodysend.BACKEND == "c"
+
+
 async def test_a_big_body_arrives_whole_from_a_sender_thread(
     served: Served, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -166,17 +181,17 @@ async def test_a_big_body_arrives_whole_from_a_sender_thread(
     assert len(served.sends) == 3 and all(0 < n <= len(PARTS) + 1 for n in served.sends)
 
 
-async def test_a_big_body_the_socket_takes_at_once_needs_no_thread(served: Served) -> None:
+async def test_the_loop_sends_the_start_and_a_thread_the_rest(served: Served) -> None:
     async with _client(served.port) as (reader, writer):
         writer.write(_get("/small-blob"))
         assert await _body(reader) == SMALL_BLOB
-    assert served.sends == []
+    assert len(served.sends) == 1  # 320 KB: the loop sends 256 KB, a thread the rest
 
 
 async def test_a_client_that_stops_reading_gets_the_rest_from_the_loop(served: Served) -> None:
     async with _client(served.port, rcvbuf=4096) as (reader, writer):
         writer.write(_get("/blob"))
-        await asyncio.sleep(0.8)  # the thread gives up after 0.2 s without progress
+        await asyncio.sleep(0.8)  # the thread sends for 0.2 s at most
         # Its thread is free again: two more stalled clients at once get one thread each.
         async with _client(served.port, rcvbuf=4096) as (r2, w2), \
                 _client(served.port, rcvbuf=4096) as (r3, w3):
@@ -189,17 +204,17 @@ async def test_a_client_that_stops_reading_gets_the_rest_from_the_loop(served: S
                 assert await _body(r) == BLOB
 
 
-async def test_the_socket_is_non_blocking_again_after_a_thread_send(served: Served) -> None:
-    """After a thread send, the same connection's next answer is written by the loop to a
-    client that does not read: were the socket still blocking, that write would freeze the
-    loop and no other client would be answered."""
+async def test_the_socket_is_never_blocking(served: Served) -> None:
+    """While the thread sends and after, the connection's socket stays non-blocking: the same
+    connection's next answer is written by the loop to a client that does not read, and were
+    the socket blocking, that write would freeze the loop and no other client be answered."""
     async with _client(served.port, rcvbuf=4096) as (reader, writer):
         writer.write(_get("/blob"))
-        assert await _body(reader) == BLOB
-        for _ in range(100):  # the thread hands the socket back just after the last byte
-            if not _blocking_sockets(served.port):
-                break
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        first = await reader.readexactly(100_000)
+        assert served.sends and _blocking_sockets(served.port) == []  # mid-body
+        rest = await asyncio.wait_for(reader.readexactly(len(BLOB) - len(first)), 10)
+        assert first + rest == BLOB
         assert _blocking_sockets(served.port) == []
         writer.write(_get("/stream"))
         await asyncio.sleep(0.3)
@@ -253,3 +268,114 @@ async def test_stop_lets_a_thread_send_finish(served: Served) -> None:
         await asyncio.wait_for(stopping, 10)
     assert b" 200 " in head
     assert got == BLOB
+
+
+async def test_a_pipelined_request_waits_for_the_body_before_it(
+    served: Served, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The transport keeps reading while the thread sends: the next request, sent at once,
+    is answered after every byte of the body before it, never in its middle."""
+    small_send_buffers(monkeypatch)
+    async with _client(served.port, rcvbuf=4096) as (reader, writer):
+        writer.write(_get("/blob") + _get("/echo") + _get("/small-blob"))
+        assert await _body(reader) == BLOB
+        assert await _body(reader) == b"echo"
+        assert await _body(reader) == SMALL_BLOB
+    assert len(served.sends) == 2
+
+
+async def test_without_the_c_module_the_loop_sends_every_body(
+    served: Served, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(bodysend, "_sendbody", None)
+    small_send_buffers(monkeypatch)
+    async with _client(served.port, rcvbuf=4096) as (reader, writer):
+        for path in ("/blob", "/small-blob", "/blob"):
+            writer.write(_get(path))
+            assert await _body(reader) == (SMALL_BLOB if path == "/small-blob" else BLOB)
+    assert served.sends == []
+
+
+# -- the C module itself ----------------------------------------------------------------------
+
+
+def _pair(sndbuf: int = 64 * 1024) -> tuple[socket.socket, socket.socket]:
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+    b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    a.setblocking(False)
+    return a, b
+
+
+def _drain(sock: socket.socket, size: int) -> bytes:
+    got = bytearray()
+    sock.settimeout(10)
+    while len(got) < size:
+        got += sock.recv(1 << 20)
+    return bytes(got)
+
+
+def test_send_now_takes_what_fits_and_never_blocks(native: None) -> None:
+    a, b = _pair()
+    with a, b:
+        start = time.monotonic()
+        assert bodysend._sendbody.send_now(a.fileno(), list(PARTS), 1000) == 1000  # its limit
+        sent = 1000 + bodysend._sendbody.send_now(a.fileno(), list(PARTS), len(BLOB))
+        assert 1000 < sent < len(BLOB)
+        assert time.monotonic() - start < 0.5
+        assert bodysend._sendbody.send_now(a.fileno(), [BLOB[sent:]], len(BLOB)) == 0  # full
+        assert _drain(b, sent) == BLOB[:1000] + BLOB[:sent - 1000]
+
+
+def test_send_now_reports_a_closed_peer(native: None) -> None:
+    a, b = _pair()
+    b.close()
+    with a, pytest.raises(BrokenPipeError):
+        bodysend._sendbody.send_now(a.fileno(), list(PARTS), len(BLOB))
+
+
+def test_a_send_delivers_every_byte_and_reports_them(native: None) -> None:
+    a, b = _pair()
+    with a, b:
+        views = [memoryview(p) for p in PARTS]
+        job = bodysend._sendbody.Send(a.fileno(), views, 10.0)
+        assert _drain(b, len(BLOB)) == BLOB
+        for _ in range(500):
+            if not job.running:
+                break
+            time.sleep(0.01)
+        assert job.finish() == (len(BLOB), 0)
+
+
+def test_a_send_hands_back_the_rest_after_its_time(native: None) -> None:
+    a, b = _pair()
+    with a, b:
+        start = time.monotonic()
+        job = bodysend._sendbody.Send(a.fileno(), list(PARTS), 0.2)
+        sent, error = job.finish()  # the client reads nothing
+        assert 0.15 < time.monotonic() - start < 2.0
+        assert error == 0 and 0 < sent < len(BLOB)
+        assert _drain(b, sent) == BLOB[:sent]
+
+
+def test_a_send_reports_a_client_that_went_away(native: None) -> None:
+    a, b = _pair()
+    with a:
+        job = bodysend._sendbody.Send(a.fileno(), list(PARTS), 5.0)
+        b.close()
+        start = time.monotonic()
+        sent, error = job.finish()
+        assert error != 0 and sent < len(BLOB)
+        assert time.monotonic() - start < 1.0  # not its whole time
+
+
+def test_a_dropped_send_stops_its_thread_and_frees_its_descriptors(native: None) -> None:
+    before = _fds()
+    a, b = _pair()
+    with a, b:
+        job = bodysend._sendbody.Send(a.fileno(), list(PARTS), 30.0)
+        assert job.running and _fds() == before + 4  # the pair, the duplicate, the eventfd
+        start = time.monotonic()
+        del job  # the client reads nothing: only stopping ends the thread
+        assert time.monotonic() - start < 1.0
+        assert _fds() == before + 2
