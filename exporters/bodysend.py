@@ -92,7 +92,11 @@ class BodySender:
         self._jobs = [job for job in self._jobs if job.running]
         if len(self._jobs) >= self._threads:
             return views
-        sent, error = await self._in_thread(_start(fd, views, self._stall))
+        try:
+            job = _start(fd, views, self._stall)
+        except OSError:  # no descriptor or thread to spare: the loop writes the rest
+            return views
+        sent, error = await self._in_thread(job)
         if error:
             raise OSError(error, os.strerror(error))
         _advance(views, sent)

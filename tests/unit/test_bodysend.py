@@ -284,6 +284,23 @@ async def test_a_pipelined_request_waits_for_the_body_before_it(
     assert len(served.sends) == 2
 
 
+async def test_a_thread_that_cannot_start_leaves_the_body_to_the_loop(
+    served: Served, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Out of descriptors or threads (EMFILE, EAGAIN): the scrape is still answered whole."""
+    def cannot(fd: int, parts: Any, seconds: float) -> Any:
+        served.sends.append(len(parts))
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(bodysend, "_start", cannot)
+    small_send_buffers(monkeypatch)
+    async with _client(served.port, rcvbuf=4096) as (reader, writer):
+        for _ in range(2):
+            writer.write(_get("/blob"))
+            assert await _body(reader) == BLOB
+    assert len(served.sends) == 2
+
+
 async def test_without_the_c_module_the_loop_sends_every_body(
     served: Served, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
