@@ -6,9 +6,9 @@
  * to start and the loop released it around each send, so a big scrape waited out several such
  * hand-overs before its last bytes left. Here:
  *
- * send_now(fd, parts) -> int
- *   Sends what the (non-blocking) socket takes at once, holding the GIL: the call cannot
- *   block, and the loop keeps the GIL for the microseconds the kernel copies. Returns the
+ * send_now(fd, parts, limit) -> int
+ *   Sends up to `limit` bytes, what the (non-blocking) socket takes at once, holding the GIL:
+ *   the call cannot block, and the loop keeps the GIL while the kernel copies. Returns the
  *   bytes sent (0 when the socket is full); OSError when the connection failed.
  *
  * Send(fd, parts, seconds)
@@ -383,12 +383,12 @@ static PyTypeObject SendType = {
 
 static PyMethodDef module_methods[] = {
     {"send_now", send_now, METH_VARARGS,
-     "send_now(fd, parts) -> bytes the non-blocking socket took at once (GIL held)."},
+     "send_now(fd, parts, limit) -> bytes the non-blocking socket took at once (GIL held)."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "_sendbody",
+    PyModuleDef_HEAD_INIT, "exporters._sendbody",
     "Big response bodies sent without the GIL changing hands.", -1, module_methods,
 };
 

@@ -9,15 +9,17 @@ median while polls ran back to back, against 9 ms idle); sent by a Python thread
 ``sendmsg`` it was still a few (the loop's ``sendmsg`` and ``setblocking``, and the thread's
 own start), at the scrape's tail.
 
-So the loop sends what the socket takes at once (a fresh local connection takes megabytes) in
-C, keeping the GIL for the microseconds the kernel copies (the socket is non-blocking: the call
-cannot block). The rest goes to a native thread that never takes the GIL: it sends on a
-duplicate of the descriptor with ``poll`` and non-blocking ``sendmsg`` for at most
-``STALL_SECONDS``, then hands back what the client has not taken, which the loop writes with the
-usual backpressure (a slow reader never holds a thread). Its end is an eventfd the loop watches.
-The socket stays non-blocking throughout, so the transport may go on reading (a pipelined next
-request waits in h11); its write buffer is empty while the thread sends (the caller's duty).
-At most ``THREADS`` bodies are in flight this way; more at once go through the loop.
+So the loop sends the first ``FIRST_BYTES`` (the head and the start of the body) in C, keeping
+the GIL for the tenth of a millisecond the kernel copies (the socket is non-blocking: the call
+cannot block). Not all the socket would take: a fresh local connection takes 4 MB, and that one
+call held the loop for 2.5 ms and the client's first byte until it ended. The rest goes to a
+native thread that never takes the GIL: it sends on a duplicate of the descriptor with ``poll``
+and non-blocking ``sendmsg`` for at most ``STALL_SECONDS``, then hands back what the client has
+not taken, which the loop writes with the usual backpressure (a slow reader never holds a
+thread). Its end is an eventfd the loop watches. The socket stays non-blocking throughout, so
+the transport may go on reading (a pipelined next request waits in h11); its write buffer is
+empty while the thread sends (the caller's duty). At most ``THREADS`` bodies are in flight this
+way; more at once go through the loop.
 
 ``_sendbody`` is optional: where it was not built (no C compiler at install time) ``send``
 returns None and the loop writes every body itself, as it does for TLS connections.
@@ -30,7 +32,7 @@ import os
 from collections.abc import Sequence
 from typing import Final, Protocol
 
-__all__ = ["BACKEND", "MIN_BYTES", "STALL_SECONDS", "THREADS", "BodySender"]
+__all__ = ["BACKEND", "FIRST_BYTES", "MIN_BYTES", "STALL_SECONDS", "THREADS", "BodySender"]
 
 try:
     from exporters import _sendbody
