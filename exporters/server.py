@@ -17,9 +17,9 @@ state machine, 0.4 MB) parses and frames; this module adds what ibmon relies on 
 - write backpressure: a client that does not read stops the answer at the transport's high-water
   mark (``pause_writing``) instead of growing the buffer; a client that goes away mid-answer
   cancels its handler;
-- a body of ``bodysend.MIN_BYTES`` or more on plain TCP is sent in C: what the socket takes at
-  once by the loop, the rest by a native thread that never takes the GIL
-  (``exporters.bodysend``); what the loop writes, it writes 1 MB at a time;
+- a body of ``bodysend.MIN_BYTES`` or more on plain TCP is sent in C: its first 256 KB by the
+  loop, the rest by a native thread that never takes the GIL (``exporters.bodysend``); what the
+  loop writes, it writes 1 MB at a time;
 - malformed requests (including ``Transfer-Encoding`` together with ``Content-Length``, a
   request smuggling vector, and HTTP versions other than 1.x) are answered 400 (431 for an
   oversize head) and the connection is closed; ``ServerLog`` counts and logs them.
