@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Sequence
-from typing import Final, Protocol
+from typing import Final
 
 __all__ = ["BACKEND", "FIRST_BYTES", "MIN_BYTES", "STALL_SECONDS", "THREADS", "BodySender"]
 
@@ -51,17 +51,9 @@ THREADS: Final = 4
 STALL_SECONDS: Final = 1.0
 
 
-class _Job(Protocol):
-    @property
-    def running(self) -> bool: ...
-    def fileno(self) -> int: ...
-    def finish(self) -> tuple[int, int]: ...
-
-
-def _start(fd: int, views: list[memoryview], seconds: float) -> _Job:
+def _start(fd: int, views: list[memoryview], seconds: float) -> _sendbody.Send:
     """A native thread sending ``views`` on ``fd`` (a seam the tests count hand-overs at)."""
-    job: _Job = _sendbody.Send(fd, views, seconds)
-    return job
+    return _sendbody.Send(fd, views, seconds)
 
 
 class BodySender:
@@ -70,7 +62,8 @@ class BodySender:
     def __init__(self, threads: int = THREADS, stall_seconds: float = STALL_SECONDS) -> None:
         self._threads = threads
         self._stall = stall_seconds
-        self._jobs: list[_Job] = []  # in flight (a job of a loop that closed ends running)
+        # in flight (a job of a loop that closed stops running on its own)
+        self._jobs: list[_sendbody.Send] = []
 
     async def send(
         self, transport: asyncio.Transport, parts: Sequence[bytes | memoryview]
@@ -104,7 +97,7 @@ class BodySender:
         _advance(views, sent)
         return views
 
-    async def _in_thread(self, job: _Job) -> tuple[int, int]:
+    async def _in_thread(self, job: _sendbody.Send) -> tuple[int, int]:
         """Wait for ``job``'s end; cancelled, the job still ends (and is finished) on its own
         time: the thread's duplicate descriptor and the body's buffers are let go then."""
         loop = asyncio.get_running_loop()

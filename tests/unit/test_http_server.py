@@ -177,7 +177,7 @@ async def test_http_10_gets_its_answer_then_the_connection_closes(served: Served
         assert (await _read_answer(reader)).status == 200
 
 
-#: One write with the head; big, but all taken by the socket at once; and the rest from a thread.
+#: One write with the head; just over the native send's threshold; hundreds of parts.
 @pytest.mark.parametrize(("count", "size"), [(3, 1000), (20, 20_000), (330, 26_000)])
 async def test_a_body_in_parts_arrives_whole_and_in_order(served: Served, count: int,
                                                           size: int) -> None:
