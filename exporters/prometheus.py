@@ -52,7 +52,7 @@ from exporters.http import (
 )
 from exporters.render import PortRenderer
 from exporters.server import HttpApp, HttpConnection, HttpError, Request, Response, Route
-from ibmon.bulkwork import run_bulk
+from ibmon.bulkwork import run_bulk, submit_bulk
 from ibmon.gcpause import paused_gc
 from ibmon.model import PortView
 from ibmon.rowview import Span
@@ -121,6 +121,19 @@ def release_free_memory() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+def _let_go(replaced: list[Deflated]) -> None:
+    """Free ``replaced`` (the only reference to a body ``_install`` replaced, unless a
+    scrape still sends it) and, when there was one, hand the free pages back.
+
+    Why in a bulk thread after a big publish (issue 12, target 5): freeing megabytes of
+    compressed parts and ``malloc_trim`` took the event loop 2-3 ms every poll at 36,720 ports
+    (``benchmarks/README.md``, twenty-ninth round), and a scrape that came in meanwhile waited.
+    """
+    if replaced:
+        replaced.clear()
+        release_free_memory()
 
 
 class _Compressor:
@@ -222,15 +235,16 @@ class PrometheusExporter:
                 compressor.lock.release()
         return body
 
-    def _install(self, seq: int, state: FabricState, body: Deflated) -> None:
-        if seq > self._installed_seq:  # a slower, older render never replaces a newer one
-            self._installed_seq = seq
-            self._state = state
-            previous, self._exposition = self._exposition, body
-            big = max(body.size, previous.size) >= TRIM_MIN_BODY
-            del previous  # released here unless a scrape still streams it
-            if big:
-                release_free_memory()
+    def _install(self, seq: int, state: FabricState, body: Deflated) -> list[Deflated]:
+        """Serve ``body`` from the next scrape on. Returns what the caller lets go with
+        ``_let_go``: the body it replaced when either is big (``TRIM_MIN_BODY``), else
+        nothing (a small one is simply dropped here)."""
+        if seq <= self._installed_seq:  # a slower, older render never replaces a newer one
+            return []
+        self._installed_seq = seq
+        self._state = state
+        previous, self._exposition = self._exposition, body
+        return [previous] if max(body.size, previous.size) >= TRIM_MIN_BODY else []
 
     def publish_now(self, state: FabricState) -> None:
         """Render ``state``'s ports now, in the calling thread, and serve them from the next
@@ -238,7 +252,7 @@ class PrometheusExporter:
         if state is self._state:
             return
         seq = next(self._seq)
-        self._install(seq, state, self._render(state, wait=False))
+        _let_go(self._install(seq, state, self._render(state, wait=False)))
 
     async def publish(self, state: FabricState) -> None:
         """Like ``publish_now``, rendering in a worker thread while the loop keeps running;
@@ -250,7 +264,9 @@ class PrometheusExporter:
             return
         seq = next(self._seq)
         body = await run_bulk(self._render_paused, state)
-        self._install(seq, state, body)
+        replaced = self._install(seq, state, body)
+        if replaced:
+            submit_bulk(_let_go, replaced)
 
     def _render_paused(self, state: FabricState) -> Deflated:
         """``_render`` of a large state (a worker thread) with the cyclic GC paused: its label
