@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ibmon.rowview import Span
 
 __all__ = ["EMPTY_STATE", "FabricState", "PortSorter", "SourceStatus", "in_port_order",
-           "port_order"]
+           "order_text", "port_order"]
 
 
 def port_order(view: PortView) -> tuple[str, int, str]:
@@ -32,8 +32,20 @@ def port_order(view: PortView) -> tuple[str, int, str]:
     return (view.identity.guid, len(port), port)
 
 
+def order_text(view: PortView) -> str:
+    """``port_order`` as one string that sorts the same way: the GUID, a NUL (below any
+    character a GUID holds, so a GUID sorts before any it is the start of), the port's length
+    in ten digits, a NUL, the port.
+
+    Why (issue 12, target 5): strings compare in one ``memcmp`` where tuples compare element by
+    element through calls; sorting 36,720 ports took 40 ms with tuples, holding the GIL (the
+    event loop waited in the middle of scrapes), and 13 ms with these."""
+    port = view.identity.port
+    return f"{view.identity.guid}\0{len(port):010d}\0{port}"
+
+
 def in_port_order(views: Iterable[PortView]) -> list[PortView]:
-    return sorted(views, key=port_order)
+    return sorted(views, key=order_text)
 
 
 _IDENTITY = attrgetter("identity")
@@ -47,7 +59,8 @@ class PortSorter:
     Why (issue 12, target 4): sorting 36,720 views calls ``port_order`` for each: 5 ms a
     poll when the source lists its ports in port order, 51 ms when it does not (a real
     fabric's discovery order), for an order that changes only when the fabric does (3 and
-    12 ms kept). Safe to call from several threads: what it keeps is replaced as one tuple.
+    12 ms kept), by ``order_text``. Safe to call from several threads: what it keeps is
+    replaced as one tuple.
     """
 
     __slots__ = ("_last",)
@@ -69,7 +82,8 @@ class PortSorter:
         idents = list(map(_IDENTITY, views))
         last = self._last
         if last is None or last[0] != idents:
-            found = sorted(range(len(views)), key=lambda i: port_order(views[i]))
+            texts = list(map(order_text, views))
+            found = sorted(range(len(views)), key=texts.__getitem__)
             in_order = found == list(range(len(views)))
             last = self._last = (idents, None if in_order else array("I", found))
         order = last[1]

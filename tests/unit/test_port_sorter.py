@@ -7,7 +7,7 @@ import random
 import tracemalloc
 
 from ibmon.model import PortIdentity, PortKey, PortView, replaced
-from ibmon.state import PortSorter, in_port_order
+from ibmon.state import PortSorter, in_port_order, order_text, port_order
 
 
 def _views(idents: list[PortIdentity], value: float) -> dict[PortKey, PortView]:
@@ -63,3 +63,20 @@ def test_what_the_sorter_keeps_between_calls_is_a_few_bytes_a_port() -> None:
     finally:
         tracemalloc.stop()
     assert kept < 24 * len(idents), kept
+
+
+def test_order_text_sorts_as_port_order_even_for_odd_identities() -> None:
+    """The sort key the lists are made with (one string, ``order_text``) orders every pair as
+    the spec (``port_order``, a tuple) does: GUIDs that are the start of others, ports of
+    any length and text (untrusted: never parsed), characters below and above ASCII."""
+    rnd = random.Random(7)
+    guids = ["0x0000000000000001", "0x00000000000000010", "0x1", "0x", "0x0001", "0xff",
+             "0x000000000000000a", "0x0000000000000001\u00e9"]
+    ports = ["1", "2", "10", "9", "01", "", "a", "10a", " 1", "\u00e92", "99999999999", "1\x01"]
+    idents = [PortIdentity(g, p) for g in guids for p in ports]
+    for _ in range(20):
+        rnd.shuffle(idents)
+        views = [PortView(identity=i) for i in idents]
+        by_text = sorted(views, key=order_text)
+        assert [v.identity for v in by_text] == [v.identity for v in sorted(views, key=port_order)]
+    assert in_port_order(views) == sorted(views, key=port_order)
