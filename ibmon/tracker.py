@@ -968,7 +968,7 @@ def _rows_of_64_bits(values: list[Sequence[int]], bases: list[int], width: int) 
         return False
     if bases.count(0) == len(bases) and set(map(len, values)) == {width}:
         return True  # rows of their own (``ibmon.totals.packed_counters``)
-    return all(map(le, map(add, bases, itertools.repeat(width)), map(len, values)))
+    return every(map(le, map(add, bases, itertools.repeat(width)), map(len, values)))
 
 
 class _Same:
