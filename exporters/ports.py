@@ -68,6 +68,7 @@ def port_json(view: PortView, active: Sequence[ActiveCondition] = ()) -> dict[st
     """Everything ibmon knows about one port, as JSON types (``scan --format json``, the API)."""
     ident = view.identity
     link = view.link
+    unit = ident.xmit_wait
     return {
         "guid": ident.guid, "port": ident.port, "device": ident.device,
         "node_desc": ident.node_desc, "node_type": ident.node_type, "lid": ident.lid,
@@ -83,6 +84,12 @@ def port_json(view: PortView, active: Sequence[ActiveCondition] = ()) -> dict[st
         },
         "utilization": {"transmit": view.utilization_tx, "receive": view.utilization_rx},
         "transmit_wait_ratio": view.xmit_wait_ratio,
+        "transmit_wait_seconds_total": view.xmit_wait_seconds,
+        "transmit_wait_unit": {
+            "bytes": unit.bytes, "per": "lane" if unit.per_lane else "port",
+            "bytes_per_count": unit.bytes_per_count(view.active_width),
+            "source": unit.source, "family": unit.family,
+        },
         "symbol_error_ber": view.symbol_error_ber,
         "totals": dict(view.totals.items()), "rates": dict(view.rates),
         "saturated": sorted(view.saturated),

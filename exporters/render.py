@@ -206,6 +206,14 @@ _UTIL_HEADER = _header("ibmon_port_utilization_ratio", "gauge",
                        "Data rate over link rate, 0 to 1, per direction.")
 _WAIT_HEADER = _header("ibmon_port_transmit_wait_ratio", "gauge",
                        "Fraction of time the port had data to send but could not (PortXmitWait).")
+_WAIT_SECONDS_HEADER = _header(
+    "ibmon_port_transmit_wait_seconds_total", "counter",
+    "Seconds the port had data to send but sent nothing (PortXmitWait in the port's unit over "
+    "its data rate), software-accumulated: rate() is the stall fraction.")
+_WAIT_UNIT_HEADER = _header(
+    "ibmon_port_transmit_wait_unit_bytes", "gauge",
+    "Bytes of lost transmission one PortXmitWait count stands for on the port at its width; "
+    "per: the rule counts per port or per lane; source: tick, family, default or config.")
 _BER_HEADER = _header("ibmon_port_symbol_error_ber", "gauge",
                       "Symbol errors per bit received over the detector's window.")
 _COND_HEADER = _header("ibmon_port_condition", "gauge",
@@ -990,6 +998,23 @@ _WAIT_HEAD_BYTES = _WAIT_HEAD.encode("utf-8")
 _WAIT_LINES = _float_lines(_WAIT_HEAD)
 
 
+def _wait_unit_lines(block: _Block, names: _EscapeMemo) -> list[str]:
+    lines = []
+    for lb, v in block.pairs:
+        unit = v.identity.xmit_wait
+        size = unit.bytes_per_count(v.active_width)
+        if size is not None and v.xmit_wait_seconds is not None:
+            lines.append(f'ibmon_port_transmit_wait_unit_bytes{{{lb},'
+                         f'per="{"lane" if unit.per_lane else "port"}",source="{unit.source}",'
+                         f'family="{names[unit.family]}"}} {size!r}\n')
+    return lines
+
+
+def _wait_unit_keys(block: _Block) -> Sequence[object]:
+    return [(v.identity.xmit_wait, v.active_width, v.xmit_wait_seconds is None)
+            for v in block.views]
+
+
 def _cond_lines(block: _Block, names: _EscapeMemo) -> list[str]:
     # frozensets iterate in hash order, which changes between runs: sort for stable output.
     return [f'ibmon_port_condition{{{lb},condition="{names[c]}"}} 1\n'
@@ -1036,6 +1061,9 @@ _FAMILIES: tuple[_Family, ...] = (
     _Family(_HW_GAUGE_HEADER, _hw_gauge_lines, _attr_keys("hw_gauges")),
     _Family(_UTIL_HEADER, _util_lines, None),
     _Family(_WAIT_HEADER, _wait_lines, None),
+    _Family(_WAIT_SECONDS_HEADER, None, _attr_keys("xmit_wait_seconds"),
+            key_lines=_float_lines("ibmon_port_transmit_wait_seconds_total{")),
+    _Family(_WAIT_UNIT_HEADER, _wait_unit_lines, _wait_unit_keys),
     _Family(_BER_HEADER, None, _attr_keys("symbol_error_ber"),
             key_lines=_float_lines("ibmon_port_symbol_error_ber{")),
     _Family(_COND_HEADER, _cond_lines, _attr_keys("conditions")),

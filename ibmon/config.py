@@ -247,7 +247,15 @@ class DetectConfig(_Section):
     """Detector settings; each detector validates its own table (see ibmon.detect)."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
-    tick_seconds: float = Field(default=64e-9, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_tick_seconds(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "tick_seconds" in data:
+            raise ValueError(
+                "tick_seconds was removed: a PortXmitWait count is bytes, decided per port "
+                "(see docs/infiniband.md); set a sysfs source's xmit_wait_units to override")
+        return data
 
     @model_validator(mode="after")
     def _check_tables(self) -> DetectConfig:

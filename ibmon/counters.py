@@ -159,7 +159,8 @@ CATALOGUE: tuple[CounterSpec, ...] = (
     _c("qp1_dropped", "QP1Dropped", None, 16,
        "Incoming QP1 (general management) packets dropped."),
     _c("transmit_wait", "PortXmitWait", "port_xmit_wait", 32,
-       "Ticks during which the port had data to send but transmitted nothing.",
+       "Raw PortXmitWait counts: ticks in which the port had data to send but sent nothing; "
+       "one count's size is device-defined (ibmon_port_transmit_wait_unit_bytes).",
        metric="ibmon_port_transmit_wait_ticks_total"),
     # PMA field names as libibmad (and so perfquery -E / -D) spells them.
     _detail("receive_local_physical_errors", _RCV, "PortLocalPhysicalErrors", "receive_errors",

@@ -527,7 +527,6 @@ class Daemon:
             metrics=self.metrics,
             tables=self._engine_tables,
             fabric=self.settings.fabric,
-            tick_seconds=self.settings.detect.tick_seconds,
         )
         saved = self._restored.get(cfg.label)
         if saved is not None and self._persistent(cfg.label):

@@ -14,6 +14,8 @@ from enum import IntEnum
 from operator import attrgetter
 from typing import Any
 
+from ibmon.xmitwait import DEFAULT_UNIT, WaitUnit
+
 __all__ = [
     "GUID_RE",
     "LinkInfo",
@@ -92,6 +94,9 @@ class PortIdentity:
     hca_type: str = ""
     board_id: str = ""
     sm_lid: int | None = None
+    #: What one PortXmitWait count stands for on this port (``ibmon.xmitwait``), decided by
+    #: the source at discovery.
+    xmit_wait: WaitUnit = DEFAULT_UNIT
 
     @property
     def key(self) -> PortKey:
@@ -211,6 +216,10 @@ class PortView:
     #: Conditions this port carries (a link fault is carried by one end of its link) and the
     #: likely cause of each: ``{"receive_errors": "physical"}`` (``ibmon.detect.cause``).
     causes: dict[str, str] = field(default_factory=dict)
+    #: Seconds the port stalled with data to send, accumulated by the tracker over every
+    #: interval with a ``xmit_wait_ratio`` (never decreases, persisted); None for a port
+    #: without a PortXmitWait counter.
+    xmit_wait_seconds: float | None = None
 
     @property
     def key(self) -> PortKey:

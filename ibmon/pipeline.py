@@ -103,7 +103,6 @@ class Pipeline:
         metrics: SelfMetrics,
         tables: Mapping[str, Any] | None = None,
         fabric: str = "main",
-        tick_seconds: float = 64e-9,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         log_failures: bool = True,
@@ -111,7 +110,7 @@ class Pipeline:
         self.cfg = cfg
         self.label = cfg.label
         self.metrics = metrics
-        self.tracker = Tracker(tick_seconds=tick_seconds)
+        self.tracker = Tracker()
         self.engine = Engine(tables, fabric=fabric, source=self.label, interval=cfg.interval)
         self.status = SourceStatus(name=self.label, kind=cfg.type)
         #: Simulated or real monotonic time of the latest successful sample.

@@ -171,6 +171,7 @@ class RowView(PortView):
         hw_gauges: dict[str, int],
         stale: bool,
         causes: dict[str, str],
+        xmit_wait_seconds: float | None,
     ) -> None:
         # PortView's own __init__ would set ``totals`` and ``rates``, which are read-only here.
         self.rows = rows
@@ -192,6 +193,7 @@ class RowView(PortView):
         self.hw_gauges = hw_gauges
         self.stale = stale
         self.causes = causes
+        self.xmit_wait_seconds = xmit_wait_seconds
 
     def __reduce__(self) -> tuple[Any, ...]:
         # copy and pickle give a plain view of the same values: the rows belong to the poll

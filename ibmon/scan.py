@@ -92,7 +92,6 @@ async def run_scan(cfg: SourceConfig, settings: Settings, *, interval: float) ->
         metrics=metrics,
         tables=settings.detect.tables(),
         fabric=settings.fabric,
-        tick_seconds=settings.detect.tick_seconds,
         log_failures=False,  # the CLI prints the one error line itself
     )
     try:

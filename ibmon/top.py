@@ -124,8 +124,7 @@ class DirectSampler:
         self.limit = limit
         self.source = (factory or build_source)(cfg)
         self.pipeline = Pipeline(cfg, metrics=SelfMetrics(), tables=settings.detect.tables(),
-                                 fabric=settings.fabric,
-                                 tick_seconds=settings.detect.tick_seconds, log_failures=False)
+                                 fabric=settings.fabric, log_failures=False)
         self.events: deque[Event] = deque(maxlen=50)
 
     async def frame(self) -> Frame:

@@ -205,19 +205,20 @@ def advance(
     *,
     bases: list[int],
     link_bytes: Sequence[float | None],
-    tick: float,
+    wait_bytes: Sequence[float | None],
 ) -> Step:
     """Account one poll for ``rows`` of ``block``, read as ``values`` from ``bases`` (an array
     per row in the block's column order: the row's own, base 0, or one the source's rows
     share), ``inv_dt`` apart from their last reading, on links of ``link_bytes`` per second
-    (None where unknown). A row that is not accounted is untouched.
+    whose PortXmitWait counts stand for ``wait_bytes`` each (None where unknown). A row that
+    is not accounted is untouched.
 
     The arithmetic is the tracker's for a port without pinned or stale counters: a counter
     that moved adds ``delta * multiplier`` to its total and has the rate ``delta * multiplier
     * inv_dt``, one that did not has the rate 0.0; utilization is ``min(1, data rate / link
     rate)`` on a link of known, non-zero rate (else None), and the transmit-wait ratio
-    ``min(1, wait rate * tick)``: the same operations on the same doubles, so the same
-    results to the bit.
+    ``ibmon.xmitwait.stall_fraction`` of the wait rate over one second: the same operations on
+    the same doubles, so the same results to the bit.
     """
     width = block.width
     n = len(rows)
@@ -229,7 +230,7 @@ def advance(
         ok, rates = _chunk(block, rows[at:end], _raw(values[at:end], bases[at:end], width),
                            inv_dt[at:end])
         step.ok += ok
-        _ratios(block, rates, link_bytes[at:end], ok, tick=tick, step=step)
+        _ratios(block, rates, link_bytes[at:end], wait_bytes[at:end], ok, step=step)
         spread.put(rates)
     step.rates, step.rates_index, step.rates_width = spread.packed()
     return step
@@ -419,9 +420,9 @@ def _ratios(
     block: Block,
     rates: npt.NDArray[np.float64],
     link_bytes: Sequence[float | None],
+    wait_bytes: Sequence[float | None],
     ok: list[bool],
     *,
-    tick: float,
     step: Step,
 ) -> None:
     """The utilization and transmit-wait ratio of the accounted rows (``rates``), onto
@@ -443,8 +444,15 @@ def _ratios(
         out.frombytes(ratio.tobytes())
     if block.wait < 0:
         step.wait_ratio.frombytes(_nan(len(link)))
-    else:
-        step.wait_ratio.frombytes(np.minimum(1.0, rates[:, block.wait] * tick).tobytes())
+        return
+    unit = np.array(wait_bytes, dtype=np.float64)  # None (a per-lane unit, width unknown): NaN
+    if len(rates) != len(unit):
+        unit = unit[np.array(ok, dtype=np.bool_)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # stall_fraction's operations, in its order: counts x bytes / (rate x 1 s)
+        wait = np.minimum(1.0, np.maximum(0.0, rates[:, block.wait] * unit / link))
+    wait[unknown | np.isnan(unit)] = np.nan
+    step.wait_ratio.frombytes(wait.tobytes())
 
 
 def _nan(n: int) -> bytes:

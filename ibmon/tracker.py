@@ -49,6 +49,7 @@ from ibmon.model import GUID_RE, PortKey, PortSample, PortState, PortView, Snaps
 from ibmon.rates import NO_RATE, Rates
 from ibmon.rowview import Layout, Rows, RowView
 from ibmon.totals import Totals
+from ibmon.xmitwait import WaitUnit, stall_fraction
 
 if TYPE_CHECKING:
     from ibmon.trackcolumns import Block, Step
@@ -81,6 +82,8 @@ _NO_CAUSES: Final[dict[str, str]] = {}
 _NO_RATES: Final = Rates({}, array("d"))
 _ACTIVE: Final = int(PortState.ACTIVE)
 _RATE_BPS: Final = attrgetter("rate_bps")
+_UNIT: Final = attrgetter("identity.xmit_wait")
+_WIDTH: Final = attrgetter("active_width")
 _COUNTERS: Final = attrgetter("counters")
 _INDEX: Final = attrgetter("index")
 _PACKED: Final = attrgetter("packed")
@@ -95,7 +98,7 @@ _VIEW_FIELDS: Final = (
     "identity", "state", "phys_state", "rate_bytes_per_second", "active_width", "active_speed",
     "link", "totals", "rates", "saturated", "resets", "hw_totals", "hw_rates", "utilization_tx",
     "utilization_rx", "xmit_wait_ratio", "symbol_error_ber", "conditions", "hw_gauges", "stale",
-    "causes",
+    "causes", "xmit_wait_seconds",
 )
 if tuple(f.name for f in fields(PortView))[: len(_VIEW_FIELDS)] != _VIEW_FIELDS:
     # _view passes these positionally; a reordered PortView must fail loudly, not mislabel.
@@ -137,6 +140,7 @@ class _Port:
         "shared",
         "stale",
         "totals",
+        "wait_seconds",
         "wall",
     )
 
@@ -160,15 +164,20 @@ class _Port:
         self.monotonic: float | None = None
         self.wall: float | None = None
         self.restored = False
+        #: Seconds the port stalled with data to send, summed over every interval with a
+        #: transmit-wait ratio (``ratio x interval``): exported as a counter, persisted.
+        self.wait_seconds = 0.0
 
 
 class Tracker:
     """Turns successive snapshots of one source into ``PortView``s.
 
-    ``tick_seconds`` is the PortXmitWait tick length used for ``xmit_wait_ratio`` (device-defined;
-    64 ns on modern ASICs). ``resets_seen``, ``saturations_seen`` and ``unknown_counters_seen``
-    count, over this process's lifetime, counter decreases, transitions into saturation and
-    samples of names missing from the catalogue (a source bug), for self-metrics and logs.
+    ``xmit_wait_ratio`` is the stall fraction of the interval, from the PortXmitWait counts
+    in the unit the source decided for the port (``PortIdentity.xmit_wait``) and the port's
+    data rate (``ibmon.xmitwait.stall_fraction``). ``resets_seen``, ``saturations_seen`` and
+    ``unknown_counters_seen`` count, over this process's lifetime, counter decreases,
+    transitions into saturation and samples of names missing from the catalogue (a source
+    bug), for self-metrics and logs.
     """
 
     #: Polls of at least this many ports account the plain ones in columns
@@ -181,17 +190,13 @@ class Tracker:
         "_layout",
         "_ports",
         "_same",
-        "_tick",
         "_zeros",
         "resets_seen",
         "saturations_seen",
         "unknown_counters_seen",
     )
 
-    def __init__(self, *, tick_seconds: float = 64e-9) -> None:
-        if not (math.isfinite(tick_seconds) and tick_seconds > 0):
-            raise ValueError(f"tick_seconds must be a positive number, got {tick_seconds!r}")
-        self._tick = float(tick_seconds)
+    def __init__(self) -> None:
         self._ports: dict[PortKey, _Port] = {}
         #: The column store of ports in the plain case, one ``Block`` per counter names.
         self._blocks: dict[tuple[str, ...], Block] = {}
@@ -277,7 +282,7 @@ class Tracker:
         hw = sample.hw_counters
         hw_rates = self._hw_counters(st, hw, inv_dt) if hw or st.hw_last else _NO_HW_RATES
         st.shared = True  # the view holds st.totals: the tracker copies before changing it
-        return self._view(st, sample, Totals(st.index, st.totals), rates, hw_rates)
+        return self._view(st, sample, Totals(st.index, st.totals), rates, hw_rates, inv_dt)
 
     # ------------------------------------------------------------------ columns
 
@@ -412,9 +417,10 @@ class Tracker:
         # The view's link rate, one float a port shared by the view and the ratios (where it
         # is None, ``advance`` reads NaN: no utilization).
         links = list(map(_link_bytes, map(_RATE_BPS, batch.samples)))
+        units = list(map(_wait_bytes, map(_UNIT, batch.samples), map(_WIDTH, batch.samples)))
         batch.rows = [st.row for st in batch.ports]
         step: Step = cols.advance(block, batch.rows, batch.values, batch.inv_dt,
-                                  bases=batch.bases, link_bytes=links, tick=self._tick)
+                                  bases=batch.bases, link_bytes=links, wait_bytes=units)
         batch.values.clear()  # the sample's arrays: not kept past the poll
         width = block.width
         totals_of = block.totals
@@ -424,6 +430,8 @@ class Tracker:
         # the ports' shared index, from the first
         ratios = {"util_tx": step.util_tx, "util_rx": step.util_rx,
                   "wait_ratio": step.wait_ratio}
+        waits = step.wait_ratio
+        counted = "transmit_wait" in block.index
         rows = Rows(_NO_INDEX, totals_of, rates_of, rates_index,
                     width=width, rates_width=rates_width, **ratios)
         k = 0  # the row among the accounted ones
@@ -447,13 +455,17 @@ class Tracker:
                                       _NO_RATES, hw_rates)
                 others += 1
             else:
+                wait = waits[k]
+                if wait == wait:  # noqa: PLR0124 - NaN: no ratio, nothing stalled that we know
+                    st.wait_seconds += wait / inv_dt
                 # Positional, like _build's PortView: the rows' mappings are made when read.
                 out[pos] = RowView(
                     rows, st.row, k, sample.identity, sample.state,
                     sample.phys_state, link, sample.active_width, sample.active_speed,
                     sample.link, st.saturated, st.resets,
                     dict(st.hw_totals) if st.hw_totals else _NO_COUNTS, hw_rates, None,
-                    _NO_NAMES, sample.hw_gauges or _NO_COUNTS, False, _NO_CAUSES)
+                    _NO_NAMES, sample.hw_gauges or _NO_COUNTS, False, _NO_CAUSES,
+                    st.wait_seconds if counted else None)
             k += 1
         if stores != 1 or refused:
             return None, False
@@ -815,18 +827,20 @@ class Tracker:
                 st.hw_stale = st.hw_stale | missing
         return rates
 
-    def _view(
+    def _view(  # noqa: PLR0917 - per port per poll: positional arguments cost less
         self,
         st: _Port,
         sample: PortSample,
         totals: Totals,
         rates: Rates,
         hw_rates: dict[str, float],
+        inv_dt: float = 0.0,
     ) -> PortView:
         """The published view. A port that is not Active carries no link rate, no rates, no
         utilization and no transmit-wait ratio: its link moves no data, so any figure would be
         left over from before it went down (decided here once, for every output). Its totals
-        still accumulate. A state of ``None`` (a source that cannot tell) counts as Active."""
+        still accumulate. A state of ``None`` (a source that cannot tell) counts as Active.
+        The interval's stall (ratio / ``inv_dt`` seconds) adds to the port's stalled seconds."""
         rate_bps = sample.rate_bps
         util_tx: float | None = None
         util_rx: float | None = None
@@ -843,8 +857,11 @@ class Tracker:
             if rx is not None:
                 util_rx = min(1.0, rx / link_bytes)
         wait = rates.get("transmit_wait")
-        # rate is delta ticks per second, so ratio = delta * tick / dt = rate * tick.
-        wait_ratio = None if wait is None else min(1.0, wait * self._tick)
+        # The rate is counts per second: the stall fraction of one second.
+        wait_ratio = None if wait is None else stall_fraction(
+            wait, _wait_bytes(sample.identity.xmit_wait, sample.active_width), link_bytes)
+        if wait_ratio is not None and inv_dt:
+            st.wait_seconds += wait_ratio / inv_dt
         return self._build(st, sample, link_bytes, totals, rates, hw_rates, util_tx, util_rx,
                            wait_ratio)
 
@@ -884,6 +901,7 @@ class Tracker:
             sample.hw_gauges or _NO_COUNTS,
             False,  # stale: the pipeline marks views of ports that did not answer
             _NO_CAUSES,  # the detection engine replaces it on ports that carry a condition
+            st.wait_seconds if "transmit_wait" in st.index else None,
         )
 
     # ------------------------------------------------------------------ persistence
@@ -898,7 +916,8 @@ class Tracker:
               "monotonic": 812.5, "wall": 1700000000.0,
               "last": {counter: raw value}, "total": {counter: accumulated, x4 for data},
               "resets": {counter: n > 0}, "saturated": [counter], "stale": [counter],
-              "hw_last": {...}, "hw_total": {...}, "hw_resets": {...}, "hw_stale": [...]}]}
+              "hw_last": {...}, "hw_total": {...}, "hw_resets": {...}, "hw_stale": [...],
+              "wait_seconds": stalled seconds}]}
 
         ``stale`` lists counters missing from the port's latest sample (no rate on return).
         The result shares nothing mutable with the tracker, so it may be serialised in another
@@ -924,6 +943,7 @@ class Tracker:
                     "hw_total": dict(st.hw_totals),
                     "hw_resets": dict(st.hw_resets),
                     "hw_stale": sorted(st.hw_stale),
+                    "wait_seconds": st.wait_seconds,
                 }
             )
         return {"version": STATE_VERSION, "ports": ports}
@@ -1032,6 +1052,13 @@ def _first_packed(counters: Mapping[str, int]) -> bool:
     packed = counters.packed
     return (type(packed) is array and packed.typecode == "Q"
             and counters.base + len(counters.index) <= len(packed))
+
+
+@functools.lru_cache(maxsize=256)
+def _wait_bytes(unit: WaitUnit, width: str) -> float | None:
+    """Bytes one PortXmitWait count stands for on a port of ``unit`` at ``width``. Cached:
+    a fabric has a handful of units and widths."""
+    return unit.bytes_per_count(width)
 
 
 @functools.lru_cache(maxsize=64, typed=True)
@@ -1144,4 +1171,10 @@ def _load_port(raw: Any, where: str) -> tuple[PortKey, _Port]:
     st.hw_last, st.hw_totals, st.hw_resets, st.hw_stale = _load_counters(
         raw, "hw_", where, _AnyName(), None
     )
+    # Absent from a state file written before the counter existed: it starts at 0.
+    wait = raw.get("wait_seconds", 0.0)
+    if isinstance(wait, bool) or not isinstance(wait, int | float) or not (
+            math.isfinite(wait) and wait >= 0):
+        raise ValueError(f"{where}.wait_seconds: expected a finite number >= 0, got {wait!r}")
+    st.wait_seconds = float(wait)
     return (guid, port), st

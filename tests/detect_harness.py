@@ -41,7 +41,7 @@ def play(
     source = MockSource.from_scenario(name, clock=clock, hosts=hosts)
     step = interval or sc.poll_interval
     pipeline = Pipeline(MockSourceConfig(name="mock", interval=step), metrics=SelfMetrics(),
-                        tables=tables, fabric="test", tick_seconds=sc.tick_seconds)
+                        tables=tables, fabric="test")
     seen: list[Seen] = []
     end = sc.duration if until is None else until
     times: list[float] = []

@@ -81,8 +81,6 @@ DETECTORS: Final[dict[str, type[PortDetector]]] = {
 
 ENGINE_STATE_VERSION: Final = 1
 
-_NON_DETECTOR_KEYS = frozenset({"tick_seconds"})
-
 _NONE_ACTIVE: Final[frozenset[PortKey]] = frozenset()
 
 
@@ -90,8 +88,6 @@ def parse_detect_tables(tables: Mapping[str, Any]) -> dict[str, BaseModel]:
     """Validate ``[detect.<name>]`` tables; ValueError naming the table and field."""
     out: dict[str, BaseModel] = {}
     for name, raw in tables.items():
-        if name in _NON_DETECTOR_KEYS:
-            continue
         model: type[BaseModel]
         if name == SourceFailed.type:
             model = SourceFailedSettings

@@ -91,7 +91,7 @@ from pathlib import Path
 from typing import Literal
 
 import structlog
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ibmon.config import Duration, SourceConfigBase
 from ibmon.counters import BY_NAME, BY_SYSFS, BY_SYSFS_EXT, EXTENDED, is_hw_gauge
@@ -106,6 +106,14 @@ from ibmon.model import (
     normalize_guid,
 )
 from ibmon.sources.parse.sysfs_values import parse_counter, parse_lid_value
+from ibmon.xmitwait import (
+    DEFAULT_UNIT,
+    WaitUnit,
+    configured_unit,
+    device_id_of_hca_type,
+    family_of,
+    parse_unit,
+)
 
 __all__ = [
     "Config",
@@ -439,6 +447,19 @@ class SysfsSourceConfig(SourceConfigBase):
     exclude: list[str] = Field(default_factory=list)
     #: Re-read per-poll files through descriptors kept open; unset: only on a sysfs mount.
     keep_open: bool | None = None
+    #: What one ``port_xmit_wait`` count stands for, by device name glob (first match wins):
+    #: ``{"mlx4_*" = "32/lane"}``. Without one, the device family (``hca_type``) decides,
+    #: else the default of 8 bytes per port (``ibmon.xmitwait``).
+    xmit_wait_units: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("xmit_wait_units")
+    @classmethod
+    def _check_units(cls, v: dict[str, str]) -> dict[str, str]:
+        for pattern, text in v.items():
+            if not pattern:
+                raise ValueError("a device glob must not be empty")
+            parse_unit(text)
+        return v
 
 
 Config = SysfsSourceConfig
@@ -446,7 +467,8 @@ Config = SysfsSourceConfig
 
 def build(cfg: SysfsSourceConfig) -> SysfsSource:
     return SysfsSource(root=cfg.root, include=cfg.include, exclude=cfg.exclude, name=cfg.label,
-                       keep_open=cfg.keep_open)
+                       keep_open=cfg.keep_open,
+                       xmit_wait_units={g: parse_unit(t) for g, t in cfg.xmit_wait_units.items()})
 
 
 class SysfsSource:
@@ -460,9 +482,12 @@ class SysfsSource:
         exclude: Sequence[str] = (),
         name: str = "sysfs",
         keep_open: bool | None = None,
+        xmit_wait_units: dict[str, WaitUnit] | None = None,
     ) -> None:
-        """``keep_open``: see the module docstring (None: only when the tree is on sysfs)."""
+        """``keep_open``: see the module docstring (None: only when the tree is on sysfs).
+        ``xmit_wait_units``: the configured PortXmitWait unit by device glob."""
         self.name = name
+        self.xmit_wait_units = dict(xmit_wait_units or {})
         self.root = Path(root)
         self.include = tuple(include)
         self.exclude = tuple(exclude)
@@ -551,6 +576,7 @@ class SysfsSource:
             self._fail(self._pending, "garbage", os.path.join(ddir, "node_type"), None)
         desc_path = os.path.join(ddir, "node_desc") if "node_desc" in present else None
         dev = _Device(name=name, guid=guid, node_desc_path=desc_path, node_desc=text("node_desc"))
+        hca_type = text("hca_type")
         template = PortIdentity(
             guid=guid,
             port="",
@@ -559,8 +585,9 @@ class SysfsSource:
             node_type=node_type or "ca",
             source=self.name,
             fw_ver=text("fw_ver"),
-            hca_type=text("hca_type"),
+            hca_type=hca_type,
             board_id=text("board_id"),
+            xmit_wait=self._wait_unit(name, hca_type),
         )
         pdir = os.path.join(ddir, "ports")
         dev.ports_stat = _dir_stat(pdir)  # before the listing: a port added meanwhile shows
@@ -569,6 +596,12 @@ class SysfsSource:
         for port in sorted(port_names, key=int):
             dev.ports.append(self._discover_port(os.path.join(pdir, port), template, port))
         return dev
+
+    def _wait_unit(self, device: str, hca_type: str) -> WaitUnit:
+        """What one ``port_xmit_wait`` count means on ``device``: the operator's word, else
+        its family's (sysfs has no PortSamplesControl to ask), else the default."""
+        return (configured_unit(device, self.xmit_wait_units)
+                or family_of(device_id_of_hca_type(hca_type)) or DEFAULT_UNIT)
 
     def _discover_port(self, base: str, template: PortIdentity, port: str) -> _Port:
         attrs = set(_listdir(base))
@@ -717,12 +750,8 @@ class SysfsSource:
         sm_lid = self._parsed(p.sm_lid, key, errors, parse_lid, rd)
         ident = p.identity
         if ident.lid != lid or ident.sm_lid != sm_lid or ident.node_desc != node_desc:
-            ident = p.identity = PortIdentity(
-                guid=ident.guid, port=ident.port, device=ident.device, node_desc=node_desc,
-                node_type=ident.node_type, lid=lid, link_layer=ident.link_layer,
-                source=ident.source, fw_ver=ident.fw_ver, hca_type=ident.hca_type,
-                board_id=ident.board_id, sm_lid=sm_lid,
-            )
+            ident = p.identity = dataclasses.replace(ident, node_desc=node_desc, lid=lid,
+                                                     sm_lid=sm_lid)
         sample = PortSample(
             identity=ident,
             state=self._parsed(p.state, key, errors, parse_enum_prefix, rd),

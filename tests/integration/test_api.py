@@ -44,7 +44,8 @@ class StalledSource:
                 identity=ident, state=4, phys_state=5, rate_bps=100e9,
                 link=LinkInfo(remote_guid="0x0002c90300000001", remote_port="3",
                               remote_node_desc="spine02"),
-                counters={"transmit_wait": int(elapsed * wait / 64e-9),
+                # stalled ``wait`` of the time, in the default unit (8 bytes a count)
+                counters={"transmit_wait": int(elapsed * wait * 100e9 / 8 / 8),
                           "transmit_data": int(elapsed * util * 100e9 / 32)},
                 wide=frozenset({"transmit_data"}),
             )

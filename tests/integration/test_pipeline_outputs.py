@@ -71,7 +71,8 @@ class Port:
         sample = PortSample(
             identity=ident, state=1 if Port.down else 4, phys_state=2 if Port.down else 5,
             rate_bps=100e9,
-            counters={"transmit_wait": int(elapsed * 0.3 / 64e-9),
+            # stalled 30 % of the time, in the default unit (8 bytes a count)
+            counters={"transmit_wait": int(elapsed * 0.3 * 100e9 / 8 / 8),
                       "transmit_data": int(elapsed * 0.9 * 100e9 / 32)},
             wide=frozenset({"transmit_wait", "transmit_data"}),
         )

@@ -68,7 +68,7 @@ def test_memoized_answers_equal_answers_computed_afresh(
     sources = [MockSource.from_scenario(name, clock=clock) for _ in range(2)]
     sources[1].epoch = sources[0].epoch
     pipelines = [Pipeline(MockSourceConfig(name="mock", interval=2.0), metrics=SelfMetrics(),
-                          fabric="test", tick_seconds=sc.tick_seconds) for _ in range(2)]
+                          fabric="test") for _ in range(2)]
     memos = _memos(pipelines[0])
     assert len(memos) >= 7  # every detector whose needs looks ports up
     for owner, _ in _memos(pipelines[1]):

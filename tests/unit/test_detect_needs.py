@@ -38,9 +38,9 @@ def _every_port(fresh: Pairs, now: float, active: Any) -> Pairs:
     return fresh
 
 
-def _pipeline(interval: float, tick: float | None) -> Pipeline:
+def _pipeline(interval: float) -> Pipeline:
     return Pipeline(MockSourceConfig(name="mock", interval=interval), metrics=SelfMetrics(),
-                    fabric="test", tick_seconds=tick)
+                    fabric="test")
 
 
 class _Silencing:
@@ -97,8 +97,8 @@ def test_detectors_judge_alike_with_and_without_their_shortcuts(
     slow_mock.epoch = fast_mock.epoch  # the same wall clock: the same event times and ids
     fast_source: Any = _Silencing(fast_mock) if silent else fast_mock
     slow_source: Any = _Silencing(slow_mock) if silent else slow_mock
-    fast = _pipeline(STEP, sc.tick_seconds)
-    slow = _pipeline(STEP, sc.tick_seconds)
+    fast = _pipeline(STEP)
+    slow = _pipeline(STEP)
     for det in slow.engine.detectors:
         det.needs = _every_port  # type: ignore[method-assign]
     events = stale = 0
@@ -127,7 +127,7 @@ def test_the_shortcuts_leave_out_the_ports_of_a_healthy_fabric() -> None:
     """Not a speed test: that the fast path is taken at all (else the above proves little)."""
     clock = ManualClock()
     source = MockSource.from_scenario("healthy", clock=clock)
-    pipeline = _pipeline(1.0, load_scenario("healthy").tick_seconds)
+    pipeline = _pipeline(1.0)
     asked: dict[str, int] = {}
     for det in pipeline.engine.detectors:
         def counted(fresh: Pairs, now: float, active: Any, det: Any = det,

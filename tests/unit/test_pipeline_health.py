@@ -189,7 +189,7 @@ async def test_a_stale_port_keeps_its_conditions() -> None:
     fab.wait[1] = 0
     await run(p, fab, now)
     for _ in range(3):
-        fab.wait[1] += int(0.8 / 64e-9)  # 80 % of the time waiting
+        fab.wait[1] += int(0.8 * 100e9 / 8 / 8)  # 80 % of 1 s stalled, 8 bytes a count
         await run(p, fab, now)
     assert p.views[key(0)].conditions == {"down"}
     assert p.views[key(1)].conditions == {"congestion"}

@@ -34,6 +34,7 @@ from ibmon.counters import BY_NAME, CATALOGUE
 from ibmon.model import LinkInfo, PortIdentity, PortKey, PortSample, PortView, Snapshot
 from ibmon.totals import Totals
 from ibmon.tracker import STATE_VERSION, Tracker
+from ibmon.xmitwait import WaitUnit
 
 GUID = "0x0002c90300a1b2c3"
 WALL0 = 1_700_000_000.0  # wall = WALL0 + monotonic: one consistent clock pair (same boot)
@@ -265,21 +266,63 @@ def test_utilization_is_clamped_to_one_and_unknown_without_a_link_rate() -> None
     assert v.utilization_tx is None
 
 
-def test_xmit_wait_ratio_is_ticks_times_tick_length_over_time() -> None:
-    t = Tracker()  # 64 ns ticks
-    one(t, 0.0, sample({"transmit_wait": 1000}))
-    v = one(t, 2.0, sample({"transmit_wait": 1000 + 3_125_000}))  # 0.2 s of waiting in 2 s
-    assert v.xmit_wait_ratio == pytest.approx(0.1)
-    assert v.rates["transmit_wait"] == pytest.approx(1_562_500.0)
+QUANTUM = WaitUnit(8, False, "family", "Quantum")
+SWITCH_IB2 = WaitUnit(32, True, "family", "Switch-IB 2")
 
 
-def test_xmit_wait_ratio_uses_the_configured_tick_and_is_clamped() -> None:
-    t = Tracker(tick_seconds=1e-6)
-    one(t, 0.0, sample({"transmit_wait": 0}))
-    v = one(t, 1.0, sample({"transmit_wait": 250_000}))
-    assert v.xmit_wait_ratio == pytest.approx(0.25)
-    v = one(t, 2.0, sample({"transmit_wait": 250_000 + 5_000_000}))  # 5 s of waiting in 1 s
+def _unit_sample(counters: dict[str, int], unit: WaitUnit, *, width: str = "4X",
+                 rate_bps: float | None = 200e9) -> PortSample:
+    s = sample(counters, rate_bps=rate_bps, active_width=width)
+    s.identity = dataclasses.replace(s.identity, xmit_wait=unit)
+    return s
+
+
+def test_xmit_wait_ratio_is_lost_bytes_over_the_bytes_the_link_could_send() -> None:
+    # ibdiagnet: Quantum counts 8 bytes per port. A 4X HDR port (200 Gb/s, 25e9 bytes/s) that
+    # lost 0.1 % of 2 s lost 50e6 bytes: 6.25e6 counts.
+    t = Tracker()
+    one(t, 0.0, _unit_sample({"transmit_wait": 1000}, QUANTUM))
+    v = one(t, 2.0, _unit_sample({"transmit_wait": 1000 + 6_250_000}, QUANTUM))
+    assert v.xmit_wait_ratio == pytest.approx(0.001)
+    assert v.rates["transmit_wait"] == pytest.approx(3_125_000.0)
+    assert v.xmit_wait_seconds == pytest.approx(0.002)
+
+
+def test_xmit_wait_ratio_of_a_per_lane_unit_counts_every_lane_and_is_clamped() -> None:
+    # Switch-IB 2 counts 32 bytes per lane: on 4X EDR (100 Gb/s, 12.5e9 bytes/s) 1e6 counts
+    # in 1 s are 128e6 bytes lost, 1.024 % of the second.
+    t = Tracker()
+    one(t, 0.0, _unit_sample({"transmit_wait": 0}, SWITCH_IB2, rate_bps=100e9))
+    v = one(t, 1.0, _unit_sample({"transmit_wait": 1_000_000}, SWITCH_IB2, rate_bps=100e9))
+    assert v.xmit_wait_ratio == pytest.approx(0.01024)
+    v = one(t, 2.0, _unit_sample({"transmit_wait": 1_000_000 + 10**9}, SWITCH_IB2,
+                                 rate_bps=100e9))
     assert v.xmit_wait_ratio == 1.0
+    assert v.xmit_wait_seconds == pytest.approx(1.01024)
+
+
+def test_xmit_wait_ratio_is_unknown_without_a_link_rate_or_a_lane_count() -> None:
+    t = Tracker()
+    one(t, 0.0, _unit_sample({"transmit_wait": 0}, SWITCH_IB2, width=""))
+    v = one(t, 1.0, _unit_sample({"transmit_wait": 500}, SWITCH_IB2, width=""))
+    assert v.xmit_wait_ratio is None
+    v = one(t, 2.0, _unit_sample({"transmit_wait": 900}, QUANTUM, rate_bps=None))
+    assert v.xmit_wait_ratio is None
+    assert v.xmit_wait_seconds == 0.0  # nothing known stalled: nothing counted
+
+
+def test_stalled_seconds_survive_a_dump_and_load() -> None:
+    t = Tracker()
+    one(t, 0.0, _unit_sample({"transmit_wait": 0}, QUANTUM))
+    one(t, 1.0, _unit_sample({"transmit_wait": 312_500_000}, QUANTUM))  # 10 % of 1 s
+    state = json.loads(json.dumps(t.dump()))
+    again = Tracker()
+    again.load(state)
+    v = one(again, 2.0, _unit_sample({"transmit_wait": 312_500_000}, QUANTUM))
+    assert v.xmit_wait_seconds == pytest.approx(0.1)
+    state["ports"][0]["wait_seconds"] = -1.0
+    with pytest.raises(ValueError, match="wait_seconds"):
+        Tracker().load(state)
 
 
 def test_xmit_wait_ratio_is_unknown_while_the_narrow_counter_is_saturated() -> None:
@@ -291,12 +334,6 @@ def test_xmit_wait_ratio_is_unknown_while_the_narrow_counter_is_saturated() -> N
     assert v.xmit_wait_ratio is None
     v = one(t, 2.0, sample({}))  # counter not read at all
     assert v.xmit_wait_ratio is None
-
-
-@pytest.mark.parametrize("tick", [0.0, -64e-9, math.nan, math.inf])
-def test_tick_seconds_must_be_a_positive_finite_number(tick: float) -> None:
-    with pytest.raises(ValueError, match="tick_seconds"):
-        Tracker(tick_seconds=tick)
 
 
 # --------------------------------------------------------------------------- missing values
@@ -902,7 +939,7 @@ def check_view(v: PortView, port: HwPort, now: float, missing: frozenset[tuple[b
     if wait is None:
         assert v.xmit_wait_ratio is None
     else:
-        assert v.xmit_wait_ratio == pytest.approx(min(1.0, wait * 64e-9))
+        assert v.xmit_wait_ratio == pytest.approx(min(1.0, wait * 8 / v.rate_bytes_per_second))
         assert 0.0 <= v.xmit_wait_ratio <= 1.0
     if v.utilization_tx is not None:
         assert 0.0 <= v.utilization_tx <= 1.0

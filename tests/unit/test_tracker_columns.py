@@ -84,8 +84,8 @@ def test_columns_account_exactly_as_the_per_port_rules(
     sc = load_scenario(name)
     clock = ManualClock()
     source = MockSource.from_scenario(name, clock=clock)
-    per_port: Tracker = _PerPort(tick_seconds=sc.tick_seconds or 64e-9)
-    columns: Tracker = _Columns(tick_seconds=sc.tick_seconds or 64e-9)
+    per_port: Tracker = _PerPort()
+    columns: Tracker = _Columns()
     polls = in_columns = 0
     t = 0.0
     while t <= min(sc.duration, 1800.0):
