@@ -300,18 +300,18 @@ def overview() -> Json:
 
 
 def congestion() -> Json:
-    wait = one("ibmon_port_transmit_wait_ratio")
+    wait = one(f"rate(ibmon_port_transmit_wait_seconds_total[{RI}])")
     util_tx = one('ibmon_port_utilization_ratio{direction="transmit"}')
     sw = ('max by (guid, port, node_desc) '
           '(ibmon_port_info{node_type="switch", node_desc=~"$switch"})')
     return dashboard("ibmon-congestion", "ibmon / Congestion",
-                     "Where the fabric waits: transmit-wait ratio per switch port, and whether a "
+                     "Where the fabric waits: the stall fraction per switch port, and whether a "
                      "congested port is a hotspot (busy) or suffers backpressure (idle, blocked "
                      "downstream).", [
         heatmap("Transmit wait by switch port",
-                "Fraction of time each switch port had data but no credits to send it "
-                "(PortXmitWait). One row per port; dark is congested.",
-                "max by (guid, port) (ibmon_port_transmit_wait_ratio) "
+                "Fraction of time each switch port had data but sent nothing (PortXmitWait in "
+                "the port's unit over its data rate). One row per port; dark is congested.",
+                f"max by (guid, port) (rate(ibmon_port_transmit_wait_seconds_total[{RI}])) "
                 f"* on(guid, port) group_left(node_desc) {sw}",
                 "{{node_desc}} [{{port}}]", "percentunit"),
         timeseries("Hotspots: congested and busy",
@@ -328,21 +328,22 @@ def congestion() -> Json:
                    [(f"({wait} >= {CONGESTED}) and on(guid, port) "
                      f"({util_tx} < {HOTSPOT_UTILIZATION}) {NODE}", "{{node_desc}} [{{port}}]")],
                    "percentunit"),
-        timeseries("Most congested switches", "Highest transmit-wait ratio of any port, per "
+        timeseries("Most congested switches", "Highest stall fraction of any port, per "
                    "switch (recording rule guid:ibmon_switch_transmit_wait:max_ratio).",
                    [("topk(10, guid:ibmon_switch_transmit_wait:max_ratio * on(guid) "
                      f"group_left(node_desc) {SWITCH_NAMES})", "{{node_desc}}")],
                    "percentunit"),
-        timeseries("Transmit wait ticks", "Raw PortXmitWait increase per second, top 10 ports "
-                   "(the ratio assumes the configured tick length).",
+        timeseries("Transmit wait counts", "Raw PortXmitWait increase per second, top 10 "
+                   "ports; one count's size is device-defined "
+                   "(ibmon_port_transmit_wait_unit_bytes).",
                    [(f"topk(10, {one(f'rate(ibmon_port_transmit_wait_ticks_total[{RI}])')} "
                      f"{NODE})",
                      "{{node_desc}} [{{port}}]")], "cps"),
-        table("Congested ports now", "Ports the congestion detector flags, with wait ratio "
-              "and transmit utilization.",
+        table("Congested ports now", "Ports the congestion detector flags, with their stall "
+              "fraction.",
               f"{wait} and on(guid, port) ibmon_port_condition{{condition=\"congestion\"}} "
               f"{NODE}", "percentunit", w=24, columns=("node_desc", "port", "guid"),
-              value_name="Wait ratio", links=[PORT_LINK]),
+              value_name="Stall fraction", links=[PORT_LINK]),
     ], variables=[_variable_query("switch", "Switch",
                                   'label_values(ibmon_port_info{node_type="switch"}, node_desc)',
                                   multi=True, include_all=True)])
@@ -430,8 +431,10 @@ def port_detail() -> Json:
                           " receive"), "Bps"),
         timeseries("Utilization", "Data rate over link rate, latest poll, both ends.",
                    both("ibmon_port_utilization_ratio{SEL}", " {{direction}}"), "percentunit"),
-        timeseries("Transmit wait ratio", "Time the port could not send for lack of credits.",
-                   both("ibmon_port_transmit_wait_ratio{SEL}"), "percentunit"),
+        timeseries("Transmit stall fraction", "Time the port had data but sent nothing "
+                   "(PortXmitWait in the port's unit over its data rate).",
+                   both(f"rate(ibmon_port_transmit_wait_seconds_total{{SEL}}[{RI}])"),
+                   "percentunit"),
         timeseries("Symbol error BER", "Over ibmon's sliding window.",
                    both("ibmon_port_symbol_error_ber{SEL}"), "sci"),
         timeseries("Errors by counter", "Error counters per second, both ends.",

@@ -130,7 +130,7 @@ def _alert(name: str, severity: str) -> dict[str, Any]:
 
 def _threshold(expr: str, metric: str) -> float:
     # the series alone, or its one-per-port max (HA pairs): `max by (guid, port) (metric) >= x`
-    (value,) = re.findall(rf"{metric}\)?\s*>=\s*([0-9.e+-]+)", expr)
+    (value,) = re.findall(rf"{re.escape(metric)}\)?\s*>=\s*([0-9.e+-]+)", expr)
     return float(value)
 
 
@@ -141,7 +141,8 @@ def test_rule_levels_equal_the_detector_defaults() -> None:
     assert _threshold(rule["expr"], "ibmon_port_symbol_error_ber") == ber.critical
     assert f"critical at {ber.critical:g}" in rule["annotations"]["description"]
     rule = _alert("IBPortCongestion", "critical")
-    assert _threshold(rule["expr"], "ibmon_port_transmit_wait_ratio") == congestion.critical
+    assert _threshold(rule["expr"], "rate(ibmon_port_transmit_wait_seconds_total[5m])") == (
+        congestion.critical)
     assert f"critical at {congestion.critical:.0%}" in rule["annotations"]["description"]
     # the warning's runbook tells hotspot from backpressure at the detector's utilization
     text = _alert("IBPortCongestion", "warning")["annotations"]["description"]
@@ -151,7 +152,7 @@ def test_rule_levels_equal_the_detector_defaults() -> None:
     assert f"ibmon flags {flap.count} or more" in rule["annotations"]["description"]
     header = ALERT_RULES.read_text(encoding="utf-8").split("groups:", 1)[0]
     assert f"BER >= {ber.critical:g}" in header
-    assert f"wait ratio >= {congestion.critical:g}" in header
+    assert f"ibmon_port_transmit_wait_seconds_total, >= {congestion.critical:g}" in header
 
 
 # --- Alertmanager ---------------------------------------------------------------------------
