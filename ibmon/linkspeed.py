@@ -2,9 +2,8 @@
 
 Rates: every source reports a port's ``rate_bps`` as the *data* rate after line encoding,
 computed here by ``effective_rate_bps`` from the active width and speed: lanes x the lane's data
-rate (8b/10b up to QDR, 64b/66b from FDR10 on; FDR 13.64 Gb/s per lane is rounded down to the
-13.625 the IBA tables give). 4X QDR is 32 Gb/s, not the 40 Gb/s signalling rate sysfs prints;
-4X FDR 54.5 Gb/s, not 56. Utilization is bytes moved against this rate, so it can reach 100 %.
+rate (8b/10b up to QDR, 64b/66b from FDR10 on: FDR's 14.0625 Gbaud carry 13.636 Gb/s). 4X QDR
+is 32 Gb/s, not the 40 Gb/s signalling rate sysfs prints; 4X FDR 54.55 Gb/s, not 56. Utilization is bytes moved against this rate, so it can reach 100 %.
 A RoCE/iWARP port (link layer Ethernet) is the exception, see ``port_rate_bps``.
 
 A link is degraded when it runs below the highest width or speed that *both* ends support *and*
@@ -66,7 +65,7 @@ LANE_EFFECTIVE_GBPS: dict[str, float] = {
     "DDR": 4.0,
     "QDR": 8.0,
     "FDR10": 10.0,
-    "FDR": 13.625,
+    "FDR": 14.0625 * 64 / 66,  # 13.636...: the signalling rate after 64b/66b
     "EDR": 25.0,
     "HDR": 50.0,
     "NDR": 100.0,

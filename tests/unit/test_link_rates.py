@@ -24,7 +24,7 @@ from mocks.sysfs import kernel_rate
 from tests.sysfs_tree import write_device, write_port
 
 #: 4X data rates in Gb/s, from the IBA lane tables (8b/10b to QDR, 64b/66b after).
-DATA_4X = {"SDR": 8, "DDR": 16, "QDR": 32, "FDR10": 40, "FDR": 54.5, "EDR": 100,
+DATA_4X = {"SDR": 8, "DDR": 16, "QDR": 32, "FDR10": 40, "FDR": 4 * 14.0625 * 64 / 66, "EDR": 100,
            "HDR": 200, "NDR": 400, "XDR": 800}
 #: What the kernel prints for 4X (rate_show, deci-Gb/s per lane x lanes).
 SYSFS_4X = {"SDR": "10 Gb/sec (4X SDR)", "DDR": "20 Gb/sec (4X DDR)",
