@@ -3,7 +3,8 @@
 Rates: every source reports a port's ``rate_bps`` as the *data* rate after line encoding,
 computed here by ``effective_rate_bps`` from the active width and speed: lanes x the lane's data
 rate (8b/10b up to QDR, 64b/66b from FDR10 on: FDR's 14.0625 Gbaud carry 13.636 Gb/s). 4X QDR
-is 32 Gb/s, not the 40 Gb/s signalling rate sysfs prints; 4X FDR 54.55 Gb/s, not 56. Utilization is bytes moved against this rate, so it can reach 100 %.
+is 32 Gb/s, not the 40 Gb/s signalling rate sysfs prints; 4X FDR 54.55 Gb/s, not 56.
+Utilization is bytes moved against this rate, so it can reach 100 %.
 A RoCE/iWARP port (link layer Ethernet) is the exception, see ``port_rate_bps``.
 
 A link is degraded when it runs below the highest width or speed that *both* ends support *and*

@@ -144,7 +144,7 @@ async def test_an_hdr_host_port_reads_its_stall_fraction_and_only_a_real_one_rai
     per_second = round(stalled * HDR_BYTES_PER_S / 8)
     value = 1000
     fired: list[str] = []
-    sustain = CongestionSettings().sustain
+    sustain = CongestionSettings.model_validate({}).sustain
     for _ in range(sustain + 2):
         fired += [e.type for e in await pipeline.poll(source)]
         now[0] += 1.0
