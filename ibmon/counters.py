@@ -244,7 +244,8 @@ def markdown_table() -> str:
     ]
     for c in CATALOGUE:
         files = " / ".join(f"`{f}`" for f in (c.sysfs, c.sysfs_ext) if f) or "none (PMA only)"
-        unit = "bytes (words x4)" if c.data else ("ticks" if c.name == "transmit_wait" else "count")
+        unit = "bytes (words x4)" if c.data else (
+            "counts (device-defined size)" if c.name == "transmit_wait" else "count")
         pma = f"{c.attribute}.{c.pma}" if c.attribute else c.pma
         rows.append(f"| `{c.metric}` | {pma} | {files} | {c.bits} | {unit} |")
     return "\n".join(rows) + "\n"
