@@ -462,7 +462,7 @@ class Tracker:
                 out[pos] = RowView(
                     rows, st.row, k, sample.identity, sample.state,
                     sample.phys_state, link, sample.active_width, sample.active_speed,
-                    sample.link, st.saturated, st.resets,
+                    sample.link, st.saturated, _resets(st) if st.hw_resets else st.resets,
                     dict(st.hw_totals) if st.hw_totals else _NO_COUNTS, hw_rates, None,
                     _NO_NAMES, sample.hw_gauges or _NO_COUNTS, False, _NO_CAUSES,
                     st.wait_seconds if counted else None)
@@ -889,7 +889,7 @@ class Tracker:
             totals,
             rates,
             st.saturated,
-            st.resets,
+            _resets(st) if st.hw_resets else st.resets,
             dict(st.hw_totals) if st.hw_totals else _NO_COUNTS,
             hw_rates,
             util_tx,
@@ -1033,6 +1033,13 @@ def _columns() -> ModuleType | None:
     except ImportError:  # pragma: no cover - numpy is a dependency
         return None
     return trackcolumns
+
+
+def _resets(st: _Port) -> dict[str, int]:
+    """The resets a view reports: the catalogue's counters by name, the driver's as
+    ``hw:<name>`` (their own namespace: a driver may reuse a catalogue name), so a driver reset
+    shows in ``ibmon_port_resets_total`` and raises ``counter_reset`` like any other."""
+    return {**st.resets, **{f"hw:{name}": n for name, n in st.hw_resets.items()}}
 
 
 def _placed(st: _Port, block: Block, row: int) -> None:

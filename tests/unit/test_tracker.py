@@ -394,7 +394,7 @@ def test_hw_counters_accumulate_as_64bit_with_resets() -> None:
     v = one(t, 2.0, sample(hw={"out_of_buffer": 140, "np_cnp_sent": 2}))
     assert v.hw_totals == {"out_of_buffer": 140, "np_cnp_sent": 7}
     assert v.hw_rates == {"out_of_buffer": 20.0, "np_cnp_sent": 1.0}
-    assert v.resets == {}  # resets are keyed by catalogue counter; hw resets stay internal
+    assert v.resets == {"hw:np_cnp_sent": 1}  # the driver's, in a namespace of its own
     assert t.resets_seen == 1
     v = one(t, 3.0, sample(hw={"np_cnp_sent": 3}))
     assert v.hw_totals == {"out_of_buffer": 140, "np_cnp_sent": 8}  # unread, not lost
