@@ -14,6 +14,7 @@ from enum import IntEnum
 from operator import attrgetter
 from typing import Any
 
+from ibmon.terminal import printable
 from ibmon.xmitwait import DEFAULT_UNIT, WaitUnit
 
 __all__ = [
@@ -98,6 +99,12 @@ class PortIdentity:
     #: the source at discovery.
     xmit_wait: WaitUnit = DEFAULT_UNIT
 
+    def __post_init__(self) -> None:
+        # One printable form from ingest on (``ibmon.terminal.printable``): a control byte in
+        # a node description reaches no output as itself, whichever output reads it.
+        if not self.node_desc.isprintable():
+            object.__setattr__(self, "node_desc", printable(self.node_desc))
+
     @property
     def key(self) -> PortKey:
         return (self.guid, self.port)
@@ -114,6 +121,10 @@ class LinkInfo:
     active_speed: str = ""  # "EDR"
     max_width: str = ""
     max_speed: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.remote_node_desc.isprintable():  # as ``PortIdentity.node_desc``
+            object.__setattr__(self, "remote_node_desc", printable(self.remote_node_desc))
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,11 @@ control character is shown as its escape (``\\x1b``, ``\\x00``, ``\\u202e``) ins
 sent: the operator sees that the name is strange, and nothing else changes. Covered: C0 and C1
 controls and DEL (C1 ``\\x9b`` is CSI on 8-bit terminals), the bidirectional overrides and
 isolates (which make text display in a different order than it is stored), and the Unicode line
-and paragraph separators. Everything else, non-ASCII names included, is left as it is. JSON
-output needs none of this: its encoder escapes control characters already.
+and paragraph separators. Everything else, non-ASCII names included, is left as it is.
+
+Descriptions get this form once, at ingest (``ibmon.model.PortIdentity`` and ``LinkInfo``), so
+/metrics label values, JSON, MQTT and logs all show the same text; the tables apply it again to
+whatever else they print.
 """
 
 from __future__ import annotations

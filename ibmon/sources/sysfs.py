@@ -106,6 +106,7 @@ from ibmon.model import (
     normalize_guid,
 )
 from ibmon.sources.parse.sysfs_values import parse_counter, parse_lid_value
+from ibmon.terminal import printable
 from ibmon.xmitwait import (
     DEFAULT_UNIT,
     WaitUnit,
@@ -719,7 +720,7 @@ class SysfsSource:
                 if dev.node_desc_path is not None:
                     raw = self._read(dev.node_desc_path, None, errors, True, read)
                     if raw is not None:
-                        dev.node_desc = raw.decode("utf-8", "replace").strip()
+                        dev.node_desc = printable(raw.decode("utf-8", "replace").strip())
                 for p in dev.ports:
                     snap.ports[p.key] = self._sample_port(p, dev.node_desc, errors, read)
             return snap

@@ -441,7 +441,7 @@ def test_scan_table_and_top_show_control_characters_instead_of_sending_them(
     )
     assert scan.returncode == 0, scan.stderr
     _assert_terminal_safe(scan.stdout)
-    assert "owned" in scan.stdout and "\\u202e" in scan.stdout  # the rest of the name stays
+    assert "owned" in scan.stdout  # the rest of the name stays, up to the column's width
 
     d = IbmonRun(tmp_path, config).start()
     daemons.append(d)

@@ -25,6 +25,7 @@ from exporters.mqtt import MqttPublisher
 from ibmon.config import MqttConfig, MqttTlsConfig, SysfsSourceConfig, load_settings
 from ibmon.daemon import Daemon
 from ibmon.events import Event, EventBus, PortRef
+from ibmon.terminal import printable
 from ibmon.model import LinkInfo, PortIdentity, PortView
 from ibmon.selfmetrics import SelfMetrics
 from ibmon.state import FabricState
@@ -393,7 +394,9 @@ async def test_hostile_node_descriptions_never_change_a_topic(broker: Mosquitto)
         assert set(topics) == expected
         assert len(topics) == n
         states = {t: json.loads(p) for t, p, _ in sub.messages if "/ports/" in t}
-        assert [states[f"ibmon/main/ports/{g}/1"]["node_desc"] for g in guids] == HOSTILE
+        # whole, in the one printable form every output shows
+        shown = [printable(d) for d in HOSTILE]
+        assert [states[f"ibmon/main/ports/{g}/1"]["node_desc"] for g in guids] == shown
         got = [Event.model_validate_json(p) for t, p, _ in sub.messages if "/events/" in t]
         assert got == events
         assert [e.port.node_desc for e in got if e.port] == HOSTILE
