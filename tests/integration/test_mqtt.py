@@ -25,10 +25,10 @@ from exporters.mqtt import MqttPublisher
 from ibmon.config import MqttConfig, MqttTlsConfig, SysfsSourceConfig, load_settings
 from ibmon.daemon import Daemon
 from ibmon.events import Event, EventBus, PortRef
-from ibmon.terminal import printable
 from ibmon.model import LinkInfo, PortIdentity, PortView
 from ibmon.selfmetrics import SelfMetrics
 from ibmon.state import FabricState
+from ibmon.terminal import printable
 from tests.integration.test_mqtt_daemon import TickingSource, scrape
 from tests.mqtt_broker import Collector, Mosquitto, make_tls, write_passwd
 from tests.sysfs_tree import write_device, write_port
