@@ -73,6 +73,7 @@ def port_json(view: PortView, active: Sequence[ActiveCondition] = ()) -> dict[st
         "guid": ident.guid, "port": ident.port, "device": ident.device,
         "node_desc": ident.node_desc, "node_type": ident.node_type, "lid": ident.lid,
         "link_layer": ident.link_layer, "source": ident.source,
+        "fw_ver": ident.fw_ver, "hca_type": ident.hca_type, "board_id": ident.board_id,
         "state": view.state, "state_name": state_name(view.state),
         "phys_state": view.phys_state, "phys_state_name": phys_state_name(view.phys_state),
         "rate_bytes_per_second": view.rate_bytes_per_second,

@@ -165,6 +165,13 @@ class Family(Generic[C]):
                     child = self._children[key] = self._new_child(key)
         return child
 
+    def remove(self, *values: object) -> None:
+        """Drop the series of these label values, if there is one (prometheus_client's
+        ``remove``)."""
+        key = tuple(str(v) for v in values)
+        with self._lock:
+            self._children.pop(key, None)
+
     def clear(self) -> None:
         """Drop every labelled series (a family without labels keeps its one series, as in
         prometheus_client)."""

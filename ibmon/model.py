@@ -79,6 +79,9 @@ class PhysState(IntEnum):
     PHY_TEST = 7
 
 
+_UNTRUSTED = ("node_desc", "fw_ver", "hca_type", "board_id")
+
+
 @dataclass(frozen=True, slots=True)
 class PortIdentity:
     """Who a port is. Descriptive strings are untrusted and only ever appear as label values."""
@@ -101,9 +104,11 @@ class PortIdentity:
 
     def __post_init__(self) -> None:
         # One printable form from ingest on (``ibmon.terminal.printable``): a control byte in
-        # a node description reaches no output as itself, whichever output reads it.
-        if not self.node_desc.isprintable():
-            object.__setattr__(self, "node_desc", printable(self.node_desc))
+        # a description a host's administrator or firmware set reaches no output as itself.
+        for name in _UNTRUSTED:
+            text = getattr(self, name)
+            if not text.isprintable():
+                object.__setattr__(self, name, printable(text))
 
     @property
     def key(self) -> PortKey:

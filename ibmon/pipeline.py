@@ -46,7 +46,7 @@ from ibmon.config import SourceConfig
 from ibmon.detect.engine import ActiveCondition, Engine
 from ibmon.events import Event
 from ibmon.gcpause import paused_gc
-from ibmon.model import PortKey, PortView, Snapshot, replaced
+from ibmon.model import PortIdentity, PortKey, PortView, Snapshot, replaced
 from ibmon.polltime import MIN_POLL_TIMEOUT, POLL_TIMEOUT_INTERVALS, poll_timeout
 from ibmon.rowview import Span
 from ibmon.selfmetrics import SelfMetrics
@@ -128,6 +128,8 @@ class Pipeline:
         self._views = _NO_VIEWS
         self._span: Span | None = None  # where ``_views`` are in the tracker's store
         self._discovered: Source | None = None
+        #: The ``ibmon_device_info`` label values this source set at its last discovery.
+        self._devices: set[tuple[str, ...]] = set()
         self._next_discover = 0.0
         self._stage = {s: metrics.stage_seconds.labels(self.label, s) for s in STAGES}
         #: Held while a poll's ``ingest`` runs (``_ingest_off_loop``); whoever reads or changes
@@ -187,6 +189,9 @@ class Pipeline:
             async with deadline:
                 await self._discover_if_due(source, started)
                 snap = await source.sample()
+                if not getattr(self.cfg, "topology_interval", None):
+                    # a source without discoveries (sysfs) finds devices come and go as it samples
+                    self._describe_devices(s.identity for s in snap.ports.values())
         except TimeoutError as exc:
             if deadline.expired():
                 failure = ("poll_timeout", f"poll took over {limit:.0f}s")
@@ -276,6 +281,20 @@ class Pipeline:
         interval = getattr(self.cfg, "topology_interval", None)
         self._next_discover = now + interval if interval else float("inf")
         self.metrics.unreachable_nodes.labels(self.label).set(len(topo.unreachable))
+        self._describe_devices(topo.ports.values())
+
+    def _describe_devices(self, identities: Iterable[PortIdentity]) -> None:
+        """``ibmon_device_info`` for the devices of these ports; a device gone since the last
+        call leaves no series behind."""
+        devices: set[tuple[str, ...]] = {
+            (self.label, i.device, i.guid, i.fw_ver, i.hca_type, i.board_id)
+            for i in identities if i.device and (i.fw_ver or i.hca_type or i.board_id)}
+        info = self.metrics.device_info
+        for gone in self._devices - devices:
+            info.remove(*gone)
+        for device in sorted(devices - self._devices):  # sorted: a stable exposition
+            info.labels(*device).set(1)
+        self._devices = devices
 
     def _judge(self, snap: Snapshot) -> tuple[str, str] | None:
         """Whether a sample that came back still counts as a failed poll: (reason, error).
@@ -450,6 +469,7 @@ class Pipeline:
     def forget_views(self) -> None:
         """The source left the configuration: its ports leave the state (totals are kept)."""
         self._views = _NO_VIEWS
+        self._describe_devices(())
         self.status = SourceStatus(name=self.label, kind=self.cfg.type)
 
     # -- persistence -----------------------------------------------------------------------------

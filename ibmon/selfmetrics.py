@@ -38,6 +38,7 @@ ONE_SHOT_FAMILIES: Final = (
     "ibmon_source_unreachable_nodes",
     "ibmon_shard_info",
     "ibmon_source_shards",
+    "ibmon_device_info",
 )
 _ONE_SHOT: Final = frozenset(ONE_SHOT_FAMILIES)
 
@@ -93,6 +94,12 @@ class SelfMetrics:
         )
         self.events = Counter(
             "ibmon_events", "Events emitted by the detectors.", ["type", "severity"], registry=r
+        )
+        self.device_info = Gauge(
+            "ibmon_device_info",
+            "Always 1; one series per device a source read its firmware, type or board from"
+            " (sysfs), as node_exporter's node_infiniband_info.",
+            ["source", "device", "guid", "fw_ver", "hca_type", "board_id"], registry=r,
         )
         self.shards: ShardMetrics | None = None
         self.mqtt: MqttMetrics | None = None
