@@ -189,8 +189,7 @@ class Pipeline:
             async with deadline:
                 await self._discover_if_due(source, started)
                 snap = await source.sample()
-                if not getattr(self.cfg, "topology_interval", None):
-                    # a source without discoveries (sysfs) finds devices come and go as it samples
+                if getattr(source, "finds_devices_while_sampling", False):
                     self._describe_devices(s.identity for s in snap.ports.values())
         except TimeoutError as exc:
             if deadline.expired():
