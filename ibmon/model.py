@@ -180,6 +180,9 @@ class Snapshot:
     wall: float
     ports: dict[PortKey, PortSample] = field(default_factory=dict)
     errors: list[SourceError] = field(default_factory=list)
+    #: Ports whose key changed since the last poll (a device's GUID arrived), old -> new:
+    #: the same hardware, so its totals and history move to the new key.
+    renamed: dict[PortKey, PortKey] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -345,6 +345,9 @@ class Pipeline:
         tracker = self.tracker
         seen = tracker.resets_seen + tracker.saturations_seen
         t0 = clock()
+        for old, new in snap.renamed.items():
+            if tracker.rename(old, new):
+                self.save_due = True  # the totals' new key: on disk before it is published
         fresh = tracker.update(snap)
         views = self._with_stale(snap, fresh, keep_all=failure is not None)
         t1 = clock()

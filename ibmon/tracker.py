@@ -223,6 +223,16 @@ class Tracker:
         layout, self._layout = self._layout, None
         return layout
 
+    def rename(self, old: PortKey, new: PortKey) -> bool:
+        """The port ``old`` is ``new`` from now on (its device's GUID arrived): its raw values,
+        totals and resets move along, so the next sample continues them. Refused (False) when
+        ``new`` is already a port of its own."""
+        if old not in self._ports or new in self._ports:
+            return False
+        self._same = None
+        self._ports[new] = self._ports.pop(old)
+        return True
+
     def forget(self, key: PortKey) -> bool:
         """Drop a port that left the fabric for good, so state does not grow without bound.
 

@@ -299,6 +299,18 @@ def has_devices(root: str | Path = "/sys") -> bool:
         return False
 
 
+def _renamed(old: _Plan, new: _Plan) -> dict[PortKey, PortKey]:
+    """Ports of a device that was keyed by a synthetic GUID and has a real one now: their
+    old key -> their new one (the tracker moves their totals along)."""
+    guids = {dev.name: dev.guid for dev in new.devices}
+    out: dict[PortKey, PortKey] = {}
+    for dev in old.devices:
+        guid = guids.get(dev.name)
+        if dev.synthetic and guid is not None and guid != dev.guid:
+            out.update({p.key: (guid, p.key[1]) for p in dev.ports})
+    return out
+
+
 def synthetic_guid(device: str) -> str:
     """A stable key for a device that has no usable node GUID."""
     return "0x" + hashlib.sha1(f"sysfs:{device}".encode(), usedforsecurity=False).hexdigest()[:16]
@@ -430,6 +442,9 @@ class _Device:
     port_names: frozenset[str] = frozenset()
     #: ``ports/``'s (inode, link count) when it was listed; None: it must be listed every poll.
     ports_stat: tuple[int, int] | None = None
+    #: The GUID is ``synthetic_guid``'s (no usable ``node_guid`` at discovery): re-read every
+    #: poll, so a GUID assigned later (SR-IOV VF, hot-plug) takes over at once.
+    synthetic: bool = False
 
 
 @dataclass(slots=True)
@@ -575,12 +590,14 @@ class SysfsSource:
 
         guid = self._device_guid(name, ddir, present, used)
         used.add(guid)
+        synthetic = guid == synthetic_guid(name)
         node_type_text = text("node_type")
         node_type = parse_node_type(node_type_text)
         if node_type_text and node_type is None:
             self._fail(self._pending, "garbage", os.path.join(ddir, "node_type"), None)
         desc_path = os.path.join(ddir, "node_desc") if "node_desc" in present else None
-        dev = _Device(name=name, guid=guid, node_desc_path=desc_path, node_desc=text("node_desc"))
+        dev = _Device(name=name, guid=guid, node_desc_path=desc_path, node_desc=text("node_desc"),
+                      synthetic=synthetic)
         hca_type = text("hca_type")
         template = PortIdentity(
             guid=guid,
@@ -700,6 +717,8 @@ class SysfsSource:
     def _layout_changed(self, plan: _Plan) -> bool:
         if self._device_names() != plan.names:
             return True
+        if any(dev.synthetic and self._guid_arrived(dev, plan) for dev in plan.devices):
+            return True
         self._layout_checks += 1
         listing = self._layout_checks % LIST_PORTS_EVERY == 0
         for dev in plan.devices:
@@ -711,14 +730,27 @@ class SysfsSource:
                 return True
         return False
 
+    def _guid_arrived(self, dev: _Device, plan: _Plan) -> bool:
+        """Whether a device keyed by a synthetic GUID now has a real one of its own."""
+        try:
+            guid = normalize_guid(read_sysfs(os.path.join(self._class_dir, dev.name, "node_guid"))
+                                  .decode("ascii", "replace"))
+        except (OSError, ValueError):
+            return False
+        return guid != _ZERO_GUID and all(d.guid != guid for d in plan.devices)
+
     def _sample_sync(self) -> Snapshot:
         with self._lock:
             plan = self._plan
+            renamed: dict[PortKey, PortKey] = {}
             if plan is None or self._layout_changed(plan):
-                plan = self._plan = self._build_plan()
+                old, plan = plan, self._build_plan()
+                self._plan = plan
+                if old is not None:
+                    renamed = _renamed(old, plan)
             errors, self._pending = self._pending, []
             snap = Snapshot(source=self.name, monotonic=time.monotonic(), wall=time.time(),
-                            errors=errors)
+                            errors=errors, renamed=renamed)
             read = self._reader()
             for dev in plan.devices:
                 if dev.node_desc_path is not None:
