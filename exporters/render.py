@@ -47,7 +47,6 @@ from exporters.valuetext import (
     int_texts,
 )
 from ibmon.counters import CATALOGUE
-from ibmon.insteps import every
 from ibmon.model import LinkInfo, PortIdentity, PortKey, PortView
 from ibmon.rowview import (
     RowView,
@@ -850,10 +849,9 @@ def _text_lines(head: str, labels: Sequence[str], texts: list[str]) -> list[str]
 
 
 def _finite(values: Iterable[object]) -> bool:
-    """Whether every value that is not None is finite: passes in C (about 40 ns a value,
-    ``ibmon.insteps``), where looking for ``inf``/``nan`` in the rendered text read every byte
-    of it."""
-    return every(map(isfinite, filter(_NOT_NONE, values)))  # type: ignore[arg-type]
+    """Whether every value that is not None is finite: a pass in C (about 40 ns a value),
+    where looking for ``inf``/``nan`` in the rendered text read every byte of it."""
+    return all(map(isfinite, filter(_NOT_NONE, values)))  # type: ignore[arg-type]
 
 
 def _counter_family(name: str, head: str, header: str) -> _Family:

@@ -23,7 +23,6 @@ from itertools import repeat
 from operator import attrgetter, is_
 from typing import Any
 
-from ibmon.insteps import every
 from ibmon.model import LinkInfo, PortIdentity, PortKey, PortView, view_values
 from ibmon.rates import Rates
 from ibmon.totals import Totals
@@ -109,14 +108,14 @@ class Span:
         first = rows[0]
         if rows != list(range(first, first + len(rows))):
             return None
-        if not every(map(is_, ports.values(), layout.views)):
+        if not all(map(is_, ports.values(), layout.views)):
             return None
         return cls(layout.store, first, ports)
 
     def holds(self, views: Sequence[PortView]) -> bool:
         """Whether ``views`` are this span's views, in its order."""
         ports = self.ports
-        return len(views) == len(ports) and every(map(is_, views, ports.values()))
+        return len(views) == len(ports) and all(map(is_, views, ports.values()))
 
     def positions(self, views: Sequence[PortView], order: Sequence[int] | None) -> Any:
         """Where each of ``views`` is among this span's (its rates row; its totals row is
@@ -132,7 +131,7 @@ class Span:
         if len(views) != len(ports) or len(at) != len(ports) or (len(at) and at.min() < 0):
             return None
         try:
-            if not every(map(is_, views, map(ports.__getitem__, order))):
+            if not all(map(is_, views, map(ports.__getitem__, order))):
                 return None
         except IndexError:
             return None

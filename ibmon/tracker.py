@@ -44,7 +44,6 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from ibmon.counters import CATALOGUE
-from ibmon.insteps import every, least, most
 from ibmon.model import GUID_RE, PortKey, PortSample, PortState, PortView, Snapshot
 from ibmon.rates import NO_RATE, Rates
 from ibmon.rowview import Layout, Rows, RowView
@@ -387,8 +386,8 @@ class Tracker:
             return None
         samples = list(snapshot.ports.values())
         counters = list(map(_COUNTERS, samples))
-        if not (every(map(is_, map(type, counters), itertools.repeat(Totals)))
-                and every(map(is_, map(_INDEX, counters), itertools.repeat(same.index)))):
+        if not (all(map(is_, map(type, counters), itertools.repeat(Totals)))
+                and all(map(is_, map(_INDEX, counters), itertools.repeat(same.index)))):
             return None
         values = list(map(_PACKED, counters))
         bases = list(map(_BASE, counters))
@@ -988,17 +987,17 @@ def _rows_of_64_bits(values: list[Sequence[int]], bases: list[int], width: int) 
     """Whether each sample's values are an ``array('Q')`` with its row of ``width`` from its
     base on (``Tracker._aligned``'s test), and a row of its own starts at 0 (as
     ``_Batch.bases`` has it); one array the rows share (the simulator's) is tested once."""
-    if least(bases) < 0:
+    if min(bases) < 0:
         return False
     first = values[0]
-    if every(map(is_, values, itertools.repeat(first))):
+    if all(map(is_, values, itertools.repeat(first))):
         return (type(first) is array and first.typecode == "Q"
-                and most(bases) + width <= len(first))
+                and max(bases) + width <= len(first))
     if set(map(type, values)) != {array} or set(map(_TYPECODE, values)) != {"Q"}:
         return False
     if bases.count(0) == len(bases) and set(map(len, values)) == {width}:
         return True  # rows of their own (``ibmon.totals.packed_counters``)
-    return every(map(le, map(add, bases, itertools.repeat(width)), map(len, values)))
+    return all(map(le, map(add, bases, itertools.repeat(width)), map(len, values)))
 
 
 class _Same:

@@ -17,7 +17,6 @@ from collections.abc import Collection, Container, Mapping, Sequence
 from operator import attrgetter, is_, itemgetter
 from typing import Any
 
-from ibmon.insteps import array_of, every, list_of
 from ibmon.model import PortKey, PortView
 from ibmon.rates import Rates
 from ibmon.rowview import Layout, RowView, packed
@@ -131,7 +130,7 @@ class Fresh(list[tuple[PortKey, PortView]]):
         if self._laid is None:
             self._laid = (layout is not None and len(self) >= GATHER_FROM
                           and len(layout.views) == len(self)
-                          and every(map(is_, layout.views, self.views())))
+                          and all(map(is_, layout.views, self.views())))
         return layout if self._laid else None
 
     def ratios(self, name: str) -> Any | None:
@@ -390,7 +389,7 @@ class _Reader:
         shared: Sequence[object]
         if self._kind is Totals:
             shared, index = store.totals, store.index
-            bases = array_of(np, layout.rows, np.intp) * store.width
+            bases = np.array(layout.rows, dtype=np.intp) * store.width
         else:
             shared, index = store.rates, store.rates_index
             bases = np.arange(len(views), dtype=np.intp) * store.rates_width
@@ -445,8 +444,8 @@ class _Reader:
             np = sys.modules["numpy"]
             # A view of the array only while gathering: an exported buffer would stop the
             # tracker from growing it.
-            values = list_of(np.frombuffer(shared, dtype=_DTYPES[shared.typecode])[
-                self._bases + pos])
+            values = np.frombuffer(shared, dtype=_DTYPES[shared.typecode])[
+                self._bases + pos].tolist()
         kind = self._kind
         views = self._views
         attr = self._attr

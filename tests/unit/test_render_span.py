@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 import exporters.render as render
-import ibmon.insteps as insteps
 from exporters.render import PortRenderer
 from ibmon.config import MockSourceConfig
 from ibmon.model import PortView
@@ -42,20 +41,15 @@ def _counting(monkeypatch: pytest.MonkeyPatch, calls: list[str], name: str) -> N
     monkeypatch.setattr(render, name, spy)
 
 
-@pytest.mark.parametrize("step", [insteps.STEP, 7])
 @pytest.mark.parametrize("segment", [render.SEGMENT_PORTS, 64])
 @pytest.mark.parametrize("sort", [True, False])
 @pytest.mark.parametrize("scenario", ["flap", "counter-reset", "degraded", "link-errors"])
 def test_a_publish_through_the_span_equals_one_that_reads_every_view(
-        scenario: str, sort: bool, segment: int, step: int,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        scenario: str, sort: bool, segment: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """``sort``: in port order, as the exporter lists them (the simulator, like a real
     fabric's discovery, reports them in another order); else in the source's order. Blocks
-    of 64 ports: some of port order's are consecutive rows, some not (both ways of reading).
-    Steps of 7: the tracker's, the span's and the detectors' checks of a fabric larger than
-    one step (``ibmon.insteps``), on a small one."""
+    of 64 ports: some of port order's are consecutive rows, some not (both ways of reading)."""
     monkeypatch.setattr(render, "SEGMENT_PORTS", segment)
-    monkeypatch.setattr(insteps, "STEP", step)
     clock = ManualClock()
     sorter = PortSorter()
     source = MockSource.from_scenario(scenario, hosts=300, clock=clock)
@@ -83,10 +77,7 @@ def test_a_publish_through_the_span_equals_one_that_reads_every_view(
     assert spans >= polls - 3  # every poll of the same ports after the first ones
 
 
-@pytest.mark.parametrize("step", [insteps.STEP, 7])
-def test_a_span_holds_only_its_own_views_in_its_order(
-        step: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(insteps, "STEP", step)
+def test_a_span_holds_only_its_own_views_in_its_order() -> None:
     clock = ManualClock()
     source = MockSource.from_scenario("flap", hosts=300, clock=clock)
     pipeline = Pipeline(MockSourceConfig(name="mock", interval=1.0), metrics=SelfMetrics())
