@@ -19,11 +19,10 @@ its TLS and its basic auth.
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import socket
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -58,6 +57,7 @@ from ibmon.model import PortView
 from ibmon.rowview import Span
 from ibmon.selfmetrics import SelfMetrics
 from ibmon.state import FabricState, PortSorter, in_port_order
+from ibmon.tuning import release_free_memory
 
 __all__ = ["CONTENT_TYPE", "PrometheusExporter", "exposition"]
 
@@ -91,36 +91,6 @@ _INDEX = b"""<!DOCTYPE html>
 
 
 _EMPTY = deflate_chunks((), GZIP_LEVEL)
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], object] | None:
-    """glibc's ``malloc_trim``, or None elsewhere (musl, macOS): trimming is an optimisation.
-
-    Looked up among the symbols already loaded (``CDLL(None)``: libc is), not with
-    ``ctypes.util.find_library``, which runs ``ldconfig -p`` in a subprocess at every start.
-    Loaded on the first big publish: a node daemon's bodies never reach ``TRIM_MIN_BODY``, and
-    ctypes is 0.4 MB of its RSS."""
-    import ctypes
-
-    try:
-        trim: Callable[[int], object] | None = getattr(ctypes.CDLL(None), "malloc_trim", None)
-    except OSError:
-        return None
-    return trim
-
-
-def release_free_memory() -> None:
-    """Hand free heap pages back to the OS after a big publish (``TRIM_MIN_BODY``).
-
-    Each publish allocates and frees family texts of a few MB; glibc raises its mmap threshold
-    after the first such free and then serves them from the heap, where the holes they leave stay
-    resident (about 10 MB at 20,000 ports). ``malloc_trim(0)`` returns whole free pages anywhere
-    in every arena, so RSS tracks live memory again.
-    """
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
 
 
 def _let_go(replaced: list[Deflated]) -> None:

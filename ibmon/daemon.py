@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import gc
 import os
 import signal
 import time
@@ -52,6 +51,7 @@ from ibmon.selfmetrics import SelfMetrics
 from ibmon.sources import Source
 from ibmon.sources.registry import build_source
 from ibmon.state import EMPTY_STATE, FabricState
+from ibmon.tuning import freeze_long_lived, tune_process
 
 __all__ = ["Daemon", "StartError"]
 
@@ -208,7 +208,9 @@ class Daemon:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(sig, handler)
                 installed.append(sig)
+        tune_process()
         self._load_state()
+        failed = False
         try:
             async with asyncio.TaskGroup() as tg:
                 try:
@@ -216,6 +218,7 @@ class Daemon:
                 finally:
                     await self._shutdown()
         except BaseExceptionGroup as group:
+            failed = True
             # One failure (e.g. the listen address is taken) is reported as itself.
             only = group.exceptions[0]
             if len(group.exceptions) == 1 and isinstance(only, Exception):
@@ -226,7 +229,8 @@ class Daemon:
                 self._save_state()
             for sig in installed:
                 loop.remove_signal_handler(sig)
-            log.info("stopped")
+            if not failed:  # a start that failed says why instead (one error line), not this
+                log.info("stopped")
 
     async def _serve(self, tg: asyncio.TaskGroup) -> None:
         """Start everything, then poll until a stop, applying reloads in between."""
@@ -501,7 +505,7 @@ class Daemon:
             await self._publish(pipeline)
             if first:
                 first = False
-                _freeze_long_lived()
+                freeze_long_lived()
             if pipeline.save_due:
                 # A reset or saturation changed what a restart must know: save before this
                 # source polls again, so a kill -9 loses at most the poll in progress. A save
@@ -718,20 +722,6 @@ def _load_consequence(result: LoadResult) -> str:
     if result.problem == "not_a_file":
         return "starting without saved state; saves are refused until it is removed"
     return "starting without saved state; saves will try to replace the file"
-
-
-def _freeze_long_lived() -> None:
-    """Exclude what exists after a source's first poll from the cyclic GC's full collections.
-
-    That is mostly what lives as long as the daemon: the topology, the tracker's per-port
-    state, the exporter's label caches (and in ``ibmon demo`` the simulator). A full collection
-    stops every thread, the event loop included, for as long as it takes to walk the tracked
-    objects: 0.5-0.8 s at 36,720 ports, which every scrape waited out (issue 12). Frozen
-    objects are still freed by reference counting when they go; only a reference cycle that
-    is already garbage at this moment stays (a one-time, bounded cost). ``gc.freeze`` only
-    moves the GC's lists, so calling it is cheap.
-    """
-    gc.freeze()
 
 
 async def _cancel(tasks: list[asyncio.Task[None]]) -> None:

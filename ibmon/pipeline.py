@@ -32,8 +32,6 @@ caller measures where it publishes the merged state (``observe_publish``).
 from __future__ import annotations
 
 import asyncio
-import gc
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
@@ -76,13 +74,6 @@ SILENT_FRACTION: Final = 0.5
 #: (``Pipeline._ingest_off_loop``); a node's few HCAs stay on the loop.
 OFFLOAD_PORTS: Final = 200
 
-#: How long a worker thread holds the GIL while the event loop waits for it, once large
-#: samples are offloaded (``_tune_for_large_samples``); CPython keeps it in microseconds.
-SWITCH_INTERVAL: Final = 0.0002
-#: Collections of the GC's middle generation between two full ones, once large samples are
-#: offloaded (CPython's default is 10; ``_tune_for_large_samples``).
-FULL_GC_AFTER: Final = 1000
-_DEFAULT_SWITCH_INTERVAL: Final = 0.005
 
 _NO_VIEWS: Mapping[PortKey, PortView] = MappingProxyType({})
 
@@ -214,8 +205,8 @@ class Pipeline:
         API requests, other sources' timers) is not held for the whole of it.
 
         The thread still needs the GIL, but the loop gets it back every switch interval
-        (1 ms once large samples are offloaded: ``_tune_for_large_samples``) instead of
-        waiting out tracking and detection of the whole fabric (seconds at 100,000 ports).
+        instead of waiting out tracking and detection of the whole fabric (seconds at 100,000
+        ports).
         A small sample (a node's HCAs) is ingested inline: a thread hand-off would cost more
         than it saves. Ingesting holds ``lock``, which the daemon also holds
         while it saves (``dump`` in a thread) or retunes, so those never overlap. While the
@@ -227,7 +218,6 @@ class Pipeline:
         async with self.lock:
             if len(snap.ports) < OFFLOAD_PORTS:
                 return self.ingest(snap, failure)
-            _tune_for_large_samples()
             self._active_before = self.engine.active()
             self._ingesting = True
             work = asyncio.ensure_future(run_bulk(self._ingest_and_free, snap, failure))
@@ -494,36 +484,6 @@ class Pipeline:
                 problems.append(str(exc))
         if problems:
             raise ValueError("; ".join(problems))
-
-
-def _tune_for_large_samples() -> None:
-    """Process-wide settings for a daemon that tracks large samples in worker threads, made
-    once, when the process first offloads one (a node's few HCAs never do).
-
-    The GIL: a worker thread gives it back to a waiting thread after ``SWITCH_INTERVAL``
-    instead of CPython's default 5 ms. While a fabric's poll runs in worker threads (sample,
-    ingest, render), the event loop needs the GIL after each of a scrape's system calls
-    (accept, read, the hand-over to the sender thread; each gives it away) and waits up to
-    a whole interval for each: at 1 ms, the median busy scrape took 1.5-1.8x the idle one;
-    at 0.2 ms (with the other steps of that round) 1.0-1.4x, and the polls took no more CPU
-    (issue 12, target 5; ``benchmarks/README.md``, twenty-seventh round). A thread gives the
-    GIL up only when another one asks for it, so an idle loop costs the workers nothing. An
-    interval already changed from the default (by an embedding program) is left alone.
-
-    The cyclic GC: every poll leaves tens of thousands of new container objects (views,
-    samples) that reference counting frees when the next poll replaces them, and after
-    ``gc.freeze`` (the daemon's, after the first poll) the full collections' "a quarter more
-    than the survivors of the last one" rule fired five times a poll at 36,720 ports, each
-    stopping every thread, the loop included, for 50-100 ms: 0.2 s of CPU per poll and the
-    loop's worst stalls. A full collection is considered after ``FULL_GC_AFTER`` collections
-    of the middle generation instead of 10: about every 15 polls at that size. Only
-    reference cycles that outlived two young collections wait longer to be freed.
-    """
-    if sys.getswitchinterval() == _DEFAULT_SWITCH_INTERVAL:
-        sys.setswitchinterval(SWITCH_INTERVAL)
-    young, middle, full = gc.get_threshold()
-    if young and full < FULL_GC_AFTER:  # 0: the embedding program turned automatic GC off
-        gc.set_threshold(young, middle, FULL_GC_AFTER)
 
 
 #: Views freed per step of ``_release``: about 0.2 ms of deallocation with the GIL held.

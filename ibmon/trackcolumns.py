@@ -23,52 +23,23 @@ ports: a node-local daemon never loads it (target 2).
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import os
 from array import array
 from collections.abc import Sequence
 from itertools import repeat
 from operator import is_
 from typing import Final, cast
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # no BLAS here: no idle thread pool for it
-
-import numpy as np  # after the line above, which numpy reads when it loads
+import numpy as np
 import numpy.typing as npt
 
 __all__ = ["Block", "Step", "advance"]
 
-_M_MMAP_THRESHOLD: Final = -3  # glibc's mallopt parameter
-_LARGE: Final = 128 << 10  # what deploy/systemd/ibmon.service sets (MALLOC_MMAP_THRESHOLD_)
-
-
-def _return_large_blocks() -> None:
-    """Have glibc map every allocation of 128 KiB and more on its own and unmap it when
-    freed, as the systemd unit asks with ``MALLOC_MMAP_THRESHOLD_`` (which stands if set).
-
-    A poll's vector operations make a few temporaries of several MB each (9.4 MB at 36,720
-    ports). By default glibc raises its mmap threshold to the size of the first such block
-    freed, and from then on serves them from the heap, between small objects that live on:
-    the heap cannot shrink, and RSS grew by about 25 MB a poll for five polls (in-process at
-    36,720 ports, then flat about 80 MB above the per-port tracker's). A fixed threshold
-    turns that raising off: RSS stays where the per-port tracker's was. Without glibc
-    (musl) there is no ``mallopt`` and nothing to do.
-    """
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return
-    with contextlib.suppress(OSError, AttributeError):  # not glibc
-        ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, _LARGE)
-
-
-_return_large_blocks()
-
 _ZERO: Final = (0.0,)
 _TEMPORARY: Final = 96 << 10
 """Bytes of each vector temporary of a chunk of rows (``_chunk``): under the 128 KiB mmap
-threshold set above, so glibc serves them from its free lists, reused chunk after chunk. At
-4,096 rows (1 MB temporaries at 32 counters) each one was mapped afresh and faulted in page by
-page: 7,000 page faults a poll at 36,720 ports, 5 % of the tracker's time."""
+threshold the daemon sets (``ibmon.tuning``), so glibc serves them from its free lists, reused
+chunk after chunk (1 MB temporaries, mapped afresh each time, cost 5 % of the tracker's time
+in page faults at 36,720 ports)."""
 _CHUNK: Final = 0
 """Rows taken through the vector operations at a time; 0: as many as fit ``_TEMPORARY``."""
 _U64_MAX: Final = (1 << 64) - 1

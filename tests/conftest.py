@@ -1,8 +1,6 @@
 """Suite-wide rules.
 
 - Isolation: no test reads or writes the real /var/lib/ibmon state file, and each test starts
-  from the interpreter's GIL switch interval and GC thresholds (a pipeline tunes both for the
-  whole process when it first tracks a large sample in a worker thread, as a daemon should),
   with no object frozen out of the GC's collections.
 - Under ``CI`` a skipped test fails the session. Helpers already turn a missing binary, library
   or real fixture into a failure there (``tests.syspkg``, ``tests.fixtures``), but a plain
@@ -14,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,13 +29,8 @@ def _private_state_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
 
 @pytest.fixture(autouse=True)
 def _process_wide_defaults() -> Iterator[None]:
-    """Undo ``ibmon.pipeline._tune_for_large_samples`` after each test: with full collections
-    spaced out, a reference cycle that one test leaves (an unclosed socket) would be finalized,
-    and its ResourceWarning raised, in some later test instead."""
-    interval, threshold = sys.getswitchinterval(), gc.get_threshold()
+    """Leave the GC as the test found it."""
     yield
-    sys.setswitchinterval(interval)
-    gc.set_threshold(*threshold)
     # A large poll's work freezes every object of the process when it ends (``ibmon.gcpause``,
     # as the daemon's first poll does): a cycle some test left would then never be collected.
     gc.unfreeze()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -17,7 +16,7 @@ import pytest
 from ibmon.config import MockSourceConfig
 from ibmon.events import Event
 from ibmon.model import PortView
-from ibmon.pipeline import FULL_GC_AFTER, OFFLOAD_PORTS, SWITCH_INTERVAL, Pipeline
+from ibmon.pipeline import OFFLOAD_PORTS, Pipeline
 from ibmon.selfmetrics import SelfMetrics
 from ibmon.sources.mock import ManualClock, MockSource
 
@@ -97,25 +96,6 @@ def test_a_cancelled_poll_is_ingested_and_emitted_before_it_ends() -> None:
     assert len(pipeline.views) == len(source.model.keys)
 
 
-@pytest.fixture
-def process_defaults() -> object:
-    """CPython's default GIL switch interval and GC thresholds, restored afterwards."""
-    interval, threshold = sys.getswitchinterval(), gc.get_threshold()
-    sys.setswitchinterval(0.005)
-    gc.set_threshold(700, 10, 10)
-    yield
-    sys.setswitchinterval(interval)
-    gc.set_threshold(*threshold)
-
-
-@pytest.mark.usefixtures("process_defaults")
-def test_offloading_a_large_sample_hands_the_gil_back_sooner_and_spaces_full_collections() -> None:
-    pipeline, source, _ = _setup()
-    asyncio.run(pipeline.poll(source))
-    assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL)  # kept in microseconds
-    assert gc.get_threshold() == (700, 10, FULL_GC_AFTER)
-
-
 def test_a_large_poll_runs_without_collections_and_its_views_stay_out_of_later_ones() -> None:
     pipeline, source, clock = _setup("gc-paused")
     started: list[int] = []
@@ -139,22 +119,6 @@ def test_a_large_poll_runs_without_collections_and_its_views_stay_out_of_later_o
     assert gc.isenabled()
     tracked = {id(o) for o in gc.get_objects()}  # what collections traverse
     assert not any(id(view) in tracked for view in pipeline.views.values())
-
-
-@pytest.mark.usefixtures("process_defaults")
-def test_a_small_sample_leaves_the_process_settings_alone() -> None:
-    pipeline, source, _ = _setup()
-    keys = source.model.keys[: OFFLOAD_PORTS - 1]  # a node's few HCAs: ingested inline
-
-    async def main() -> None:
-        snap = await source.sample()
-        snap.ports = {k: snap.ports[(k[0], str(k[1]))] for k in keys}
-        await pipeline._ingest_off_loop(snap, None)  # poll()'s path once the sample is in
-
-    asyncio.run(main())
-    assert len(pipeline.views) == OFFLOAD_PORTS - 1
-    assert sys.getswitchinterval() == 0.005
-    assert gc.get_threshold() == (700, 10, 10)
 
 
 def _views_alive(source: str) -> int:
