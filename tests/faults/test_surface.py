@@ -20,7 +20,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -353,69 +352,6 @@ def test_health_probes_answer_without_basic_auth_everything_else_needs_it(
     for path in ("/metrics", "/api/v1/ports", "/api/v1/events", "/", "/nope"):
         assert d.request(path, auth=False)[0] == 401, path
     assert d.request("/api/v1/ports")[0] == 200
-    assert d.stop()[0] == 0
-    assert d.tracebacks() == []
-
-
-def test_many_api_clients_on_a_large_fabric_get_bounded_pages_and_polling_goes_on(
-    tmp_path: Path, daemons: list[IbmonRun],
-) -> None:
-    """Eight clients walk every page of a ~6,000-port fabric while the daemon polls it.
-
-    Before: every request returned every port (12 MB here, 33 MB at 17,424 ports) built per
-    client, and RSS grew by hundreds of MB. Now each answer is one bounded page, the order and
-    the JSON are built once per state, and memory stays near idle.
-    """
-    watch = TotalsWatch()
-    d = IbmonRun(tmp_path, '[prometheus]\nlisten = "127.0.0.1:0"\n'
-                           '[[sources]]\ntype = "mock"\nname = "sim"\nhosts = 1000\n'
-                           'interval = "1s"\n').start()
-    daemons.append(d)
-    d.wait_polls(watch, "sim", 3)
-    time.sleep(2)
-    idle_rss = d.rss_mb()
-    total = int(d.scrape(watch).value("ibmon_source_ports", source="sim") or 0)
-    assert total > 5000
-    stop = threading.Event()
-    pages: list[int] = []
-    failures: list[str] = []
-    biggest = [0]
-
-    def walk() -> None:
-        while not stop.is_set():
-            cursor = ""
-            while not stop.is_set():
-                status, body = d.request(f"/api/v1/ports?limit=100000{cursor}", timeout=60)
-                if status != 200:
-                    failures.append(f"{status} {body[:100]!r}")
-                    return
-                biggest[0] = max(biggest[0], len(body))
-                doc = json.loads(body)
-                pages.append(len(doc["ports"]))
-                if doc["next"] is None:
-                    break
-                cursor = f"&cursor={doc['next']}"
-
-    threads = [threading.Thread(target=walk, daemon=True) for _ in range(8)]
-    for t in threads:
-        t.start()
-    peak = idle_rss
-    try:
-        start = d.polls(watch, "sim")
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            peak = max(peak, d.rss_mb())
-            time.sleep(0.2)
-        polled = d.polls(watch, "sim") - start
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(timeout=120)
-    assert failures == []
-    assert pages and max(pages) <= 1000  # a page, not the fabric
-    assert biggest[0] < 3_000_000
-    assert polled >= 3  # polling went on under the load
-    assert peak - idle_rss < 80, (idle_rss, peak)  # was +340 MB with four clients at 17k ports
     assert d.stop()[0] == 0
     assert d.tracebacks() == []
 
