@@ -25,12 +25,16 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
+
+import structlog
 
 __all__ = ["NICE", "run_bulk", "submit_bulk"]
 
 #: Nice steps the bulk threads run below the process (capped at 19, the lowest priority).
 NICE: Final = 10
+
+log = structlog.get_logger("ibmon.bulkwork")
 
 _T = TypeVar("_T")
 _pool: ThreadPoolExecutor | None = None
@@ -64,5 +68,14 @@ async def run_bulk(func: Callable[..., _T], /, *args: object) -> _T:
 
 
 def submit_bulk(func: Callable[..., _T], /, *args: object) -> Future[_T]:
-    """``func(*args)`` in a bulk thread, not awaited (freeing what the last poll made)."""
-    return _executor().submit(func, *args)
+    """``func(*args)`` in a bulk thread, not awaited (freeing what the last poll made); an
+    exception it raises is logged with its traceback, never lost with the future."""
+    future = _executor().submit(func, *args)
+    future.add_done_callback(_log_failure)
+    return future
+
+
+def _log_failure(future: Future[Any]) -> None:
+    exc = None if future.cancelled() else future.exception()
+    if exc is not None:
+        log.error("bulk_work_failed", error=f"{type(exc).__name__}: {exc}", exc_info=exc)

@@ -75,6 +75,9 @@ SILENT_FRACTION: Final = 0.5
 OFFLOAD_PORTS: Final = 200
 
 
+#: A source bug's traceback is logged at most once in this many seconds (per source).
+BUG_LOG_SECONDS: Final = 600.0
+
 _NO_VIEWS: Mapping[PortKey, PortView] = MappingProxyType({})
 
 
@@ -119,6 +122,7 @@ class Pipeline:
         self._views = _NO_VIEWS
         self._span: Span | None = None  # where ``_views`` are in the tracker's store
         self._discovered: Source | None = None
+        self._bug_logged = -float(BUG_LOG_SECONDS)
         #: The ``ibmon_device_info`` label values this source set at its last discovery.
         self._devices: set[tuple[str, ...]] = set()
         self._next_discover = 0.0
@@ -187,8 +191,11 @@ class Pipeline:
                 failure = ("poll_timeout", f"poll took over {limit:.0f}s")
             else:
                 failure = ("poll_failed", exc)
-        except Exception as exc:  # a broken source must never take the caller down
+        except (OSError, RuntimeError) as exc:  # what a source says when it cannot see
             failure = ("poll_failed", exc)
+        except Exception as exc:  # a bug (a parser's, a source's): seen, never only counted
+            failure = ("source_bug", exc)
+            self._report_bug(exc)
         self._stage["sample"].observe(self._clock() - started)
         if snap is not None and failure is None:
             events = await self._ingest_off_loop(snap, self._judge(snap))
@@ -401,6 +408,17 @@ class Pipeline:
         self.metrics.stale_ports.labels(self.label).set(len(self._views))
         self.metrics.source_ports.labels(self.label).set(0)
         return self._down(reason, str(error) or type(error).__name__, wall=self._wall())
+
+    def _report_bug(self, exc: BaseException) -> None:
+        """Log a bug's traceback, once per ``BUG_LOG_SECONDS`` per source (a bug that
+        repeats every poll would flood the log); every occurrence is counted as a failed poll
+        of reason ``source_bug``."""
+        now = time.monotonic()
+        if now - self._bug_logged < BUG_LOG_SECONDS:
+            return
+        self._bug_logged = now
+        log.error("source_bug", source=self.label, error=f"{type(exc).__name__}: {exc}",
+                  exc_info=exc)
 
     def _down(self, reason: str, text: str, *, wall: float) -> list[Event]:
         """The health side of a failed poll: metrics, status, log, the ``source_failed`` edge,
