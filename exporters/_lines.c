@@ -1,6 +1,6 @@
 /* exporters._lines: the exposition lines of a block of ports, put together in C.
  *
- * Why (issue 12, target 4): at fabric scale most of a publish is the families whose values move
+ * Why: at fabric scale most of a publish is the families whose values move
  * every poll (the traffic counters, utilization, transmit-wait ratio): 13 lines a port, 1.5
  * million lines a poll at 118,400 ports. Put together in Python each line is a list of five
  * strings joined and encoded (label, head, value, ...), and each value a str object split out of

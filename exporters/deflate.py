@@ -2,7 +2,7 @@
 
 Every poll compresses the exposition it publishes (so a gzip scrape only splices), which made
 compression the largest single cost of a compute node's poll: 100 KB of text for 16 HCAs, about
-0.8 ms of CPU with cold caches, once a second (issue 12, target 1). ISA-L's level 1 does the
+0.8 ms of CPU with cold caches, once a second. ISA-L's level 1 does the
 same work about 4x faster than zlib's level 1 (0.056 vs 0.23 ms on that body, warm) at the same
 size (8.7 KB), and releases the GIL as zlib does, so the fabric's large bodies compress off the
 event loop as before. Both write standard raw deflate (RFC 1951): sync-flushed segments of

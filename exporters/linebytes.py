@@ -1,6 +1,6 @@
 """A block's lines of the families that move every poll, as encoded text made in C.
 
-Why (issue 12, target 4): put together in Python, each line of a fabric's traffic counters and
+Why: put together in Python, each line of a fabric's traffic counters and
 ratios is five strings joined and encoded, its value a str split out of orjson's text: about
 15 ms a family a publish at 118,400 ports, 60 ms for utilization and transmit wait, 0.2 s a
 publish in all. ``exporters._lines`` (``_lines.c``) writes the same bytes from the labels and

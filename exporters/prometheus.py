@@ -97,9 +97,9 @@ def _let_go(replaced: list[Deflated]) -> None:
     """Free ``replaced`` (the only reference to a body ``_install`` replaced, unless a
     scrape still sends it) and, when there was one, hand the free pages back.
 
-    Why in a bulk thread after a big publish (issue 12, target 5): freeing megabytes of
-    compressed parts and ``malloc_trim`` took the event loop 2-3 ms every poll at 36,720 ports
-    (``benchmarks/README.md``, twenty-ninth round), and a scrape that came in meanwhile waited.
+    Why in a bulk thread after a big publish: freeing megabytes of compressed parts and
+    ``malloc_trim`` took the event loop 2-3 ms every poll at 36,720 ports, and a scrape that
+    came in meanwhile waited.
     """
     if replaced:
         replaced.clear()

@@ -432,7 +432,7 @@ class PortRenderer:
         previous call when its ports are the same (same labels in the same order) and every
         value its lines are made of (``_Family.keys``) compares equal; then its text would be
         the same, so its segment is too. On a fabric most counters are error counters that
-        rarely move, so most blocks are reused (issue 12: CPU per poll at fabric scale). Fewer
+        rarely move, so most blocks are reused (CPU per poll at fabric scale). Fewer
         than ``CACHE_MIN_PORTS`` ports are compressed whole, without a cache. ``span``, when
         ``views`` are its views (in ``order``, a position in it a view: ``Span.positions``),
         says where their rows are. The decompressed stream equals
@@ -961,8 +961,8 @@ def _line_parts(line: tuple[str, ...], columns: Mapping[int, Sequence[str]]) -> 
 def _joined_lines(line: tuple[str, ...], columns: Mapping[int, Sequence[str]]) -> list[str]:
     """A block's lines of a family that changes every poll (``_line_parts``), made by C: the
     parts put in place by slice assignments and joined a slice at a time, where an f-string
-    a line cost twice as much (180 against 90 ns a line, 8,192 ports; issue 12, target 4:
-    440,000 such lines a poll at 36,720 ports)."""
+    a line cost twice as much (180 against 90 ns a line, 8,192 ports; 440,000 such lines a
+    poll at 36,720 ports)."""
     return _chunks(_line_parts(line, columns), len(line))
 
 

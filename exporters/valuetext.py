@@ -1,6 +1,6 @@
 """Sample values of a block of ports as text, the numbers formatted in C (orjson).
 
-Why (issue 12, target 4): at fabric scale the renderer's lines that change every poll are a
+Why: at fabric scale the renderer's lines that change every poll are a
 counter or a ratio a port, and spelling the number was most of each line's cost. Python's
 ``repr`` of a float (shortest round-trip digits) takes 400-550 ns, ``str`` of an int about
 60 ns; orjson writes a whole column of either in one call, the float digits by the same

@@ -1,6 +1,6 @@
 """The threads that do a large poll's bulk work, at a lower CPU priority than the event loop.
 
-Why (issue 12, target 5): a fabric daemon's poll runs in worker threads (the simulator's
+Why: a fabric daemon's poll runs in worker threads (the simulator's
 step, tracking and detection, rendering, freeing the last poll's views) that keep a CPU or
 two busy while polls follow each other. The event loop, which answers scrapes, wakes up after
 every system call of a scrape and had to wait for a CPU behind those threads as often as for

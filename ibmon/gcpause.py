@@ -1,5 +1,5 @@
 """The cyclic GC paused while a large poll's work runs in worker threads, and what that work
-made kept out of later collections (issue 12, target 4).
+made kept out of later collections.
 
 Why: a fabric's poll makes a few container objects a port that live until the next poll
 replaces them (the source's sample and its totals, the tracker's view): 355,000 at 118,400
@@ -21,8 +21,8 @@ loop's: an exception kept with its traceback, a closed connection) is frozen too
 GC would have found it. So once every ``SWEEP_SECONDS`` the last one out first takes every
 object back out of the permanent generation and runs a full collection (``sweep``): garbage
 lives at most that long, for one stop of every thread a sweep, longer than the GC's own full
-collections were (every tracked object is traversed: 0.23-0.39 s at 118,400 ports,
-``benchmarks/README.md``, "Nineteenth round") but once an hour instead of every ten polls.
+collections were (every tracked object is traversed: 0.23-0.39 s at 118,400 ports) but once
+an hour instead of every ten polls.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 ibmon used prometheus_client for its ~20 self-metric families. That cost a node daemon more
 than the types are worth: the package is ~2 MB of RSS, and its ``exposition`` module imports
 ``ssl``, ``http.server`` and ``urllib.request`` unconditionally, which keeps OpenSSL mapped in
-every compute node's daemon (issue 12, target 2: <= 40 MB). ibmon already wrote the text format
+every compute node's daemon. ibmon already wrote the text format
 itself (the port series in ``exporters.render``, the self metrics with a caching renderer), so
 what is left is this small module: the few operations ibmon uses, with prometheus_client's
 semantics, and nothing else (no exemplars, no multiprocess mode, no ``_created`` series, no

@@ -11,7 +11,7 @@ A poll: discovery when due (on a source object's first poll, then every
 ``topology_interval``, and on the poll after a failed one), sample, track, detect, then health
 bookkeeping. Tracking and detection are one synchronous step on plain data (``ingest``); for a
 large sample it runs in a worker thread (``OFFLOAD_PORTS``), so the event loop stays responsive
-(issue 12: scrapes never wait behind a poll).
+(scrapes never wait behind a poll).
 
 Source health is decided here, in one place, for every source (``_judge``): a monitor must say
 when it is blind. A poll fails when the source raised or hung, and also when its sample came back
@@ -447,7 +447,7 @@ class Pipeline:
         The state the exporters served before is gone by now, so the views this poll
         replaced are held by nothing but this pipeline: a large batch is freed in a worker
         thread, a few hundred at a time (``_release``), so the event loop never waits out
-        the whole deallocation (issue 12: no loop stall over 50 ms).
+        the whole deallocation (no loop stall over 50 ms).
         """
         self._stage["publish"].observe(seconds)
         self._publishing = True

@@ -1,6 +1,6 @@
 """One port's per-second counter rates, packed: a read-only mapping over an ``array('d')``.
 
-Why not a dict (issue 12, target 3): every port of a busy fabric gets new rates every poll,
+Why not a dict: every port of a busy fabric gets new rates every poll,
 and as a dict of 22-32 floats they were 1.6 KB a port (the dict and one float object per
 value): 59 MB at 36,720 ports, twice that while a poll's views replace the last. Packed, they
 are about 300 bytes. The counter names and their positions are one dict shared by every port

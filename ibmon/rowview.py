@@ -1,6 +1,6 @@
 """A port's view whose totals and rates stay rows of the tracker's column store until read.
 
-Why (issue 12, targets 3 and 4): every view of a fabric poll held a ``Totals`` and a ``Rates``,
+Why: every view of a fabric poll held a ``Totals`` and a ``Rates``,
 two small objects a port that only pointed into that poll's arrays of the column store
 (``ibmon.trackcolumns``). At 36,720 ports they were 73,440 objects a poll that the cyclic GC
 tracks and scans until the next poll frees them: about 35 ms of a poll and 6.4 MB a generation
@@ -62,7 +62,7 @@ class Layout:
     """A poll's views when every one is a ``RowView`` of one ``Rows`` (``store``), in order:
     the ``i``-th is row ``rows[i]`` of its totals and row ``i`` of its rates.
 
-    Why (issue 12, target 4): the detectors' column readers (``ibmon.detect.columns``) found
+    Why: the detectors' column readers (``ibmon.detect.columns``) found
     where each view's rows start by reading every view (its ``rows``, then its ``row`` or
     ``at``): two passes over a poll's views for each of the totals and the rates, 30-35 ms at
     118,400 ports with the views no longer in the CPU's cache. The tracker, which made them,
@@ -83,7 +83,7 @@ class Span:
     of one ``Rows`` in their order: the ``i``-th view's totals are row ``first + i`` of
     ``store.totals`` and its rates and ratios row ``i``.
 
-    Why (issue 12, target 4): the renderer found the runs of rows of each block of its views
+    Why: the renderer found the runs of rows of each block of its views
     by reading every view (``rows``, ``row``, ``at``): 40-50 ms a publish at 118,400 ports.
     A ``Layout`` says where they are, but holds two lists of a poll's size; a ``Span`` holds
     nothing the pipeline does not hold already (the mapping it publishes), and a reader checks
@@ -143,7 +143,7 @@ class RowView(PortView):
     row ``at`` of ``rows.rates``; the mappings are made on each read.
 
     Row numbers, not offsets: ``row`` is the tracker's own int for the port's row, shared, where
-    an offset would be a new int a port a poll (32 bytes a view, issue 12). The utilization
+    an offset would be a new int a port a poll (32 bytes a view). The utilization
     and transmit-wait ratio are read from ``rows`` as well, row ``at``: a float object each
     was 96 bytes a view."""
 

@@ -1,6 +1,6 @@
 """One port's software-accumulated counter totals, packed: a read-only mapping over an array.
 
-Why not a dict (issue 12, target 3): a busy port's totals change every poll, and as a dict of
+Why not a dict: a busy port's totals change every poll, and as a dict of
 32 ints they were about 1.1 KB a port (the dict and one int object per value that is not
 tiny): 40 MB at 36,720 ports, and up to twice that while a poll's views replace the last.
 Packed in an ``array('Q')`` they are about 350 bytes. The counter names and their positions
@@ -92,7 +92,7 @@ def packed_counters(counters: dict[str, int]) -> Mapping[str, int]:
     index shared by every port with the same counters; ``counters`` itself if a value does
     not fit 64 bits (the tracker's per-port rules take it as it is).
 
-    Why (issue 12, target 3): as a dict a port's 22-40 counters are about 0.9 KB (the dict
+    Why: as a dict a port's 22-40 counters are about 0.9 KB (the dict
     and an int object per value that is not tiny), alive for every port of a fabric while a
     poll is tracked; packed they are about 0.4 KB, and the tracker's column store reads them
     without a dict lookup or an int object per value (as it does the simulator's).

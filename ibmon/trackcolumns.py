@@ -1,7 +1,7 @@
 """The tracker's counter state in columns: one row per port, one column per counter, and the
 poll's arithmetic done for all rows at once (numpy).
 
-Why (issue 12, targets 3 and 4): on a fabric every port's counters move every poll, and the
+Why: on a fabric every port's counters move every poll, and the
 tracker visited each moved counter in Python (delta, x4, total, rate: about 4 us a port at
 36,720 ports), then copied the port's totals and built a rates array for its view. Here a
 ``Block`` holds the raw values and totals of every port with the same counter names as rows of
@@ -18,7 +18,7 @@ is refused untouched, and the tracker takes that port through its per-port rules
 Views must never change once published: the totals array is copied at the start of every poll
 (``begin``: one ``memcpy``), so the views of the previous poll keep the generation they read.
 numpy is imported only here, and the tracker imports this module only for samples of many
-ports: a node-local daemon never loads it (target 2).
+ports: a node-local daemon never loads it (its memory budget is 40 MB).
 """
 
 from __future__ import annotations
@@ -211,13 +211,13 @@ class _Spread:
     """A poll's rates, packed with only the columns where some row's rate is not 0.0 and one
     column of 0.0 that every other counter's name points at, filled a chunk at a time.
 
-    Why (issue 12, target 3): most counters of a fabric are error counters that did not
+    Why: most counters of a fabric are error counters that did not
     move on any port (22 of 32 in the demo), so most of a poll's rates are 0.0: 9.4 MB a
     poll at 36,720 ports, kept twice while a poll's views replace the last, of which 3.2 MB
     are other values. A rate is never -0.0 (deltas are not negative); the test is on the
     bits, so only +0.0 is left out, and a value reads back exactly as it was computed.
 
-    Why a chunk at a time (target 4): the rates of every row at full width first, packed
+    Why a chunk at a time: the rates of every row at full width first, packed
     afterwards, were a second array as large as the totals (30 MB a poll at 118,400 ports),
     zeroed and faulted in page by page each poll, then copied from: 10-100 ms of a poll on
     this project's machines. The columns are laid out as the block's last poll moved them
@@ -317,7 +317,7 @@ def _raw(values: list[array[int]], bases: list[int], width: int) -> npt.NDArray[
     one array (the simulator: a row a port, in order) is read in place or gathered; rows of
     their own are joined.
 
-    Why (issue 12, target 3): an array of its own a port is 0.3 KB of small allocations a
+    Why: an array of its own a port is 0.3 KB of small allocations a
     port while a poll is held, which the allocator keeps afterwards; one array a poll is a
     single block, returned to the system when the poll is done.
     """
@@ -399,7 +399,7 @@ def _ratios(
     """The utilization and transmit-wait ratio of the accounted rows (``rates``), onto
     ``step``'s arrays (``NaN``: none).
 
-    Arrays, not lists of floats (issue 12, target 3): a float object a ratio was three a view,
+    Arrays, not lists of floats: a float object a ratio was three a view,
     3.5 MB a generation of views at 36,720 ports; ``ibmon.rowview.RowView`` reads them here."""
     link = np.array(link_bytes, dtype=np.float64)  # None becomes NaN: not > 0, no ratio
     if len(rates) != len(link):

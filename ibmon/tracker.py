@@ -13,7 +13,7 @@ data) so totals match perfquery and node_exporter until the first reset, and the
 This is the hot path (thousands of ports every second): per-port state lives in one slotted
 object, and ``update`` allocates per port only what the published ``PortView`` needs. Raw
 values and totals are packed in the order of the port's counter names (``keys``, interned with
-their index by the tracker), rates too (issue 12: memory per port at fabric scale). Views are
+their index by the tracker), rates too (memory per port at fabric scale). Views are
 immutable once published, so they share the tracker's totals copy-on-write: a view wraps the
 port's array as it is (``ibmon.totals.Totals``), and the tracker copies the array only when
 that port's totals next change (an idle port's views share one array across polls). Resets,
@@ -369,7 +369,7 @@ class Tracker:
         values on that block's index: what its per-port dispatch would find for every port,
         found by passes in C. None (nothing changed) when a check fails: the dispatch decides.
 
-        Why (issue 12, target 4): nearly every poll of a fabric is such a poll, and the
+        Why: nearly every poll of a fabric is such a poll, and the
         dispatch (the interval, ``_aligned`` and a batch's six lists, a port at a time) was a
         third of ``track``: 1.2 us a port, 140 ms a poll at 118,400 ports. What it would
         find is known: the ports are the block's rows on one index, with nothing pinned, stale
@@ -489,7 +489,7 @@ class Tracker:
         rules must see (a counter outside the catalogue, a value at its narrow maximum, a
         total past 64 bits) goes to ``slow``.
 
-        Why (issue 12, target 3): through the per-port rules a port's first sample made
+        Why: through the per-port rules a port's first sample made
         dicts, lists and two arrays of its own (about 3 KB a port), and its second moved the
         arrays into the store and freed them. At 36,720 ports those were 100 MB of small
         allocations between the objects that live on (ports, detectors' state, labels): the
@@ -1082,7 +1082,7 @@ def _link_bytes(rate_bps: float | None) -> float | None:
     """The view's link rate in bytes per second, None unless ``rate_bps`` is a real rate.
 
     Cached: a fabric has a handful of link rates, and each view holds one float of them
-    instead of its own (32 bytes a view, issue 12)."""
+    instead of its own (32 bytes a view)."""
     if rate_bps is not None and math.isfinite(rate_bps) and rate_bps >= 0:
         return rate_bps / 8.0
     return None

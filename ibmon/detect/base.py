@@ -159,7 +159,7 @@ class PortDetector:
         None (or ``KEEP``, for a detector that is not link-scoped) and change nothing this
         method has not already changed the same way (a window's last value, a gauge on the
         view); a port in ``active`` (a condition it carries) is never left out. It exists for
-        speed (issue 12): on a healthy fabric nearly every port is left out by one short loop
+        speed: on a healthy fabric nearly every port is left out by one short loop
         over plain attributes, instead of a method call per port per detector. Default: all.
         """
         return fresh

@@ -1,6 +1,6 @@
 """One counter of every port a poll answered for, read once per poll for all the detectors.
 
-Why (issue 12, target 4): the detectors' ``needs`` passes each read a counter or a rate of every
+Why: the detectors' ``needs`` passes each read a counter or a rate of every
 answered port (symbol errors, link downs, the integrity and discard counters), about ten columns
 a poll. Read port by port that is a Python step per port per column (about 5 ms a column at
 36,720 ports). The tracker's column store (``ibmon.trackcolumns``) keeps nearly every port's
@@ -176,7 +176,7 @@ class Memo:
     """A detector's per-port answers of the last poll (does ``needs`` pick the port?), reused
     this poll for every port whose inputs compare equal and whose state nothing touched.
 
-    Why (issue 12, target 4): a ``needs`` pass looked every port up in the detector's dicts
+    Why: a ``needs`` pass looked every port up in the detector's dicts
     (a tuple key hashed per port per detector, 8-20 ms a detector at 36,720 ports), though on
     a fabric nearly every port's inputs (its error totals, its identity and link) are the ones
     of the previous poll. Correct when each answer is a function of the port's key, its inputs
@@ -241,8 +241,8 @@ def differences(new: Sequence[object], prev: Sequence[object]) -> list[int]:
     """Positions where ``new`` and ``prev`` (as long) hold values that are neither the same
     object nor equal. Stretch by stretch: a stretch that compares equal in C (identity
     first, about 2 ns a value) is skipped, so a column in which a few ports changed costs
-    about 1 ms at 118,400 ports, not the 11 ms of comparing every pair in Python (issue 12:
-    on a fabric some error total moves somewhere nearly every poll)."""
+    about 1 ms at 118,400 ports, not the 11 ms of comparing every pair in Python (on a
+    fabric some error total moves somewhere nearly every poll)."""
     out: list[int] = []
     for at in range(0, len(new), DIFF_STRETCH):
         a = new[at : at + DIFF_STRETCH]
@@ -293,7 +293,7 @@ def _one_store_bases(views: list[PortView], shared: array[Any], index: Mapping[s
     ``Rows`` on it (a fabric's poll: one block, every port answered), from the views' row
     numbers in C; else None (``_Reader`` then tells them apart one by one).
 
-    Why (issue 12, target 4): telling them apart was a Python step a port for each of the
+    Why: telling them apart was a Python step a port for each of the
     two readers a poll, 16-23 ms at 118,400 ports, for an answer that is nearly always "all
     of them".
     """

@@ -211,7 +211,7 @@ _WIDE: dict[frozenset[str], frozenset[str]] = {}
 def _shared_wide(names: frozenset[str]) -> frozenset[str]:
     """One object for every port with the same 64-bit counters.
 
-    Why (issue 12, target 3): a set of 8-22 names is 0.7-2.3 KB, and every port of a sweep
+    Why: a set of 8-22 names is 0.7-2.3 KB, and every port of a sweep
     had its own (and its sample a copy): up to 4.6 KB a port while a poll of a 100,000-port
     fabric was held, for a handful of distinct sets.
     """
