@@ -12,7 +12,9 @@ on the last page). ``/api/v1/events`` returns recent events, newest last; ``?typ
 ``?since=<event id>`` and ``?limit=`` narrow it. ``/healthz`` answers while the process serves
 (liveness); ``/readyz`` only once the daemon runs and at least one source's latest poll
 succeeded (readiness). Both answer without basic auth (Kubernetes probes); ``/readyz`` then
-leaves out source names and errors.
+leaves out source names and errors. A query value that cannot be meant (a condition or event
+type that does not exist, a ``since`` that is no event id, a cursor this server did not give) is
+a 400 whose ``error`` names what is accepted, never a 200 that looks like "nothing there".
 
 Cost is paid once per state, never per client: the worst-first order of a state is built on the
 first request that needs it, and each port's JSON is encoded the first time any client asks for
@@ -30,15 +32,16 @@ import base64
 import binascii
 import bisect
 import json
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 from exporters.ports import port_detail_json, port_json
 from exporters.server import HttpError, Request, Response, Route
-from ibmon.detect.engine import ActiveCondition
-from ibmon.events import Event, severity_rank
+from ibmon.detect.engine import DETECTORS, ActiveCondition
+from ibmon.events import Event, EventType, severity_rank
 from ibmon.model import PortKey, PortView, normalize_guid
 from ibmon.state import FabricState
 from ibmon.topology import node_rows
@@ -73,6 +76,16 @@ MAX_CURSOR = 512
 #: that state's port views, which the daemon itself has already replaced).
 INDEX_TTL = 30.0
 JSON = "application/json"
+
+#: What ``?condition=`` may name: the conditions a port can have (the detectors' types).
+CONDITIONS = tuple(sorted(DETECTORS))
+#: What ``/api/v1/events?type=`` may name.
+EVENT_TYPES = tuple(sorted(get_args(EventType)))
+#: An event id (``ibmon.events.event_id``): 32 lowercase hex digits.
+_EVENT_ID = re.compile(r"[0-9a-f]{32}")
+#: The one thing a refused cursor says: how it came about is the server's business, and a
+#: decoder's words ("Incorrect padding", "Expecting value: line 1 column 1") help no client.
+_NOT_OUR_CURSOR = "cursor is not one this server gave (pass the previous answer's next)"
 
 T = TypeVar("T")
 SortKey = tuple[float, float, float, float, float, str, int, str]
@@ -134,14 +147,14 @@ def encode_cursor(key: SortKey) -> str:
 def decode_cursor(text: str) -> SortKey:
     """The sort key in a cursor; ValueError for anything ``encode_cursor`` did not make."""
     if len(text) > MAX_CURSOR or not text.isascii():
-        raise ValueError("cursor too long or not ASCII")
+        raise ValueError(_NOT_OUR_CURSOR)
     try:
         raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
         items = json.loads(raw)
-    except (binascii.Error, ValueError) as exc:
-        raise ValueError(f"cursor is not one this server gave: {exc}") from None
+    except (binascii.Error, ValueError, RecursionError):
+        raise ValueError(_NOT_OUR_CURSOR) from None
     if not isinstance(items, list) or len(items) != 8:
-        raise ValueError("cursor is not one this server gave")
+        raise ValueError(_NOT_OUR_CURSOR)
     nums, (guid, port_len, port) = items[:5], items[5:]
     if (
         any(isinstance(n, bool) or not isinstance(n, int | float) for n in nums)
@@ -150,7 +163,7 @@ def decode_cursor(text: str) -> SortKey:
         or not isinstance(port_len, int)
         or not isinstance(port, str)
     ):
-        raise ValueError("cursor is not one this server gave")
+        raise ValueError(_NOT_OUR_CURSOR)
     a, b, c, d, e = (float(n) for n in nums)
     return (a, b, c, d, e, guid, port_len, port)
 
@@ -217,13 +230,13 @@ def encode_guid_cursor(guid: str) -> str:
 
 def decode_guid_cursor(text: str) -> str:
     if len(text) > MAX_CURSOR or not text.isascii():
-        raise ValueError("cursor too long or not ASCII")
+        raise ValueError(_NOT_OUR_CURSOR)
     try:
         items = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
-    except (binascii.Error, ValueError) as exc:
-        raise ValueError(f"cursor is not one this server gave: {exc}") from None
+    except (binascii.Error, ValueError, RecursionError):
+        raise ValueError(_NOT_OUR_CURSOR) from None
     if not isinstance(items, list) or len(items) != 1 or not isinstance(items[0], str):
-        raise ValueError("cursor is not one this server gave")
+        raise ValueError(_NOT_OUR_CURSOR)
     return items[0]
 
 
@@ -321,6 +334,15 @@ def query_count(query: Mapping[str, str], name: str, *, default: int, maximum: i
     return min(int(raw), maximum)
 
 
+def query_choice(query: Mapping[str, str], name: str, choices: Sequence[str]) -> str | None:
+    """``name``'s value if it is one of ``choices``, None if absent or empty; else HTTP 400
+    naming the choices (a typo must not answer 200 with nothing, as if nothing were firing)."""
+    raw = query.get(name) or None
+    if raw is not None and raw not in choices:
+        raise _bad_request(f"{name} must be one of {', '.join(choices)}")
+    return raw
+
+
 def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), allow_nan=False, default=str).encode()
 
@@ -371,13 +393,13 @@ class _Api:
     async def ports(self, request: Request) -> Response:
         query = request.query
         limit = query_count(query, "limit", default=DEFAULT_PAGE, maximum=MAX_PAGE)
-        condition = query.get("condition") or None
+        condition = query_choice(query, "condition", CONDITIONS)
         after: SortKey | None = None
         if (cursor := query.get("cursor")) is not None:
             try:
                 after = decode_cursor(cursor)
             except ValueError as exc:
-                raise _bad_request(f"cursor: {exc}") from None
+                raise _bad_request(str(exc)) from None
         state = self.provider.state()
         conditions = list(self.provider.conditions())
 
@@ -433,7 +455,7 @@ class _Api:
             try:
                 after = decode_guid_cursor(cursor)
             except ValueError as exc:
-                raise _bad_request(f"cursor: {exc}") from None
+                raise _bad_request(str(exc)) from None
         state = self.provider.state()
 
         def build() -> bytes:
@@ -449,8 +471,11 @@ class _Api:
 
     async def events(self, request: Request) -> Response:
         limit = query_count(request.query, "limit", default=MAX_EVENTS, maximum=MAX_EVENTS)
-        kind = request.query.get("type")
+        kind = query_choice(request.query, "type", EVENT_TYPES)
         since = request.query.get("since")
+        if since and _EVENT_ID.fullmatch(since) is None:
+            raise _bad_request(
+                "since must be an event id (32 hex digits: the id of an event this API gave)")
         items = list(self.provider.events())
         if since:
             ids = [e.id for e in items]

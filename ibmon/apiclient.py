@@ -3,7 +3,13 @@
 The daemon's listener may require basic auth and serve TLS with a private CA, so the client
 takes a user, a password (from a file or ``IBMON_PASSWORD``, never a command-line argument that
 ``ps`` would show) and a CA file. Every failure becomes an ``ApiError`` with one line that says
-what to do, never a traceback.
+what to do, never a traceback. ``IBMON_PASSWORD`` is not a setting: the settings loader skips it
+(``ibmon.config_env.NOT_SETTINGS``), so exporting it never stops ``run``.
+
+A URL is checked before anything is sent (``check_url``): one that ``urllib`` would trip over
+later (an unclosed ``[``, a space, a port that is no number) is one line now, and one carrying
+a password (``http://user:pw@host``) is refused without printing that password: a password on
+the command line is visible in ``ps`` and shell history, which ``--password-file`` avoids.
 """
 
 from __future__ import annotations
@@ -19,10 +25,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PASSWORD_ENV", "ApiClient", "ApiError", "read_password"]
+from ibmon.config_env import PASSWORD_ENV
 
-#: Environment variable with the basic auth password, when no password file is given.
-PASSWORD_ENV = "IBMON_PASSWORD"  # noqa: S105 - the variable's name, not a password
+__all__ = ["PASSWORD_ENV", "ApiClient", "ApiError", "read_password", "redact_url"]
 #: Pages followed at most when collecting every page (a runaway cursor is a bug, not a fabric).
 MAX_PAGES = 10_000
 
@@ -42,13 +47,61 @@ def read_password(path: Path | None) -> str | None:
     return os.environ.get(PASSWORD_ENV)
 
 
+def redact_url(url: str) -> str:
+    """``url`` with the password of any ``user:password@`` part replaced by ``***``.
+
+    Pure string work, so even a URL that does not parse is safe to print."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority, tail = rest[:end], rest[end:]
+    if "@" not in authority:
+        return url
+    userinfo, host = authority.rsplit("@", 1)
+    user, colon, _ = userinfo.partition(":")
+    shown = f"{user}:***" if colon else user
+    return f"{scheme}{sep}{shown}@{host}{tail}"
+
+
+def check_url(url: str) -> None:
+    """ApiError with one line (never the password) unless ``url`` is a usable http(s) URL."""
+    shown = redact_url(url)
+    if not url.startswith(("http://", "https://")):
+        raise ApiError(f"--url must start with http:// or https://, got {shown!r}")
+    if any(ch.isspace() or not ch.isprintable() for ch in url):
+        raise ApiError(f"--url {shown!r}: a URL has no spaces or control characters")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ApiError(f"--url {shown!r}: {_url_problem(exc)}") from None
+    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        raise ApiError(
+            f"--url {shown!r}: give the user with --user and the password with --password-file"
+            f" or ${PASSWORD_ENV}, not in the URL"
+        )
+    if not parts.hostname:
+        raise ApiError(f"--url {shown!r}: no host (e.g. http://127.0.0.1:9683)")
+    if port is not None and port == 0:
+        raise ApiError(f"--url {shown!r}: port 0 is no daemon's port")
+
+
+def _url_problem(exc: ValueError) -> str:
+    text = str(exc)
+    if "IPv6" in text:
+        return "unbalanced brackets (an IPv6 address is written [::1], e.g. http://[::1]:9683)"
+    if "Port" in text or "port" in text:
+        return "the port must be a number from 1 to 65535"
+    return "not a valid URL"
+
+
 class ApiClient:
     """GETs JSON from ``url`` (``http://`` or ``https://``), with basic auth and a CA file."""
 
     def __init__(self, url: str, *, user: str | None = None, password: str | None = None,
                  ca_file: Path | None = None, timeout: float = 10.0) -> None:
-        if not url.startswith(("http://", "https://")):
-            raise ApiError(f"--url must start with http:// or https://, got {url!r}")
+        check_url(url)
         if ca_file is not None and not url.startswith("https://"):
             raise ApiError("--ca-file needs an https:// URL")
         if password is not None and user is None:

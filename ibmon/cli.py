@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 
@@ -68,6 +70,30 @@ def _load(config: Path | None, **overrides: Any) -> Settings:
         _die(str(exc))
 
 
+def _number(low: float, high: float | None = None) -> Callable[[Any], float]:
+    """A float option's parser: a finite number from ``low`` to ``high``, else a usage error.
+
+    typer's own bounds check says "should be less than or equal to 10000" for ``nan`` (which
+    fails every comparison) and lets ``inf`` through an open upper bound; both are no number a
+    user meant, and saying so is the useful answer.
+    """
+    span = f"from {low:g} to {high:g}" if high is not None else f"at least {low:g}"
+
+    def parse(value: Any) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise typer.BadParameter(f"{value!r} is not a number") from None
+        if not math.isfinite(number):
+            raise typer.BadParameter(f"must be a finite number, got {value}")
+        if number < low or (high is not None and number > high):
+            raise typer.BadParameter(f"must be {span}, got {value}")
+        return number
+
+    parse.__name__ = "FLOAT"  # the metavar typer shows in --help
+    return parse
+
+
 LogLevelOption = Annotated[
     Level | None,
     typer.Option("--log-level", help="Log level (default: the config's [log] level, else info)."),
@@ -123,15 +149,17 @@ def scan(
         "/sys"
     ),
     interval: Annotated[
-        float, typer.Option(min=0.0, max=3600.0, help="Seconds between the two samples.")
+        float, typer.Option(parser=_number(0.0, 3600.0),
+                            help="Seconds between the two samples (0 to 3600).")
     ] = 1.0,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = "table",
-    output: Annotated[
-        Path | None,
+    output_arg: Annotated[
+        str | None,
         typer.Option(
             "--output", "-o",
             help="Write to FILE atomically (temp file + rename, mode 0644) instead of stdout:"
-            " with --format prom, a node_exporter textfile collector file (name it *.prom).",
+            " with --format prom, a node_exporter textfile collector file (name it *.prom)."
+            " Only a regular file (or a new one) is replaced, never a device, FIFO or symlink.",
         ),
     ] = None,
     ca: Annotated[str | None, typer.Option(help="Local CA for mad/diags.")] = None,
@@ -150,8 +178,7 @@ def scan(
     _configure_logging(settings, log_level)
     cfg = _source_config(str(source), root=sysfs_root, scenario=scenario, ca=ca, port=port)
     _require_devices(cfg)
-    if output is not None and not output.parent.is_dir():  # before the scan's INTERVAL, not after
-        _die(f"--output: {output.parent} is not a directory")
+    output = None if output_arg is None else _output_path(output_arg)  # before the INTERVAL
 
     def render(result: Scan) -> bytes:
         if fmt == "prom":
@@ -176,10 +203,59 @@ def scan(
     sys.stdout.flush()
 
 
+def _output_path(text: str) -> Path:
+    """``scan --output``'s path, or exit 2 saying why it cannot be replaced."""
+    if not text:
+        _die("--output: the path is empty; give a file name, e.g. ibmon.prom")
+    path = Path(text)
+    if not path.parent.is_dir():
+        _die(f"--output: {path.parent} is not a directory")
+    _refuse_special(path)
+    return path
+
+
+def _refuse_special(path: Path) -> None:
+    """Only a regular file (or nothing) at ``path`` may be replaced.
+
+    The rename of an atomic write replaces whatever has the name: ``/dev/null`` under a root
+    cron job, someone's FIFO, a symlink that points elsewhere. The state file refuses the same
+    (``ibmon.persist``).
+    """
+    import os
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        _die(f"--output: cannot check {path}: {exc.strerror or exc}")
+    if not stat.S_ISREG(st.st_mode):
+        _die(f"--output: {path} is a {_file_kind(st.st_mode)}, not a regular file;"
+             " not replacing it")
+
+
+def _file_kind(mode: int) -> str:
+    import stat
+
+    kinds = {
+        stat.S_IFDIR: "directory",
+        stat.S_IFIFO: "FIFO",
+        stat.S_IFSOCK: "socket",
+        stat.S_IFCHR: "character device",
+        stat.S_IFBLK: "block device",
+        stat.S_IFLNK: "symlink",
+    }
+    return kinds.get(stat.S_IFMT(mode), "special file")
+
+
 def _write_output(path: Path, data: bytes) -> None:
-    """``scan --output``: replace ``path`` atomically; a failure is one line and exit 2."""
+    """``scan --output``: replace ``path`` atomically; a failure is one line and exit 2.
+
+    Checked again here: the scan took INTERVAL, and the path may have changed meanwhile."""
     from ibmon.atomicfile import write_atomic
 
+    _refuse_special(path)
     try:
         write_atomic(path, data)
     except OSError as exc:
@@ -318,7 +394,8 @@ def top(
         int | None,
         typer.Option(help="Local CA port for mad/diags (default: the CA's first active port)."),
     ] = None,
-    interval: Annotated[float, typer.Option(min=0.1, max=3600.0, help="Refresh, seconds.")] = 2.0,
+    interval: Annotated[float, typer.Option(
+        parser=_number(0.1, 3600.0), help="Refresh, seconds (0.1 to 3600).")] = 2.0,
     limit: Annotated[int, typer.Option(min=1, max=10_000, help="Ports to show.")] = 20,
     once: Annotated[bool, typer.Option("--once", help="Print one frame and exit.")] = False,
     log_level: LogLevelOption = None,
@@ -356,9 +433,11 @@ def demo(
     hosts: Annotated[int | None, typer.Option(min=1, help="Host ports in the fat tree.")] = None,
     listen: Annotated[str, typer.Option(help="Metrics listen address.")] = "127.0.0.1:9683",
     speed: Annotated[
-        float, typer.Option(min=0.01, max=10000.0, help="Simulated seconds per real second.")
+        float, typer.Option(parser=_number(0.01, 10000.0),
+                            help="Simulated seconds per real second (0.01 to 10000).")
     ] = 10.0,
-    interval: Annotated[float, typer.Option(min=0.05, help="Poll interval, real seconds.")] = 1.0,
+    interval: Annotated[float, typer.Option(
+        parser=_number(0.05), help="Poll interval, real seconds (at least 0.05).")] = 1.0,
     log_level: LogLevelOption = None,
 ) -> None:
     """Run the full daemon on the built-in simulated fabric with a scenario playing."""
@@ -395,7 +474,8 @@ def sim_sysfs(
     out: Annotated[Path, typer.Option(help="Directory to render the sysfs tree into.")],
     scenario: Annotated[str, typer.Option(help="Scenario to play.")] = "demo",
     speed: Annotated[
-        float, typer.Option(min=0.01, help="Simulated seconds per real second.")
+        float, typer.Option(parser=_number(0.01),
+                            help="Simulated seconds per real second (at least 0.01).")
     ] = 1.0,
     hosts: Annotated[int | None, typer.Option(min=1, help="Host ports in the fat tree.")] = None,
 ) -> None:
@@ -421,7 +501,8 @@ def sim_sysfs(
 def sim_ibsim(
     scenario: Annotated[str, typer.Option(help="Scenario to play.")] = "demo",
     speed: Annotated[
-        float, typer.Option(min=0.01, help="Simulated seconds per real second.")
+        float, typer.Option(parser=_number(0.01),
+                            help="Simulated seconds per real second (at least 0.01).")
     ] = 1.0,
     hosts: Annotated[int | None, typer.Option(min=1, help="Host ports in the fat tree.")] = None,
 ) -> None:

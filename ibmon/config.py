@@ -14,7 +14,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -31,7 +31,14 @@ from pydantic import (
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import core_schema
 
-from ibmon.config_env import ENV_NESTING, ENV_PREFIX, EnvJsonError, deep_merge, environment_tree
+from ibmon.config_env import (
+    ENV_NESTING,
+    ENV_PREFIX,
+    EnvJsonError,
+    deep_merge,
+    environment_tree,
+    is_setting_variable,
+)
 from ibmon.detect.engine import parse_detect_tables
 
 if TYPE_CHECKING:  # the models live with their sources; see __getattr__ below
@@ -67,7 +74,9 @@ class ConfigError(Exception):
     """A configuration problem, phrased for the operator who has to fix it."""
 
 
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+#: ASCII digits only: ``float()`` reads Arabic-Indic or fullwidth digits too, which no config
+#: means and no reviewer reads as a number.
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.ASCII)
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 #: The shortest duration anything accepts. TOML has ``nan`` and ``inf`` and floats like
 #: ``1e-9``: a NaN or infinite poll interval stops polling silently (while ``/readyz`` says
@@ -167,6 +176,9 @@ class SourceConfigBase(_Section):
     type: str
     name: str | None = Field(default=None, pattern=r"^[a-zA-Z0-9_.-]{1,64}$")
     interval: Duration = 10.0
+    #: Whether the source polls a fabric (thousands of ports) rather than one host's HCAs:
+    #: its daemon tunes the allocator for large polls (``ibmon.tuning``).
+    fabric_scale: ClassVar[bool] = True
 
     @property
     def label(self) -> str:
@@ -397,12 +409,13 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
     ``IBMON_<KEY>`` and ``IBMON_<SECTION>__<KEY>`` (any case, as pydantic-settings reads them)
     are settings; whatever follows a known section is checked by that section's model. A typo
     (``IBMON_PROMETHEUS_LISTEN`` with one underscore, ``IBMON_BOGUS``) would otherwise be
-    ignored without a word while the operator believes it applies.
+    ignored without a word while the operator believes it applies. ``NOT_SETTINGS`` (the API
+    client's ``IBMON_PASSWORD``) are not settings and are skipped.
     """
     env = os.environ if environ is None else environ
     known = set(Settings.model_fields)
     for name in sorted(env):
-        if not name.upper().startswith(ENV_PREFIX):
+        if not is_setting_variable(name):
             continue
         top = name[len(ENV_PREFIX):].split(ENV_NESTING, 1)[0].lower()
         if top not in known:
@@ -421,7 +434,7 @@ def _env_origin(loc: tuple[int | str, ...], environ: Mapping[str, str]) -> str |
     want = [str(p).lower() for p in loc]
     best: tuple[int, str] | None = None
     for name in sorted(environ):
-        if not name.upper().startswith(ENV_PREFIX):
+        if not is_setting_variable(name):
             continue
         parts = name[len(ENV_PREFIX):].lower().split(ENV_NESTING)
         if parts == want[: len(parts)] and (best is None or len(parts) > best[0]):
@@ -444,6 +457,10 @@ def _format_validation_error(
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"]) or "config"
     msg = err["msg"].removeprefix("Value error, ")
+    bad = err.get("input")
+    if isinstance(bad, float) and not math.isfinite(bad):
+        # nan fails every bound, so the bound's words ("should be <= 10000") would mislead
+        msg = f"must be a finite number, got {bad}"
     more = f" (and {len(exc.errors()) - 1} more problem(s))" if len(exc.errors()) > 1 else ""
     origin = _env_origin(err["loc"], environ)
     if origin is not None:
@@ -497,6 +514,8 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
     except ValidationError as exc:
         raise ConfigError(_format_validation_error(exc, path, environ)) from None
     except EnvJsonError as exc:
+        if isinstance(exc.cause, str):
+            raise ConfigError(f"environment variable {exc.name}: {exc.cause}") from None
         raise ConfigError(
             f"environment variable {exc.name}: not valid JSON ({exc.cause}); sections and lists "
             f"take JSON, or set single keys with IBMON_<SECTION>__<KEY>"

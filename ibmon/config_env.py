@@ -8,6 +8,11 @@ settings model converts it, so ``IBMON_MQTT__PORT=8883`` is checked exactly like
 This used to be pydantic-settings. Reading the environment is the only thing ibmon took from it,
 and importing it costs a compute-node daemon about 8 MB of its 40 MB budget, so the rule lives
 here instead, with the same precedence: flags over environment over file, merged key by key.
+
+A few ``IBMON_*`` variables belong to ibmon's commands, not to its settings (``NOT_SETTINGS``):
+``IBMON_PASSWORD`` is the password ``top --url``, ``explain`` and ``topology`` send to a daemon,
+and ``IBMON_TOOL_SCOPE`` marks the processes a diags tool started. Exporting one of them must not
+stop ``run``, ``demo``, ``scan`` or ``check-config``, so the settings loader skips them.
 """
 
 from __future__ import annotations
@@ -19,21 +24,42 @@ from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
-__all__ = ["ENV_NESTING", "ENV_PREFIX", "EnvJsonError", "deep_merge", "environment_tree"]
+__all__ = [
+    "ENV_NESTING",
+    "ENV_PREFIX",
+    "NOT_SETTINGS",
+    "PASSWORD_ENV",
+    "EnvJsonError",
+    "deep_merge",
+    "environment_tree",
+    "is_setting_variable",
+]
 
 ENV_PREFIX = "IBMON_"
 ENV_NESTING = "__"
+#: The basic auth password of the API client commands (``ibmon.apiclient``), never a setting.
+PASSWORD_ENV = "IBMON_PASSWORD"  # noqa: S105 - the variable's name, not a password
+#: ``IBMON_*`` variables that are not settings: the settings loader ignores them.
+NOT_SETTINGS = frozenset({PASSWORD_ENV, "IBMON_TOOL_SCOPE"})
 
 _COMPLEX = (list, dict, set, frozenset, tuple)
 
 
 class EnvJsonError(ValueError):
-    """A variable meant for a section, list or table whose value is not JSON."""
+    """A variable meant for a section, list or table whose value is not JSON (or is JSON nested
+    deeper than the parser allows: ``cause`` then says so)."""
 
-    def __init__(self, name: str, cause: json.JSONDecodeError) -> None:
+    def __init__(self, name: str, cause: json.JSONDecodeError | str) -> None:
         super().__init__(f"{name}: {cause}")
         self.name = name
         self.cause = cause
+
+
+def is_setting_variable(name: str) -> bool:
+    """Whether environment variable ``name`` is one the settings loader reads (``IBMON_*``,
+    any case, except ``NOT_SETTINGS``)."""
+    upper = name.upper()
+    return upper.startswith(ENV_PREFIX) and upper not in NOT_SETTINGS
 
 
 def _members(annotation: Any) -> tuple[Any, ...]:
@@ -94,11 +120,11 @@ def environment_tree(model: type[BaseModel], environ: Mapping[str, str]) -> dict
 
     A section set whole (``IBMON_PROMETHEUS='{...}'``) is merged with keys set one by one
     (``IBMON_PROMETHEUS__LISTEN``), the single keys winning. Raises ``EnvJsonError`` naming the
-    variable whose JSON does not parse.
+    variable whose JSON does not parse. ``NOT_SETTINGS`` are skipped.
     """
     paths: list[tuple[list[str], str, str]] = []
     for name, text in environ.items():
-        if name.upper().startswith(ENV_PREFIX):
+        if is_setting_variable(name):
             paths.append((name[len(ENV_PREFIX):].lower().split(ENV_NESTING), name, text))
     tree: dict[str, Any] = {}
     for path, name, raw in sorted(paths, key=lambda p: (len(p[0]), p[1])):
@@ -108,6 +134,8 @@ def environment_tree(model: type[BaseModel], environ: Mapping[str, str]) -> dict
                 value = json.loads(raw)
             except json.JSONDecodeError as exc:
                 raise EnvJsonError(name, exc) from None
+            except RecursionError:
+                raise EnvJsonError(name, "nested deeper than the JSON parser allows") from None
         layer: dict[str, Any] = {path[-1]: value}
         for part in reversed(path[:-1]):
             layer = {part: layer}

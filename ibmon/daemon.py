@@ -208,7 +208,7 @@ class Daemon:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(sig, handler)
                 installed.append(sig)
-        tune_process()
+        tune_process(fabric_scale=any(c.fabric_scale for c in self.settings.sources))
         self._load_state()
         failed = False
         try:

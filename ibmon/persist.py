@@ -13,6 +13,9 @@ parser allows, larger than ``MAX_STATE_BYTES``, not an ibmon state file) is move
 because losing history is better than not monitoring at all. Only a regular file is ever opened
 for reading, and without blocking: a FIFO or a device at the path is reported, never read (a
 FIFO would block startup until a writer came, deaf to SIGTERM), and never replaced by a save.
+A symlink is followed for reading; a save replaces it only while it leads to a regular file or
+to nothing: one that leads to ``/dev/null``, a FIFO or a directory is reported at start like the
+thing it leads to, and every save is refused for as long as it is there.
 """
 
 from __future__ import annotations
@@ -232,13 +235,33 @@ class StateFile:
         return len(data)
 
     def _refuse_special(self) -> None:
-        """Never rename over a FIFO, device or directory someone put at the path (a symlink
-        is replaced like a file, as before)."""
+        """Never rename over a FIFO, device or directory someone put at the path, nor over a
+        symlink that leads to one (``state.json -> /dev/null``): the load refused what it
+        leads to, so the save must refuse it too, not quietly swap the link for a file. A
+        symlink to a regular file, or a dangling one, is replaced like a file."""
         try:
             st = os.lstat(self.path)
         except FileNotFoundError:
             return
-        if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+        if stat.S_ISLNK(st.st_mode):
+            try:
+                target = os.stat(self.path)
+            except (FileNotFoundError, NotADirectoryError):
+                return  # dangling: nothing is behind it to protect
+            except OSError as exc:
+                raise OSError(
+                    errno.EEXIST,
+                    f"{self.path} is a symlink whose target cannot be checked "
+                    f"({exc.strerror or exc}); not replacing it",
+                ) from None
+            if not stat.S_ISREG(target.st_mode):
+                raise OSError(
+                    errno.EEXIST,
+                    f"{self.path} is a symlink to a {_kind(target.st_mode)}, not a regular file;"
+                    " not replacing it",
+                )
+            return
+        if not stat.S_ISREG(st.st_mode):
             raise OSError(
                 errno.EEXIST,
                 f"{self.path} is a {_kind(st.st_mode)}, not a regular file; not replacing it",

@@ -55,7 +55,8 @@ def check_startable(
     _check_mqtt(settings, origin)
     for index, source in enumerate(settings.sources):
         _check_source(source, index, origin)
-    _check_not_directory(settings.state.path, ("state", "path"), origin)
+    # a directory at the state path is not refused: like a FIFO there, it costs the saved
+    # state, never the monitoring (ibmon.persist reports it and refuses every save)
     if settings.events.file is not None:
         _check_not_directory(settings.events.file, ("events", "file"), origin)
 

@@ -9,6 +9,13 @@ exits). The first poll is the baseline every rate needs.
 A scan that fails still has something true to say: the source is down. ``ScanError.scan`` holds
 that result (``ibmon_source_up`` 0, and the ports of a first poll that worked, stale), so that a
 node_exporter textfile written from it says "blind" instead of keeping the last good numbers.
+
+A scan that worked may still have failed to read something (an unreadable counter file, a
+device whose PMA does not answer): the daemon counts those in ``ibmon_source_poll_errors_total``
+by reason, and so does the scan's exposition, for the scan's two polls, right after the one-shot
+self metrics. Without it a textfile would look clean while a value, or a whole port, is
+missing, and the only trace would be a warning on the cron job's stderr. A scan without errors
+has no such family, so its output is unchanged.
 """
 
 from __future__ import annotations
@@ -31,9 +38,13 @@ from ibmon.sources.registry import build_source
 from ibmon.state import FabricState, in_port_order
 from ibmon.terminal import printable
 
-__all__ = ["Scan", "ScanError", "run_scan"]
+__all__ = ["POLL_ERRORS", "Scan", "ScanError", "run_scan"]
 
 log = structlog.get_logger("ibmon.scan")
+
+#: The daemon's family of poll errors (``SelfMetrics.poll_errors``), by its name without
+#: ``_total`` as ``Registry.render(only=...)`` takes it.
+POLL_ERRORS = "ibmon_source_poll_errors"
 
 #: Counters that are not errors (the table's ERRORS column sums the others).
 _NOT_ERRORS = frozenset({"transmit_data", "receive_data", "transmit_wait"})
@@ -64,11 +75,21 @@ class Scan:
         return out
 
     def prom(self) -> bytes:
-        """One-shot self metrics, then the port series exactly as ``/metrics`` renders them."""
+        """One-shot self metrics, the poll errors of the scan (if any), then the port series
+        exactly as ``/metrics`` renders them."""
         from exporters.render import PortRenderer
 
         views = in_port_order(self.state.ports.values())
-        return self.metrics.render_one_shot() + PortRenderer().render(views)
+        return self.metrics.render_one_shot() + self.poll_errors() + PortRenderer().render(views)
+
+    def poll_errors(self) -> bytes:
+        """``ibmon_source_poll_errors_total{source,reason}`` as ``/metrics`` would show it after
+        these two polls, or nothing when the scan read everything."""
+        registry = self.metrics.registry
+        wanted = POLL_ERRORS + "_total"
+        if not any(sample.name == wanted for sample in registry.samples()):
+            return b""
+        return registry.render(only=(POLL_ERRORS,))
 
     def json(self) -> str:
         by_port = self.by_port()

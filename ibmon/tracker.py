@@ -64,6 +64,12 @@ monotonic time to count as the same clock (same boot). Beyond it, the first samp
 updates totals but gives no rates, because ``time.monotonic`` restarts with the machine."""
 
 _MULT: Final[dict[str, int]] = {c.name: c.multiplier for c in CATALOGUE}
+#: The largest raw value (and reset count) a state file may hold: no counter is wider.
+_MAX_RAW: Final = 2**64 - 1
+#: The largest total a state file may hold. Totals may outgrow 64 bits (a data counter counts
+#: 4-byte words), but 2**80 bytes is 16,384 wraps of a 64-bit data counter, 700,000 years at
+#: 400 Gb/s: a bigger total (10**30 in a damaged or edited file) is no port's count.
+_MAX_TOTAL: Final = 2**80 - 1
 
 # Narrow maximum per counter; -1 for fields that exist only at 64 bits, which no raw value ever
 # equals, so the saturation test needs no extra branch.
@@ -1116,17 +1122,18 @@ def _time(obj: dict[str, Any], field: str, where: str) -> float:
 
 
 def _counts(
-    obj: dict[str, Any], field: str, where: str, names: Container[Any]
+    obj: dict[str, Any], field: str, where: str, names: Container[Any], top: int = _MAX_RAW
 ) -> dict[str, int]:
-    """A {counter: non-negative int} object whose names all belong to ``names``."""
+    """A {counter: int from 0 to ``top``} object whose names all belong to ``names``."""
     value = obj.get(field)
     if not isinstance(value, dict):
         raise ValueError(f"{where}.{field}: expected an object")
     for name, count in value.items():
         if name not in names:
             raise ValueError(f"{where}.{field}: unexpected counter {name!r}")
-        if type(count) is not int or count < 0:
-            raise ValueError(f"{where}.{field}.{name}: expected a non-negative integer")
+        if type(count) is not int or not 0 <= count <= top:
+            raise ValueError(f"{where}.{field}.{name}: expected an integer from 0 to at most"
+                             f" 2**{top.bit_length()}-1")
     return value
 
 
@@ -1147,7 +1154,7 @@ def _load_counters(
     mult: dict[str, int] | None,
 ) -> tuple[dict[str, int], dict[str, int], dict[str, int], frozenset[str]]:
     last = _counts(raw, f"{prefix}last", where, known)
-    total = _counts(raw, f"{prefix}total", where, last)
+    total = _counts(raw, f"{prefix}total", where, last, _MAX_TOTAL)
     if total.keys() != last.keys():
         raise ValueError(f"{where}.{prefix}total: counters differ from {prefix}last")
     for name, value in last.items():

@@ -21,7 +21,6 @@ Importing any ibmon module leaves the interpreter as it found it (a library user
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import gc
 import os
@@ -34,11 +33,15 @@ _M_MMAP_THRESHOLD: Final = -3  # glibc's mallopt parameter
 _MMAP_THRESHOLD: Final = 128 << 10
 
 
-def tune_process() -> None:
+def tune_process(*, fabric_scale: bool) -> None:
     """The daemon's process-wide settings (module docstring); call once, before the first
-    poll (numpy reads ``OPENBLAS_NUM_THREADS`` when it loads)."""
+    poll (numpy reads ``OPENBLAS_NUM_THREADS`` when it loads). ``fabric_scale``: some source
+    polls a fabric (thousands of ports); a node's daemon needs no allocator setting, nor the
+    0.4 MB of ctypes it would take to make one."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+    if fabric_scale and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+        import ctypes
+
         with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to do
             ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
 
@@ -50,7 +53,10 @@ def freeze_long_lived() -> None:
 
 @functools.cache
 def _malloc_trim() -> Callable[[int], object] | None:
-    """glibc's ``malloc_trim`` among the symbols already loaded, or None (musl, macOS)."""
+    """glibc's ``malloc_trim`` among the symbols already loaded, or None (musl, macOS).
+    Looked up on the first big publish: a node's daemon never makes one."""
+    import ctypes
+
     try:
         trim: Callable[[int], object] | None = getattr(ctypes.CDLL(None), "malloc_trim", None)
     except OSError:

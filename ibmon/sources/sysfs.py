@@ -88,7 +88,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import structlog
 from pydantic import Field, field_validator
@@ -457,6 +457,7 @@ class SysfsSourceConfig(SourceConfigBase):
     """``type = "sysfs"``: this host's ports. Devices are chosen by name globs."""
 
     type: Literal["sysfs"] = "sysfs"
+    fabric_scale: ClassVar[bool] = False
     interval: Duration = 1.0
     root: Path = Path("/sys")
     include: list[str] = Field(default_factory=list)
