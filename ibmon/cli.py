@@ -21,7 +21,6 @@ from ibmon.config import (
     ConfigError,
     Settings,
     SourceConfig,
-    SysfsSourceConfig,
     load_settings,
     parse_listen,
 )
@@ -120,11 +119,10 @@ def _source_config(name: str, **options: Any) -> SourceConfig:
 
 def _require_devices(cfg: SourceConfig) -> None:
     """A sysfs root without devices is a usage mistake: say so before sampling nothing."""
-    if isinstance(cfg, SysfsSourceConfig):
-        from ibmon.sources.sysfs import has_devices
+    from ibmon.sources.sysfs import SysfsSourceConfig, has_devices
 
-        if not has_devices(cfg.root):
-            _die(f"no InfiniBand devices under {cfg.root}/class/infiniband")
+    if isinstance(cfg, SysfsSourceConfig) and not has_devices(cfg.root):
+        _die(f"no InfiniBand devices under {cfg.root}/class/infiniband")
 
 
 @app.command()

@@ -14,7 +14,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -41,27 +41,17 @@ from ibmon.config_env import (
 )
 from ibmon.detect.engine import parse_detect_tables
 
-if TYPE_CHECKING:  # the models live with their sources; see __getattr__ below
-    from ibmon.sources.diags import DiagsSourceConfig
-    from ibmon.sources.mad import MadSourceConfig
-    from ibmon.sources.mock import MockSourceConfig
-    from ibmon.sources.sysfs import SysfsSourceConfig
-
 __all__ = [
     "ConfigError",
     "DetectConfig",
-    "DiagsSourceConfig",
     "Duration",
     "EventsConfig",
-    "MadSourceConfig",
-    "MockSourceConfig",
     "MqttConfig",
     "MqttTlsConfig",
     "PrometheusConfig",
     "Settings",
     "SourceConfig",
     "SourceConfigBase",
-    "SysfsSourceConfig",
     "check_environment",
     "field_origin",
     "load_settings",
@@ -179,6 +169,9 @@ class SourceConfigBase(_Section):
     #: Whether the source polls a fabric (thousands of ports) rather than one host's HCAs:
     #: its daemon tunes the allocator for large polls (``ibmon.tuning``).
     fabric_scale: ClassVar[bool] = True
+    #: A simulated fabric: nothing real to check before it starts, and its state (a clock that
+    #: restarts with the process) is never saved.
+    simulated: ClassVar[bool] = False
 
     @property
     def label(self) -> str:
@@ -236,24 +229,6 @@ class _SourceByType:
 #: Any source's config, validated by the model its ``type`` names (see ``_source_from``).
 #: ``TypeAdapter(SourceConfig).validate_python({"type": "mad"})`` builds one by name.
 SourceConfig = Annotated[SourceConfigBase, _SourceByType]
-
-_MODEL_EXPORTS = {
-    "SysfsSourceConfig": "sysfs",
-    "MadSourceConfig": "mad",
-    "DiagsSourceConfig": "diags",
-    "MockSourceConfig": "mock",
-}
-
-
-def __getattr__(name: str) -> Any:
-    """``from ibmon.config import MadSourceConfig`` still works; the module loads on demand."""
-    kind = _MODEL_EXPORTS.get(name)
-    if kind is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from ibmon.sources.registry import source_type
-
-    return source_type(kind).config
-
 
 class DetectConfig(_Section):
     """Detector settings; each detector validates its own table (see ibmon.detect)."""

@@ -564,7 +564,7 @@ class Daemon:
     @property
     def _persistence(self) -> bool:
         """Only real fabrics persist: an all-simulated daemon (``ibmon demo``) leaves disk alone."""
-        return any(c.type != "mock" for c in self.settings.sources)
+        return any(not c.simulated for c in self.settings.sources)
 
     def _load_state(self) -> None:
         if not self._persistence:
@@ -605,7 +605,7 @@ class Daemon:
 
     def _persistent(self, label: str) -> bool:
         """Simulated fabrics restart their clock with the process: their state means nothing."""
-        return not any(c.label == label and c.type == "mock" for c in self.settings.sources)
+        return not any(c.label == label and c.simulated for c in self.settings.sources)
 
     def _snapshot_state(self) -> dict[str, dict[str, object]]:
         out: dict[str, dict[str, object]] = {

@@ -20,7 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ibmon.config import ConfigError, Settings, SysfsSourceConfig, load_settings, parse_listen
+from ibmon.config import ConfigError, Settings, load_settings, parse_listen
+from ibmon.sources.sysfs import SysfsSourceConfig
 
 __all__ = [
     "CliUsageError",

@@ -180,7 +180,7 @@ def _check_mqtt(settings: Settings, origin: _Origin) -> None:
 
 def _check_source(cfg: SourceConfigBase, index: int, origin: _Origin) -> None:
     """What building the source would find wrong, for sources that open nothing to build."""
-    if cfg.type == "mock":
+    if cfg.simulated:
         from mocks.scenario import ScenarioError, build_fabric, load_scenario
 
         try:

@@ -7,11 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ibmon.config import MockSourceConfig
 from ibmon.events import Event
 from ibmon.pipeline import Pipeline
 from ibmon.selfmetrics import SelfMetrics
-from ibmon.sources.mock import MockSource
+from ibmon.sources.mock import MockSource, MockSourceConfig
 from mocks.scenario import ManualClock, Scenario, load_scenario, resolve_port
 
 

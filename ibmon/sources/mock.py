@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from pydantic import Field
 
@@ -44,6 +44,7 @@ class MockSourceConfig(SourceConfigBase):
     """``type = "mock"``: a simulated fabric playing a shipped scenario (or a YAML file)."""
 
     type: Literal["mock"] = "mock"
+    simulated: ClassVar[bool] = True
     interval: Duration = 1.0
     scenario: str = "demo"
     hosts: int | None = Field(default=None, ge=1, le=200_000)

@@ -11,9 +11,10 @@ from typing import Any
 
 from rich.console import Console
 
-from ibmon.config import Settings, SourceConfig, SysfsSourceConfig, load_settings
+from ibmon.config import Settings, SourceConfig, load_settings
 from ibmon.daemon import Daemon
 from ibmon.model import LinkInfo, PortIdentity, PortSample, Snapshot, Topology
+from ibmon.sources.sysfs import SysfsSourceConfig
 from ibmon.top import ApiReader, render
 
 GUID = "0x0002c90300a1b2c3"

@@ -24,10 +24,11 @@ from typing import Any
 import pytest
 
 from exporters.http import hash_password
-from ibmon.config import SourceConfig, SysfsSourceConfig, load_settings
+from ibmon.config import SourceConfig, load_settings
 from ibmon.counters import BY_NAME
 from ibmon.daemon import Daemon
 from ibmon.model import LinkInfo, PortIdentity, PortSample, Snapshot, Topology
+from ibmon.sources.sysfs import SysfsSourceConfig
 from tests.syspkg import require_binary
 
 IBMON = Path(sys.executable).with_name("ibmon")

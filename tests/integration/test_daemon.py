@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from ibmon.config import Settings, SourceConfig, SysfsSourceConfig, load_settings
+from ibmon.config import Settings, SourceConfig, load_settings
 from ibmon.daemon import Daemon
 from ibmon.model import PortIdentity, PortSample, Snapshot, Topology
 from ibmon.sources import Source
+from ibmon.sources.sysfs import SysfsSourceConfig
 
 GUID = "0x0002c90300a1b2c3"
 

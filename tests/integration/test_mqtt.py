@@ -22,11 +22,12 @@ import pytest
 from structlog.testing import capture_logs
 
 from exporters.mqtt import MqttPublisher
-from ibmon.config import MqttConfig, MqttTlsConfig, SysfsSourceConfig, load_settings
+from ibmon.config import MqttConfig, MqttTlsConfig, load_settings
 from ibmon.daemon import Daemon
 from ibmon.events import Event, EventBus, PortRef
 from ibmon.model import LinkInfo, PortIdentity, PortView
 from ibmon.selfmetrics import SelfMetrics
+from ibmon.sources.sysfs import SysfsSourceConfig
 from ibmon.state import FabricState
 from ibmon.terminal import printable
 from tests.integration.test_mqtt_daemon import TickingSource, scrape

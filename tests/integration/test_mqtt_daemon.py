@@ -11,10 +11,11 @@ import socket
 import time
 import urllib.request
 
-from ibmon.config import Settings, SourceConfig, SysfsSourceConfig, load_settings
+from ibmon.config import Settings, SourceConfig, load_settings
 from ibmon.daemon import Daemon
 from ibmon.model import PortIdentity, PortSample, Snapshot, Topology
 from ibmon.sources import Source
+from ibmon.sources.sysfs import SysfsSourceConfig
 
 GUID = "0x0002c90300a1b2c3"
 

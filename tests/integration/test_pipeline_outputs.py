@@ -14,10 +14,11 @@ from typing import Any
 from structlog.testing import capture_logs
 
 from exporters.prometheus import PrometheusExporter
-from ibmon.config import SourceConfig, SysfsSourceConfig, load_settings
+from ibmon.config import SourceConfig, load_settings
 from ibmon.daemon import Daemon
 from ibmon.model import PortIdentity, PortSample, Snapshot, Topology
 from ibmon.scan import run_scan
+from ibmon.sources.sysfs import SysfsSourceConfig
 from tests.sysfs_tree import write_device, write_port
 
 GUID = "0x0002c90300a1b2c3"

@@ -219,8 +219,9 @@ class _OnePort:
 async def test_corrupt_state_file_is_reported_replaced_and_not_fatal(tmp_path: Path) -> None:
     import asyncio
 
-    from ibmon.config import SysfsSourceConfig, load_settings
+    from ibmon.config import load_settings
     from ibmon.daemon import Daemon
+    from ibmon.sources.sysfs import SysfsSourceConfig
 
     state = tmp_path / "state.json"
     state.write_text('{"version": 1, "sources": {"node": {"tracker": {"version": 1, "ports": [')

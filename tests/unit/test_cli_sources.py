@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from ibmon.cli import CliUsageError, _source_config
-from ibmon.config import SysfsSourceConfig
 from ibmon.sources.registry import SOURCES
+from ibmon.sources.sysfs import SysfsSourceConfig
 
 
 def test_source_choices_are_the_registered_types() -> None:

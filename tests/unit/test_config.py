@@ -9,14 +9,14 @@ import pytest
 from ibmon.config import (
     MAX_CONFIG_BYTES,
     ConfigError,
-    MadSourceConfig,
     Settings,
-    SysfsSourceConfig,
     check_environment,
     load_settings,
     parse_duration,
     parse_listen,
 )
+from ibmon.sources.mad import MadSourceConfig
+from ibmon.sources.sysfs import SysfsSourceConfig
 
 
 @pytest.mark.parametrize(

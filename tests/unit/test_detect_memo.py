@@ -16,14 +16,13 @@ from typing import Any
 
 import pytest
 
-from ibmon.config import MockSourceConfig
 from ibmon.detect import columns
 from ibmon.detect.base import Pairs
 from ibmon.detect.columns import Fresh, Memo, PortOrder, with_keep
 from ibmon.model import PortIdentity, PortKey, PortView
 from ibmon.pipeline import Pipeline
 from ibmon.selfmetrics import SelfMetrics
-from ibmon.sources.mock import MockSource
+from ibmon.sources.mock import MockSource, MockSourceConfig
 from ibmon.tracker import Tracker
 from mocks.scenario import ManualClock, load_scenario
 

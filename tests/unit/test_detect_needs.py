@@ -17,13 +17,12 @@ from typing import Any
 
 import pytest
 
-from ibmon.config import MockSourceConfig
 from ibmon.detect import columns
 from ibmon.detect.base import Pairs
 from ibmon.model import PortKey, Snapshot, SourceError
 from ibmon.pipeline import Pipeline
 from ibmon.selfmetrics import SelfMetrics
-from ibmon.sources.mock import MockSource
+from ibmon.sources.mock import MockSource, MockSourceConfig
 from ibmon.tracker import Tracker
 from mocks.scenario import ManualClock, list_scenarios, load_scenario
 

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from ibmon.config import DiagsSourceConfig, SysfsSourceConfig
 from ibmon.model import PortIdentity, PortSample, Snapshot, Topology
 from ibmon.pipeline import Pipeline, build_state
 from ibmon.selfmetrics import SelfMetrics
+from ibmon.sources.diags import DiagsSourceConfig
+from ibmon.sources.sysfs import SysfsSourceConfig
 from ibmon.tracker import Tracker
 
 GUID = "0x0002c90300a1b2c3"

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from ibmon.config import DiagsSourceConfig
 from ibmon.model import PortIdentity, PortKey, PortSample, Snapshot, SourceError, Topology
 from ibmon.pipeline import Pipeline
 from ibmon.selfmetrics import SelfMetrics
+from ibmon.sources.diags import DiagsSourceConfig
 
 SRC = "fab"
 

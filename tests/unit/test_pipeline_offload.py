@@ -13,12 +13,11 @@ from typing import TypeVar
 
 import pytest
 
-from ibmon.config import MockSourceConfig
 from ibmon.events import Event
 from ibmon.model import PortView
 from ibmon.pipeline import OFFLOAD_PORTS, Pipeline
 from ibmon.selfmetrics import SelfMetrics
-from ibmon.sources.mock import ManualClock, MockSource
+from ibmon.sources.mock import ManualClock, MockSource, MockSourceConfig
 
 T = TypeVar("T")
 

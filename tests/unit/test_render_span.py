@@ -15,12 +15,11 @@ import pytest
 
 import exporters.render as render
 from exporters.render import PortRenderer
-from ibmon.config import MockSourceConfig
 from ibmon.model import PortView
 from ibmon.pipeline import Pipeline, build_state
 from ibmon.rowview import Span, as_run
 from ibmon.selfmetrics import SelfMetrics
-from ibmon.sources.mock import ManualClock, MockSource
+from ibmon.sources.mock import ManualClock, MockSource, MockSourceConfig
 from ibmon.state import PortSorter
 
 

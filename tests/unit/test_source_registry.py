@@ -46,8 +46,9 @@ def test_every_type_validates_by_name(name: str) -> None:
     assert isinstance(cfg, SOURCES[name].config)
     assert cfg.type == name
     assert cfg.label == name
-    # the historical names stay importable from ibmon.config
-    assert getattr(ibmon.config, f"{type(cfg).__name__}") is type(cfg)
+    # each model lives with its source, and only there (no alias in ibmon.config)
+    assert type(cfg).__module__ == SOURCES[name].module
+    assert not hasattr(ibmon.config, type(cfg).__name__)
 
 
 def test_registry_order_is_the_cli_order() -> None:
