@@ -96,7 +96,6 @@ class ApiProvider:
     """What the API reads, as callables so it always sees the daemon's latest objects."""
 
     state: Callable[[], FabricState]
-    conditions: Callable[[], Iterable[ActiveCondition]]
     events: Callable[[], Sequence[Event]]
     ready: Callable[[], bool]
 
@@ -401,7 +400,7 @@ class _Api:
             except ValueError as exc:
                 raise _bad_request(str(exc)) from None
         state = self.provider.state()
-        conditions = list(self.provider.conditions())
+        conditions = list(state.conditions)
 
         def build() -> bytes:
             return self._index_for(state, conditions).page(condition, after, limit)
@@ -432,7 +431,7 @@ class _Api:
             self._port_basis, self.port_json = basis, {}
         body = self.port_json.get(key)
         if body is None:
-            conditions = list(self.provider.conditions())
+            conditions = list(state.conditions)
             history = list(events)
 
             def build() -> bytes:

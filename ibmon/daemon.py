@@ -378,7 +378,6 @@ class Daemon:
         )
         provider = ApiProvider(
             state=lambda: self.state,
-            conditions=self.conditions,
             events=lambda: self.bus.history,
             ready=self.ready.is_set,
         )

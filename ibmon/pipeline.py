@@ -131,7 +131,9 @@ class Pipeline:
         #: the tracker or engine from a worker thread, or across an await, holds it too.
         self.lock = asyncio.Lock()
         self._ingesting = False
-        self._active_before: list[ActiveCondition] = []
+        #: The conditions firing on the views above, made together with them: what the
+        #: exporters read, whichever thread is ingesting the next poll meanwhile.
+        self._conditions: tuple[ActiveCondition, ...] = ()
         #: The views a poll replaced, kept until the daemon has published the new ones and
         #: then freed in a worker thread a few at a time (``observe_publish``). Only once a
         #: caller has published (``_publishing``): ``scan`` and ``top`` never do, and would
@@ -158,6 +160,7 @@ class Pipeline:
         except ValueError as exc:
             log.warning("detector_state_not_carried_over", source=self.label, error=str(exc))
         self.engine = engine
+        self._conditions = tuple(engine.active())
 
     @property
     def timeout(self) -> float:
@@ -217,7 +220,7 @@ class Pipeline:
         A small sample (a node's HCAs) is ingested inline: a thread hand-off would cost more
         than it saves. Ingesting holds ``lock``, which the daemon also holds
         while it saves (``dump`` in a thread) or retunes, so those never overlap. While the
-        thread runs, ``active()`` answers with the conditions from before this poll. A
+        thread runs, ``active()`` answers with the conditions of the views it replaces. A
         cancellation while the thread runs waits for it and returns the poll's events first,
         so a poll is ingested and its events emitted together or not at all, as when it ran on
         the loop; the cancellation is delivered at the caller's next await.
@@ -225,7 +228,6 @@ class Pipeline:
         async with self.lock:
             if len(snap.ports) < OFFLOAD_PORTS:
                 return self.ingest(snap, failure)
-            self._active_before = self.engine.active()
             self._ingesting = True
             work = asyncio.ensure_future(run_bulk(self._ingest_and_free, snap, failure))
             cancelled = False
@@ -365,6 +367,7 @@ class Pipeline:
         # 118,400); holding them here makes that this pipeline (observe_publish).
         if self._publishing:
             self._retired = list(self._views.values())
+        self._conditions = tuple(self.engine.active())
         self._views = MappingProxyType(views)
         self._span = (Span.of(layout, self._views)
                       if layout is not None and views is fresh else None)
@@ -470,11 +473,8 @@ class Pipeline:
         return span if span is not None and span.ports is self._views else None
 
     def active(self) -> list[ActiveCondition]:
-        """Every condition firing on this source's ports (while a poll is being ingested in a
-        worker thread: as they were before that poll)."""
-        if self.ingesting:
-            return list(self._active_before)
-        return self.engine.active()
+        """Every condition firing on this source's ports: those of ``views``."""
+        return list(self._conditions)
 
     def forget_views(self) -> None:
         """The source left the configuration: its ports leave the state (totals are kept)."""
@@ -500,6 +500,7 @@ class Pipeline:
                 target.load(data)
             except ValueError as exc:
                 problems.append(str(exc))
+        self._conditions = tuple(self.engine.active())
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -549,8 +550,10 @@ def build_state(pipelines: Iterable[Pipeline], *, generated: float | None = None
     sources: dict[str, SourceStatus] = {}
     each: list[Mapping[PortKey, PortView]] = []
     span: Span | None = None
+    conditions: list[ActiveCondition] = []
     for pipeline in pipelines:
         each.append(pipeline.views)
+        conditions += pipeline.active()
         span = pipeline.span
         sources[pipeline.label] = pipeline.status
     ports: Mapping[PortKey, PortView]
@@ -569,4 +572,5 @@ def build_state(pipelines: Iterable[Pipeline], *, generated: float | None = None
         ports=ports,
         sources=MappingProxyType(sources),
         span=span if len(each) == 1 else None,
+        conditions=tuple(conditions),
     )

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from ibmon.model import PortIdentity, PortKey, PortView
 
 if TYPE_CHECKING:
+    from ibmon.detect.engine import ActiveCondition
     from ibmon.rowview import Span
 
 __all__ = ["EMPTY_STATE", "FabricState", "PortSorter", "SourceStatus", "in_port_order",
@@ -112,6 +113,8 @@ class FabricState:
     ports: Mapping[PortKey, PortView] = field(default_factory=lambda: MappingProxyType({}))
     sources: Mapping[str, SourceStatus] = field(default_factory=lambda: MappingProxyType({}))
     span: Span | None = None
+    #: Every condition firing on ``ports``, made with them (exporters never ask the detectors).
+    conditions: tuple[ActiveCondition, ...] = ()
 
 
 EMPTY_STATE = FabricState(generated=0.0)

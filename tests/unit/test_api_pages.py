@@ -4,6 +4,7 @@ once per state however many clients read it, and numbers in queries that are ASC
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -43,7 +44,8 @@ def _views(n: int, generated: float = 1.0) -> FabricState:
         )
         for i in range(n)
     ]
-    return FabricState(generated=generated, ports={v.key: v for v in views})
+    state = FabricState(generated=generated, ports={v.key: v for v in views})
+    return dataclasses.replace(state, conditions=tuple(_active(state)))
 
 
 def _active(state: FabricState) -> list[ActiveCondition]:
@@ -108,9 +110,7 @@ async def served(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[str, di
         return real(*args)
 
     monkeypatch.setattr(exporters.api, "port_json", counting)
-    provider = ApiProvider(state=lambda: holder["state"],
-                           conditions=lambda: _active(holder["state"]),
-                           events=lambda: [], ready=lambda: True)
+    provider = ApiProvider(state=lambda: holder["state"], events=lambda: [], ready=lambda: True)
     exporter = PrometheusExporter(listen="127.0.0.1:0", self_metrics=SelfMetrics())
     exporter.add_routes(api_routes(provider))
     async with exporter:
