@@ -10,7 +10,11 @@ step of the simulated clock:
   (set to the model's value saturated at 2**32-1, as real hardware does) and the 64-bit copy in
   PortCountersExtended (the model's value), so ``perfquery`` and ``perfquery -x`` both show what
   the model says. Unicast/multicast packets exist only in PortCountersExtended, error counters
-  only in PortCounters (the model saturates them at their catalogue width), and the error and
+  only in PortCounters (the model saturates them at their catalogue width), PortXmitWait in
+  PortCounters' 32-bit field (ibsim has no 64-bit copy; the model counts in the unit of each
+  node's device family, which the net file gives ibsim as NodeInfo.DeviceID, and the 32-bit copy
+  is saturated at 2**32-1: a congested 4X EDR port at 8 bytes a count fills it in seconds), and
+  the error and
   discard details in PortRcvErrorDetails / PortXmitDiscardDetails (the model raises a detail
   counter with its aggregate, so ibsim's details add up the way a real PMA's do);
 - a link the model took down becomes ``Unlink`` (on its switch end) and one it brought back
@@ -52,6 +56,7 @@ from typing import Any
 from ibmon.counters import DETAIL_ATTRIBUTES
 from ibmon.model import LinkInfo, PortIdentity, PortSample, Snapshot, SourceError, Topology
 from ibmon.totals import packed_counters
+from ibmon.xmitwait import WaitUnit
 from mocks.ibsim import MAX_CONSOLE_LINE, IbSim, IbSimError, ibsim_field
 from mocks.scenario import Scenario, ScenarioPlayer, SimClock, build_fabric, load_scenario
 from mocks.topology import Fabric, to_ibsim_netfile
@@ -100,7 +105,9 @@ _FIELDS: dict[str, tuple[tuple[str, int], ...]] = {
     "local_link_integrity_errors": (("PortCounters.LocalLinkIntegrityErrors", _MAX64),),
     "excessive_buffer_overrun_errors": (("PortCounters.ExcessiveBufferOverrunErrors", _MAX64),),
     "vl15_dropped": (("PortCounters.VL15Dropped", _MAX64),),
-    "transmit_wait": (("PortCounters.PortXmitWait", _MAX64),),
+    # ibsim's PMA has only the 32-bit field (no CapMask2 64-bit copy): the model's count,
+    # saturated there as a real 32-bit PortXmitWait is
+    "transmit_wait": (("PortCounters.PortXmitWait", _MAX32),),
     # qp1_dropped: ibsim has no settable field for it (perfquery shows VL15Dropped's slot).
     # The error and discard details (16-bit, saturated by the model like every narrow field).
     **{
@@ -327,10 +334,19 @@ def topology_to_json(t: Topology) -> dict[str, Any]:
     }
 
 
+def _identity_from_json(d: Mapping[str, Any]) -> PortIdentity:
+    """A ``PortIdentity`` from ``asdict``'s dict (its PortXmitWait unit a dict as well)."""
+    fields = dict(d)
+    unit = fields.get("xmit_wait")
+    if isinstance(unit, Mapping):
+        fields["xmit_wait"] = WaitUnit(**unit)
+    return PortIdentity(**fields)
+
+
 def topology_from_json(d: Mapping[str, Any]) -> Topology:
     topo = Topology(source=d["source"])
     for g, p, v in d["ports"]:
-        topo.ports[(g, p)] = PortIdentity(**v)
+        topo.ports[(g, p)] = _identity_from_json(v)
     for g, p, v in d["links"]:
         topo.links[(g, p)] = LinkInfo(**v)
     return topo
@@ -358,7 +374,7 @@ def snapshot_from_json(d: Mapping[str, Any]) -> Snapshot:
         link = v.pop("link")
         ident = v.pop("identity")
         snap.ports[(g, p)] = PortSample(
-            identity=PortIdentity(**ident),
+            identity=_identity_from_json(ident),
             link=LinkInfo(**link) if link is not None else None,
             counters=packed_counters(v.pop("counters")),  # as the source made them
             wide=frozenset(v.pop("wide")),

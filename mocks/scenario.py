@@ -9,7 +9,10 @@ and the field.
 Answer-key conventions (what "correct" means; the detection tests follow them):
 
 - The monitor polls every ``poll_interval`` simulated seconds (default 1 s) from t=0 and uses the
-  docs/infiniband.md §4 defaults with 64 ns XmitWait ticks. Windows are generous enough for either
+  docs/infiniband.md §4 defaults. A stall fraction in a fault (``wait_ratio``) is what the
+  monitor must report: the simulator turns it into PortXmitWait counts in the unit of the port's
+  device family (``mocks.traffic``), so the key holds for 8-byte-per-port and 32-byte-per-lane
+  devices alike. Windows are generous enough for either
   reasonable reading of a rule (e.g. a BER window over the full 10 minutes or over the history
   available so far), but tight enough that a late or missing event fails.
 - A fault on a link (down, flap, degraded) raises one event per link, on its carrying end: the
@@ -63,7 +66,7 @@ from pydantic import (
 from ibmon.counters import BY_NAME
 from ibmon.events import EVENT_TYPES
 from mocks.topology import SPEEDS, WIDTHS, Fabric, fabric_for_hosts, fat_tree
-from mocks.traffic import TICK_SECONDS, WIDE_COUNTERS, FabricModel, counter_max
+from mocks.traffic import WIDE_COUNTERS, FabricModel, counter_max
 
 __all__ = [
     "EVENT_TYPES",
@@ -298,7 +301,10 @@ class Saturate(_Entry):
     """A narrow counter whose history left it ``seconds`` of headroom when monitoring starts.
 
     Only at t=0: a later jump would be an increment a monitor must count, not saturation.
-    For ``transmit_wait`` the port waits 2 % of the time (below every congestion level).
+    For ``transmit_wait`` the port has only the 32-bit PortXmitWait and waits 0.2 % of the time
+    (far below every congestion level): counted in bytes, even that fills 32 bits in about 23
+    minutes at 4X EDR and 8 bytes a count, so after a reset the counter stays unpinned for the
+    rest of a 15-minute scenario.
     """
 
     fault: Literal["saturate"]
@@ -364,9 +370,18 @@ class Scenario(_Strict):
     loop: bool = False
     poll_interval: float = Field(default=1.0, gt=0,
                                  description="poll interval the answer key assumes")
-    tick_seconds: float = Field(default=TICK_SECONDS, gt=0)
     timeline: list[Fault] = Field(default_factory=list)
     expect: list[Expected] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_tick_seconds(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "tick_seconds" in data:
+            raise ValueError(
+                "tick_seconds: no longer a scenario setting: a PortXmitWait count is bytes of "
+                "the port's device family (8 per port on Quantum and ConnectX, 32 per lane on "
+                "Switch-IB), not a fixed time; delete the line")
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:
@@ -682,14 +697,17 @@ class ScenarioPlayer:
             m.reset_counters(key, tuple(e.counters))
         elif isinstance(e, Saturate):
             if e.counter == "transmit_wait":
-                ratio = 0.02
-                per_s = ratio / self.scenario.tick_seconds
+                ratio = 0.002
+                # a 32-bit PortXmitWait (the 64-bit copy never fills), counting in the port's
+                # own unit
+                m.narrow_wait(key)
+                per_s = m.wait_counts_per_second(m.port_index(key), ratio)
                 m.congest(key, wait_ratio=ratio, utilization=m.load)
                 # keep the port's normal load: congest() pins utilization, which is fine here
             else:
                 per_s = e.per_second
                 m.set_error_rate(key, e.counter, per_s)
-            headroom = int(per_s * e.seconds)
+            headroom = round(per_s * e.seconds)
             m.set_value(key, e.counter, counter_max(e.counter) - headroom)
 
     def _undo(self, act: _Action) -> None:

@@ -7,7 +7,10 @@ Layout and formats follow ``drivers/infiniband/core/sysfs.c`` and the real trees
 signalling rate: ``40 Gb/sec (4X QDR)``, ``56 Gb/sec (4X FDR)``), ``lid``
 in hex, ``counters/`` in plain decimal with data in 4-octet words, data and packet counters from
 the 64-bit table (so the ``unicast_*``/``multicast_*`` files exist) and error counters from the
-narrow one.
+narrow one, ``port_xmit_wait`` included: the kernel reads it from PortCounters' 32-bit field, so
+it pins at 2**32-1 where the model's own count (the PMA's 64-bit copy) goes on. ``hca_type`` is
+``MT`` and the HCA's PCI device ID in decimal (``MT4123``, a ConnectX-6), as mlx5 writes it, so a
+reader can tell what one PortXmitWait count means there.
 
 Every file is replaced atomically (written under ``<out>/.ibmon-tmp`` and ``os.replace``d into
 place, so no reader ever sees a partial value and no temporary name ever appears inside the
@@ -29,10 +32,10 @@ from mocks.traffic import (
     BOARD_ID,
     COUNTER_NAMES,
     FW_VER,
-    HCA_TYPE,
     SM_LID,
     FabricModel,
     ca_device_names,
+    hca_type,
 )
 
 __all__ = ["SysfsRenderer", "kernel_guid", "kernel_rate", "run_sysfs"]
@@ -65,6 +68,10 @@ _PHYS_NAMES: dict[int, str] = {
 _FILES: tuple[tuple[int, str], ...] = tuple(
     (i, BY_NAME[name].sysfs or "") for i, name in enumerate(COUNTER_NAMES) if BY_NAME[name].sysfs
 )
+_NO_CAP = (1 << 64) - 1
+#: Where each file's value stops: ``port_xmit_wait`` is the PortCounters field (32 bits) in
+#: every kernel; every other file shows the model's value (narrow ones already pinned by it).
+_CAPS: dict[str, int] = {"port_xmit_wait": (1 << 32) - 1}
 _CAP_MASK = 0x2651E848  # a ConnectX port's PortInfo.CapabilityMask
 _TMP_DIR = ".ibmon-tmp"
 _W_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
@@ -119,7 +126,8 @@ class SysfsRenderer:
                 cdir = os.path.join(pdir, "counters")
                 self._ports.append(_PortFiles(
                     device=dev, index=i, guid=node.guid, ddir=ddir, pdir=pdir,
-                    counters=[(ci, os.path.join(cdir, f)) for ci, f in _FILES],
+                    counters=[(ci, os.path.join(cdir, f), _CAPS.get(f, _NO_CAP))
+                              for ci, f in _FILES],
                 ))
 
     @property
@@ -147,7 +155,8 @@ class SysfsRenderer:
             ("node_guid", g),
             ("sys_image_guid", g),
             ("fw_ver", FW_VER),
-            ("hca_type", HCA_TYPE),
+            # MT<decimal device ID>: what the sysfs source maps to a PortXmitWait unit
+            ("hca_type", hca_type(self.model.fabric.nodes[pf.guid].device_id)),
             ("board_id", BOARD_ID),
             ("hw_rev", "0x0"),
         ):
@@ -183,8 +192,9 @@ class SysfsRenderer:
             write(join(pf.pdir, "phys_state"), f"{phys}: {_PHYS_NAMES.get(phys, '<unknown>')}\n")
             write(join(pf.pdir, "rate"), kernel_rate(model.width[li], model.speed[li]) + "\n")
             vals = model.row(i)
-            for ci, path in pf.counters:
-                write(path, f"{vals[ci]}\n")
+            for ci, path, cap in pf.counters:
+                v = vals[ci]
+                write(path, f"{v if v < cap else cap}\n")
 
 
 @dataclass(slots=True)
@@ -194,7 +204,7 @@ class _PortFiles:
     guid: str
     ddir: str
     pdir: str
-    counters: list[tuple[int, str]]
+    counters: list[tuple[int, str, int]]  # (model column, file, the file's maximum)
     ready: bool = False
 
 

@@ -4,6 +4,12 @@ Everything here is deterministic: GUIDs and LIDs derive from a node's role and i
 parameters give the same fabric on every run and in every renderer (in-process, sysfs, ibsim).
 GUIDs follow the layout ibsim uses for HCAs (port GUID = node GUID + port number), so a net file
 written here yields the same GUIDs inside ibsim.
+
+Every generated node also has a PCI device ID (NodeInfo.DeviceID), which decides what one of its
+PortXmitWait counts means (``ibmon.xmitwait.FAMILIES``). It follows the node's role, so a
+fat tree holds both documented rules: HCAs are ConnectX-6 (0x101b) and leaves Quantum (0xd2f0),
+8 bytes per count per port; spines are Switch-IB 2 (0xcf08), 32 bytes per count per lane; cores
+are Quantum-2 (0xd2f2), 8 bytes per port.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Any
 from ibmon.linkspeed import LANE_EFFECTIVE_GBPS, WIDTH_LANES
 
 __all__ = [
+    "DEVICE_IDS",
     "SPEEDS",
     "WIDTHS",
     "Fabric",
@@ -42,6 +49,12 @@ _ROLE_HCA = 0x0A
 _ROLE_LEAF = 0x01
 _ROLE_SPINE = 0x02
 _ROLE_CORE = 0x03
+
+_VENDOR_ID = 0x02C9  # Mellanox/NVIDIA, what ibsim and ibnetdiscover write as vendid=0x2c9
+#: PCI device ID (NodeInfo.DeviceID) of each generated role: a Quantum leaf and Quantum-2 core
+#: (8 bytes a PortXmitWait count, per port), a Switch-IB 2 spine (32 bytes a count, per lane)
+#: and ConnectX-6 HCAs (8 bytes, per port), so every fat tree exercises both rules.
+DEVICE_IDS: dict[str, int] = {"ca": 0x101B, "leaf": 0xD2F0, "spine": 0xCF08, "core": 0xD2F2}
 
 
 def lane_gbps(speed: str) -> float:
@@ -76,6 +89,9 @@ class Node:
     desc: str
     nports: int
     lid: int  # switches: the switch LID (port 0); CAs: LID of port 1
+    #: PCI device ID (NodeInfo.DeviceID; sysfs ``hca_type`` MT<decimal>), 0 when unknown: what
+    #: one PortXmitWait count means on the node's ports (``ibmon.xmitwait.family_of``).
+    device_id: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,9 +197,10 @@ class _Builder:
         self.links: list[Link] = []
         self.next_lid = 1
 
-    def add(self, role: int, index: int, kind: str, desc: str, nports: int) -> Node:
+    def add(self, role: int, index: int, kind: str, desc: str, nports: int, *,
+            device_id: int) -> Node:
         node = Node(guid=_guid(role, index), kind=kind, desc=desc, nports=nports,
-                    lid=self.next_lid)
+                    lid=self.next_lid, device_id=device_id)
         self.next_lid += 1
         self.nodes[node.guid] = node
         return node
@@ -315,15 +332,18 @@ def fat_tree(
     n_cores = plan.n_cores
     b = _Builder()
     core_nodes = [
-        b.add(_ROLE_CORE, i, "switch", f"core{i + 1:0{_digits(n_cores, 2)}d}", radix)
+        b.add(_ROLE_CORE, i, "switch", f"core{i + 1:0{_digits(n_cores, 2)}d}", radix,
+              device_id=DEVICE_IDS["core"])
         for i in range(n_cores)
     ]
     spine_nodes = [
-        b.add(_ROLE_SPINE, i, "switch", f"spine{i + 1:0{_digits(n_spines, 2)}d}", radix)
+        b.add(_ROLE_SPINE, i, "switch", f"spine{i + 1:0{_digits(n_spines, 2)}d}", radix,
+              device_id=DEVICE_IDS["spine"])
         for i in range(n_spines)
     ]
     leaf_nodes = [
-        b.add(_ROLE_LEAF, i, "switch", f"leaf{i + 1:0{_digits(leaves, 2)}d}", radix)
+        b.add(_ROLE_LEAF, i, "switch", f"leaf{i + 1:0{_digits(leaves, 2)}d}", radix,
+              device_id=DEVICE_IDS["leaf"])
         for i in range(leaves)
     ]
     n_hosts = leaves * hosts_per_leaf
@@ -334,7 +354,8 @@ def fat_tree(
         for h in range(hosts_per_leaf):
             host_no = li * hosts_per_leaf + h + 1
             for d in range(hcas_per_host):
-                hca = b.add(_ROLE_HCA, hca_index, "ca", f"host{host_no:0{hdig}d} mlx5_{d}", 1)
+                hca = b.add(_ROLE_HCA, hca_index, "ca", f"host{host_no:0{hdig}d} mlx5_{d}", 1,
+                            device_id=DEVICE_IDS["ca"])
                 hca_index += 1
                 b.link((leaf.guid, port), (hca.guid, 1), host_link)
                 port += 1
@@ -442,13 +463,17 @@ def to_ibsim_netfile(fabric: Fabric) -> str:
     ``switchguid=`` / ``caguid=`` lines before each record make ibsim use our GUIDs (ibsim assigns
     GUIDs from those bases and ignores the "S-<guid>" ids). The first record is a switch so the
     SM port sits on a switch, like ibsim's own examples; LIDs in comments are informational
-    (opensm assigns the real ones).
+    (opensm assigns the real ones). ``vendid=`` / ``devid=`` lines before each record set its
+    NodeInfo.VendorID / DeviceID (ibsim resets the vendor ID after every node and keeps the
+    device ID until changed, so both are written for every node).
     """
     out: list[str] = ["# ibmon simulated fabric (mocks/topology.py)", ""]
     nodes = sorted(fabric.nodes.values(), key=lambda n: n.kind != "switch")
     for node in nodes:
         _check_desc(node.desc)
         nid = _node_id(node)
+        out.append(f"vendid=0x{_VENDOR_ID:x}")
+        out.append(f"devid=0x{node.device_id:x}")
         if node.kind == "switch":
             out.append(f"switchguid={node.guid}({_hex(node.guid)})")
             out.append(f'Switch\t{node.nports} "{nid}"\t\t# "{node.desc}" base port 0 '
@@ -483,6 +508,7 @@ _HEADER_RE = re.compile(r'^(Switch|Hca|Ca|Rt)\s*(\d+)\s+"([^"]*)"(.*)$')
 _PORT_RE = re.compile(r'^\[(\d+)\](?:\(([0-9a-fA-Fx]+)\))?\s*"([^"]*)"\s*(?:\[(\d+)\])?(.*)$')
 _SPEC_RE = re.compile(r"\b(\d+)x(SDR|DDR|QDR|FDR10|FDR|EDR|HDR|NDR|XDR)\b")
 _WOPT_RE = re.compile(r"\bw=(\d+)")
+_DEVID_RE = re.compile(r"^devid\s*=\s*(0x[0-9a-fA-F]+|\d+)\s*$")
 _GUIDLINE_RE = re.compile(r"^(switchguid|hcaguids|caguid|rtguid)\s*([=+])\s*(0x[0-9a-fA-F]+|\d+)")
 _DESC_RE = re.compile(r'#\s*"([^"]*)"')
 _LID_RE = re.compile(r"\blid\s+(\d+)")
@@ -498,6 +524,7 @@ class _RawNode:
     guid: int
     lid: int
     line: int
+    device_id: int
     ports: dict[int, tuple[str, int, str | None, str | None, int]] = field(default_factory=dict)
 
 
@@ -524,6 +551,8 @@ def load_ibnetdiscover(text: str) -> Fabric:
     switches from 0x200000). Links without a width/speed are 4X SDR, ibsim's default. When the
     two ends of a link state different widths or speeds (hand-edited captures do, e.g. the
     ibnetdiscover man page), the link gets the lower one: a link runs at what both ends manage.
+    A ``devid=`` line gives the following records their device ID until the next one, as in ibsim
+    (ibnetdiscover writes one before every record).
     Anything inside a record that cannot be understood, and dangling or one-sided links, raise
     ValueError naming the line.
     """
@@ -531,6 +560,7 @@ def load_ibnetdiscover(text: str) -> Fabric:
     nodes: dict[str, _RawNode] = {}
     current: _RawNode | None = None
     found_any = False
+    device_id = 0
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.rstrip("\r\n")
         if current is not None:
@@ -563,7 +593,7 @@ def load_ibnetdiscover(text: str) -> Fabric:
             guid = guid_base[kind]
             guid_base[kind] += 1 if kind == "switch" else nports + 1
             current = _RawNode(nid=nid, kind=kind, nports=nports, desc=desc, guid=guid, lid=lid,
-                               line=lineno)
+                               line=lineno, device_id=device_id)
             nodes[nid] = current
             found_any = True
             continue
@@ -578,9 +608,13 @@ def load_ibnetdiscover(text: str) -> Fabric:
             value = int(gm.group(3), 0)
             guid_base[kind] = value if gm.group(2) == "=" else guid_base[kind] + value
             continue
+        dv = _DEVID_RE.match(stripped)
+        if dv:
+            device_id = int(dv.group(1), 0) & 0xFFFF  # NodeInfo.DeviceID is 16 bits
+            continue
         if line.startswith(("include", "do ")):
             raise ValueError(f"line {lineno}: ibsim 'include'/'do' directives are not supported")
-        # Anything else outside a record (vendid=, devid=, "Non-Chassis Nodes", tool warnings)
+        # Anything else outside a record (vendid=, sysimgguid=, "Non-Chassis Nodes", warnings)
         # is ignored, exactly as ibsim does.
     if not found_any:
         raise ValueError("no Switch or Ca records found (not ibnetdiscover output?)")
@@ -617,7 +651,8 @@ def _resolve(raw: dict[str, _RawNode]) -> Fabric:
         if guid in nodes:
             raise ValueError(f"line {r.line}: GUID {guid} of {r.nid!r} already used")
         kind = "switch" if r.kind == "switch" else "ca"
-        nodes[guid] = Node(guid=guid, kind=kind, desc=r.desc, nports=r.nports, lid=r.lid)
+        nodes[guid] = Node(guid=guid, kind=kind, desc=r.desc, nports=r.nports, lid=r.lid,
+                           device_id=r.device_id)
         guid_of[r.nid] = guid
     links: list[Link] = []
     for r in raw.values():

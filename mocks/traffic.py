@@ -14,7 +14,14 @@ Physics the tests rely on:
 - packets follow bytes: each port has an average packet size between 256 bytes and the 4096-byte
   MTU plus headers; multicast is a fixed small share of packets;
 - PortXmitWait rises with load on healthy links (a tiny baseline) and by the fault's ratio under
-  congestion;
+  congestion, in the unit of the port's device family (``ibmon.xmitwait``): a port stalled a
+  fraction f of dt seconds gains ``xmitwait.counts_for(f, bytes_per_count, rate_bytes, dt)``
+  counts, so ``xmitwait.stall_fraction`` of them gives f back. Counts are 8 bytes of the port's
+  data rate on the Quantum-class switches and ConnectX HCAs of ``mocks.topology.DEVICE_IDS``
+  and 32 bytes per lane on its Switch-IB 2 spines. The model keeps PortXmitWait as the 64-bit
+  PortCountersExtended copy current devices have (a congested 4X EDR port at 8 bytes a count
+  fills 32 bits in seconds), except on a port ``narrow_wait`` gives the 32-bit PortCounters
+  field only, which saturates;
 - a down link carries nothing, both ends report Down/Polling, and each transition to Down adds
   one to LinkDowned on both ends;
 - every receive error and transmit discard has a cause: raising PortRcvErrors or
@@ -37,17 +44,19 @@ from dataclasses import dataclass
 from ibmon.counters import CATALOGUE, DETAILS, EXTENDED
 from ibmon.model import LinkInfo, PhysState, PortIdentity, PortSample, PortState
 from ibmon.totals import Totals
+from ibmon.xmitwait import DEFAULT_UNIT, WaitUnit, counts_for, family_of
 from mocks.topology import SPEEDS, WIDTHS, Fabric, Link, link_rate_bps
 
 __all__ = [
     "COUNTER_NAMES",
     "DEFAULT_DETAIL",
     "MTU_BYTES",
-    "TICK_SECONDS",
     "WIDE_COUNTERS",
     "FabricModel",
     "ca_device_names",
     "counter_max",
+    "hca_type",
+    "wait_unit_of",
 ]
 
 #: Catalogue order; every port's raw values are a list in this order.
@@ -61,7 +70,6 @@ _MAX: tuple[int, ...] = tuple(
 )
 MTU_BYTES = 4096
 _HEADER_BYTES = 126  # LRH+BTH+GRH+ICRC+VCRC upper bound, so bytes/packet <= MTU + headers
-TICK_SECONDS = 64e-9
 _MULTICAST_SHARE = 0.001
 _HEALTHY_WAIT_MAX = 0.0008  # baseline xmit-wait ratio at full load: far below any threshold
 _LOAD_PERIOD_S = 900.0  # slow load swing, so graphs move
@@ -80,12 +88,16 @@ DEFAULT_DETAIL: dict[str, str] = {
     "transmit_discards": "transmit_sw_hoq_lifetime_limit_discards",
 }
 _XW = _IX["transmit_wait"]
+#: PortXmitWait's 64-bit copy (PortCountersExtended with ClassPortInfo CapMask2 bit 1), what the
+#: model keeps unless a port has only the 32-bit field (``narrow_wait``).
+_XW_WIDE_MAX = (1 << 64) - 1
+#: What a sample of a port with the 64-bit PortXmitWait declares 64-bit.
+_WIDE_WITH_WAIT: frozenset[str] = WIDE_COUNTERS | {"transmit_wait"}
 _WIDTH = len(COUNTER_NAMES)  # values a port in ``FabricModel.flat``
 _LD = _IX["link_downed"]
 _SYM = _IX["symbol_errors"]
 
-FW_VER = "16.35.2000"
-HCA_TYPE = "MT4119"
+FW_VER = "20.35.2000"  # ConnectX-6 firmware (major 20)
 BOARD_ID = "MT_0000000010"
 SM_LID = 1
 
@@ -95,6 +107,18 @@ _PORT_NAMES: tuple[str, ...] = tuple(str(p) for p in range(256))
 #: The driver counters and gauges of every sample: the PMA has none (shared, never mutated;
 #: ``PortSample``'s default would be a new dict a port a poll, 2.3 MB at 36,720 ports).
 _NO_HW: dict[str, int] = {}
+
+
+def hca_type(device_id: int) -> str:
+    """An mlx4/mlx5 HCA's sysfs ``hca_type``: ``MT`` and the PCI device ID in decimal
+    (ConnectX-6, 0x101b, is ``MT4123``); empty when the ID is unknown."""
+    return f"MT{device_id}" if device_id else ""
+
+
+def wait_unit_of(device_id: int) -> WaitUnit:
+    """What one PortXmitWait count means on a simulated node: its family's unit, else the
+    default a monitor falls back to (``ibmon.xmitwait.DEFAULT_UNIT``)."""
+    return family_of(device_id) or DEFAULT_UNIT
 
 
 def ca_device_names(fabric: Fabric) -> dict[str, str]:
@@ -162,6 +186,14 @@ class FabricModel:
         self._carry_words = array("d", bytes(8 * n))
         self._carry_pkts = array("d", bytes(8 * n))
         self._carry_wait = array("d", bytes(8 * n))
+        # PortXmitWait: each port's unit (its node's family) and the counts it reports per
+        # second stalled at its link's current width and rate (``_wait_rates``).
+        units = {g: wait_unit_of(node.device_id) for g, node in fabric.nodes.items()}
+        self._unit: list[WaitUnit] = [units[g] for g, _ in keys]
+        self._wait_per_s = array("d", bytes(8 * n))
+        self._xw_cap = array("Q", [_XW_WIDE_MAX]) * n
+        for li in range(len(self.links)):
+            self._wait_rates(li)
         # Every port's row (``COUNTER_NAMES`` order) end to end in one array('Q'): unsigned
         # 64-bit like the PMA fields, invisible to the cyclic GC, and no array object a port
         # (8.5 MB at 118,400 ports); a poll's snapshot is one copy (``samples``).
@@ -180,6 +212,7 @@ class FabricModel:
         self._identity: dict[str, list[PortIdentity]] = {}
         self._port_keys: dict[str, list[tuple[str, str]]] = {}
         self._linkinfo: list[LinkInfo | None] = [None] * n
+        self._narrow: set[int] = set()  # ports with the 32-bit PortXmitWait only
 
     def _history(self, i: int) -> list[int]:
         """Plausible counters of a fabric that has been up a while (totals start there)."""
@@ -234,10 +267,9 @@ class FabricModel:
         sin = math.sin
         base = self.load
         omega = 2 * math.pi * (self.now + dt / 2) / _LOAD_PERIOD_S
-        ticks_per_s = 1.0 / TICK_SECONDS
-        xw_max = _MAX[_XW]
+        wait_per_s = self._wait_per_s
+        xw_cap = self._xw_cap
         words_per_bps = dt / 32.0
-        tick_scale = dt * ticks_per_s
         share = _MULTICAST_SHARE
         for i in range(len(link_of)):
             li = link_of[i]
@@ -278,11 +310,14 @@ class FabricModel:
                 flat[r + _URX] += pkts - mc
                 flat[r + _MRX] += mc
             if w > 0:
-                t_f = w * tick_scale + cx[i]
+                # xmitwait.counts_for(w, bytes_per_count, rate_bytes, dt), its per-second
+                # factor cached per port (it is linear in the fraction and the seconds)
+                t_f = w * wait_per_s[i] * dt + cx[i]
                 t = int(t_f)
                 cx[i] = t_f - t
                 v = flat[c + _XW] + t
-                flat[c + _XW] = v if v < xw_max else xw_max
+                cap = xw_cap[i]
+                flat[c + _XW] = v if v < cap else cap
         if self._err_rates:
             self._errors(dt)
         if self._ber:
@@ -293,7 +328,7 @@ class FabricModel:
         flat = self.flat
         at = i * _WIDTH
         v = flat[at + ci] + amount
-        m = _MAX[ci]
+        m = self._xw_cap[i] if ci == _XW else _MAX[ci]
         flat[at + ci] = v if v < m else m
         parent = _PARENT[ci]
         if parent >= 0:
@@ -348,6 +383,28 @@ class FabricModel:
     def rate_bps(self, i: int) -> float:
         """Current effective data rate of port ``i``'s link, bits/s."""
         return self._rate[self._link_of[i]]
+
+    def wait_unit(self, i: int) -> WaitUnit:
+        """What one PortXmitWait count of port ``i`` means (its node's device family)."""
+        return self._unit[i]
+
+    def bytes_per_count(self, i: int) -> float:
+        """Bytes one PortXmitWait count of port ``i`` stands for at its link's current width."""
+        bpc = self._unit[i].bytes_per_count(self.width[self._link_of[i]])
+        assert bpc is not None  # the model's widths are all known
+        return bpc
+
+    def wait_counts_per_second(self, i: int, fraction: float) -> float:
+        """PortXmitWait counts a second port ``i`` reports while stalled ``fraction`` of the
+        time, at its link's current rate (``ibmon.xmitwait.counts_for``)."""
+        return counts_for(fraction, self.bytes_per_count(i), self.rate_bps(i) / 8.0, 1.0)
+
+    def _wait_rates(self, li: int) -> None:
+        """Both ends' counts per second fully stalled, for link ``li``'s width and rate now."""
+        lk = self.links[li]
+        for end in (lk.a, lk.b):
+            i = self.index[end]
+            self._wait_per_s[i] = self.wait_counts_per_second(i, 1.0)
 
     def value(self, key: tuple[str, int], counter: str) -> int:
         return self.flat[self.port_index(key) * _WIDTH + _IX[counter]]
@@ -481,6 +538,7 @@ class FabricModel:
         self.width[li] = width or self.width[li]
         self.speed[li] = speed or self.speed[li]
         self._rate[li] = link_rate_bps(self.width[li], self.speed[li])
+        self._wait_rates(li)
         self._invalidate_link(li)
 
     def restore(self, key: tuple[str, int]) -> None:
@@ -488,6 +546,7 @@ class FabricModel:
         self.width[li] = self.max_width[li]
         self.speed[li] = self.max_speed[li]
         self._rate[li] = link_rate_bps(self.width[li], self.speed[li])
+        self._wait_rates(li)
         self._invalidate_link(li)
 
     def reset_counters(self, key: tuple[str, int], counters: tuple[str, ...] = ()) -> None:
@@ -499,7 +558,24 @@ class FabricModel:
     def set_value(self, key: tuple[str, int], counter: str, value: int) -> None:
         """Set a raw value (saturating), for history that predates the simulation."""
         ci = _IX[counter]
-        self.flat[self.port_index(key) * _WIDTH + ci] = max(0, min(value, _MAX[ci]))
+        i = self.port_index(key)
+        top = self._xw_cap[i] if ci == _XW else _MAX[ci]
+        self.flat[i * _WIDTH + ci] = max(0, min(value, top))
+
+    def narrow_wait(self, key: tuple[str, int]) -> None:
+        """Give the port only the 32-bit PortCounters.PortXmitWait (a PMA without the 64-bit
+        copy, as the kernel's sysfs ``port_xmit_wait`` and ibsim show it): from now on it
+        saturates at 2**32-1, and samples declare it narrow."""
+        i = self.port_index(key)
+        cap = _MAX[_XW]
+        self._xw_cap[i] = cap
+        at = i * _WIDTH + _XW
+        self.flat[at] = min(self.flat[at], cap)
+        self._narrow.add(i)
+
+    def wait_is_wide(self, i: int) -> bool:
+        """Whether port ``i`` reports the 64-bit PortXmitWait (see ``narrow_wait``)."""
+        return i not in self._narrow
 
     def _set_link(self, li: int, up: bool) -> None:
         if self.up[li] == up:
@@ -529,15 +605,17 @@ class FabricModel:
             return cached
         out: list[PortIdentity] = []
         nodes = self.fabric.nodes
-        for guid, port in self.keys:
+        units = self._unit
+        for i, (guid, port) in enumerate(self.keys):
             node = nodes[guid]
             ca = node.kind == "ca"
             out.append(PortIdentity(
                 guid=guid, port=_PORT_NAMES[port], device=self._ca_dev.get(guid, ""),
                 node_desc=node.desc, node_type=node.kind, lid=node.lid,
                 link_layer="InfiniBand", source=source,
-                fw_ver=FW_VER if ca else "", hca_type=HCA_TYPE if ca else "",
+                fw_ver=FW_VER if ca else "", hca_type=hca_type(node.device_id) if ca else "",
                 board_id=BOARD_ID if ca else "", sm_lid=SM_LID if ca else None,
+                xmit_wait=units[i],
             ))
         self._identity[source] = out
         return out
@@ -580,7 +658,7 @@ class FabricModel:
             self.width[li],
             self.speed[li],
             Totals(_IX, self.row(i)),
-            WIDE_COUNTERS,
+            WIDE_COUNTERS if i in self._narrow else _WIDE_WITH_WAIT,
             _NO_HW,
             self.link_info(i),
             _NO_HW,
@@ -598,7 +676,7 @@ class FabricModel:
         rate, width, speed = self._rate, self.width, self.speed
         state, phys = self.state, self.phys
         index = _IX
-        wide = WIDE_COUNTERS
+        wide, narrow = _WIDE_WITH_WAIT, self._narrow
         out: list[PortSample] = []
         append = out.append
         # Packed, as the PMA sends them, and every port's row in one array for the poll (one
@@ -613,10 +691,13 @@ class FabricModel:
             if info is None:
                 info = self.link_info(i)
             append(PortSample(ids[i], state[i], phys[i], rate[li], width[li], speed[li],
-                              Totals(index, flat, i * step), wide, _NO_HW, info, _NO_HW))
+                              Totals(index, flat, i * step),
+                              WIDE_COUNTERS if narrow and i in narrow else wide, _NO_HW, info,
+                              _NO_HW))
         return out
 
 
 def counter_max(name: str) -> int:
-    """The value at which the model pins ``name`` (narrow maximum, or 2**64-1 when wide)."""
+    """The value at which the model pins ``name`` (narrow maximum, or 2**64-1 when wide;
+    for ``transmit_wait`` the 32-bit field's, where a port has only that: ``narrow_wait``)."""
     return _MAX[_IX[name]]

@@ -5,6 +5,10 @@ time), so every rate and window downstream is in simulated seconds: at ``--speed
 10-minute BER window passes in one real minute, and the scenario's answer key holds unchanged.
 Each ``sample`` first advances the model (and the scenario, if any) to the clock's time.
 
+Each port's identity says what one of its PortXmitWait counts means (``xmit_wait``, source
+"family": the simulated node's device ID, ``mocks.topology.DEVICE_IDS``), and the counts are in
+that unit, so the stall fraction ibmon computes is the one the scenario states.
+
 Discovery reports every cabled port with its link, also while the link is down (the key of
 every scenario assumes no ``topology_changed``); for a degraded link the maximum width and speed
 are what both ends support, the active ones what the link runs at now.

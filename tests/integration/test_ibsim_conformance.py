@@ -9,10 +9,14 @@ sample, and stamp the snapshot with the simulated time, so rates and windows do 
 fast ibsim answers.
 
 What ibsim can express, and so what is checked here: everything counter-driven (link errors,
-congestion through PortXmitWait and the data counters, counter resets, saturation of a 32-bit
-counter) and link state (flap, link down). Not here: ``degraded`` (ibsim has no console command
-that retrains a live link at a lower width or speed), ``healthy`` (hours of simulated time; the
-in-process conformance test covers it) and ``demo`` (a loop of the others).
+counter resets, saturation of a 32-bit counter) and link state (flap, link down). Not here:
+``degraded`` (ibsim has no console command that retrains a live link at a lower width or speed),
+``congestion`` (ibsim's PMA has only the 32-bit PortXmitWait, no 64-bit copy: counted in bytes
+as the hardware does, leaf03's 35 % stall at 4X EDR and 8 bytes a count fills it in about 8 s
+and host010's 80 % in 4, so minutes of congestion read as a saturated counter; the stall
+fraction of each device family through ibsim is checked over seconds in
+test_xmitwait_sim_ibsim.py), ``healthy`` (hours of simulated time; the in-process conformance
+test covers it) and ``demo`` (a loop of the others).
 
 Two adjustments to the answer keys, both about what a *fabric-wide* monitor can see:
 
@@ -158,7 +162,7 @@ def play_through_ibsim(name: str) -> tuple[Scenario, _Model, list[Seen], dict[st
 
         async def run() -> None:
             src = MadSourceProcess(drv.sim, include=nodes, timeout=0.25, retries=1)
-            tracker = Tracker(tick_seconds=sc.tick_seconds)
+            tracker = Tracker()
             engine = Engine(None, fabric="test", source="mad")
             try:
                 topo = await src.discover()
@@ -184,7 +188,7 @@ def _binaries() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["flap", "counter-reset", "link-errors", "congestion", "saturation"]
+    "name", ["flap", "counter-reset", "link-errors", "saturation"]
 )
 def test_ibsim_scenario_yields_its_expected_events_through_mad(name: str) -> None:
     sc, src, seen, stats = play_through_ibsim(name)

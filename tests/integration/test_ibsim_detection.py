@@ -18,6 +18,7 @@ from ibmon.detect.engine import Engine
 from ibmon.events import Event
 from ibmon.model import Snapshot
 from ibmon.tracker import Tracker
+from ibmon.xmitwait import WaitUnit, counts_for
 from mocks.ibsim import IbSim
 from mocks.topology import Fabric, fat_tree, to_ibsim_netfile
 from tests.ibsim_fixtures import require_ibsim
@@ -26,6 +27,17 @@ pytestmark = pytest.mark.system
 
 FAB: Fabric = fat_tree(levels=2, radix=8, leaves=2, hosts_per_leaf=4)
 TABLES = {"link_integrity": {"hold": 5}, "high_ber": {"window": 10}}
+#: leaf02 is a Quantum (NodeInfo.DeviceID 0xd2f0 in the net file): one PortXmitWait count is 8
+#: bytes of the port's 4X EDR data rate, whatever its width.
+QUANTUM = WaitUnit(8, False, "family", "Quantum")
+EDR_4X_BYTES = 100e9 / 8
+
+
+def stalled(fraction: float, seconds: float) -> int:
+    """leaf02's PortXmitWait counts for ``fraction`` of ``seconds`` stalled."""
+    bpc = QUANTUM.bytes_per_count("4X")
+    assert bpc is not None
+    return round(counts_for(fraction, bpc, EDR_4X_BYTES, seconds))
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +75,10 @@ async def test_ibsim_faults_yield_exactly_the_expected_events(sim: IbSim) -> Non
                     sim.set_counters(node_id("leaf02"), 2, {"LocalLinkIntegrityErrors": 1})),
         4: lambda: sim.set_counters(node_id(spine_end[0]), spine_end[1],
                                     {"SymbolErrorCounter": 1000}),
-        5: lambda: sim.set_counters(node_id("leaf02"), 3, {"PortXmitWait": 10_000_000}),
-        6: lambda: sim.set_counters(node_id("leaf02"), 3, {"PortXmitWait": 20_000_000}),
-        7: lambda: sim.set_counters(node_id("leaf02"), 3, {"PortXmitWait": 30_000_000}),
+        # 64 % of each second stalled: 1e9 counts a second, 3e9 by 7 s (under 2**32)
+        5: lambda: sim.set_counters(node_id("leaf02"), 3, {"PortXmitWait": stalled(0.64, 1)}),
+        6: lambda: sim.set_counters(node_id("leaf02"), 3, {"PortXmitWait": stalled(0.64, 2)}),
+        7: lambda: sim.set_counters(node_id("leaf02"), 3, {"PortXmitWait": stalled(0.64, 3)}),
         8: lambda: (sim.unlink(node_id(uplink[0]), uplink[1]),
                     sim.set_counters(node_id(uplink[0]), uplink[1], {"LinkDownedCounter": 1}),
                     sim.set_counters(node_id(spine_end[0]), spine_end[1],
@@ -85,7 +98,7 @@ async def test_ibsim_faults_yield_exactly_the_expected_events(sim: IbSim) -> Non
         ("link_integrity", key("leaf02", 2), "resolved", 8),
         ("high_ber", key(*spine_end), "firing", 4),  # 1000 errors / (10 s x 100 Gb/s): critical
         ("high_ber", key(*spine_end), "resolved", 14),
-        ("congestion", key("leaf02", 3), "firing", 7),  # 10M ticks x 64 ns / 1 s = 0.64 x 3
+        ("congestion", key("leaf02", 3), "firing", 7),  # 0.64 of each second x 3 polls
         ("congestion", key("leaf02", 3), "resolved", 10),
         # once per link, on its carrying end (the lower GUID between two switches), although
         # the rediscovery at 8 shows neither end a neighbour
@@ -104,6 +117,7 @@ async def test_ibsim_faults_yield_exactly_the_expected_events(sim: IbSim) -> Non
                                               cwd=sim.workdir))
     tracker, engine = Tracker(), Engine(TABLES, source="diags")
     seen: list[tuple[int, Event]] = []
+    wait: dict[int, float | None] = {}
     try:
         await src.discover()
         for t in range(25):
@@ -114,6 +128,7 @@ async def test_ibsim_faults_yield_exactly_the_expected_events(sim: IbSim) -> Non
             real = await src.sample()
             snap = Snapshot(real.source, float(t), 1e9 + t, real.ports, real.errors)
             views = tracker.update(snap)
+            wait[t] = views[key("leaf02", 3)].xmit_wait_ratio
             seen += [(t, e) for e in engine.process(views, monotonic=t, wall=1e9 + t)]
     finally:
         await src.close()
@@ -123,6 +138,9 @@ async def test_ibsim_faults_yield_exactly_the_expected_events(sim: IbSim) -> Non
     assert got == expected, (
         f"missing {sorted(expected - got)}\nunexpected {sorted(got - expected)}")
     assert len(seen) == len(expected)
+    # the stall fraction itself, from counts in the Quantum's unit (not a fixed tick time)
+    for t in (5, 6, 7):
+        assert wait[t] == pytest.approx(0.64, rel=1e-6), (t, wait[t])
     (down,) = [e for _, e in seen if e.type == "port_down" and e.status == "firing"]
     far = key(*spine_end) if carrier == key(*uplink) else key(*uplink)
     assert down.peer is not None

@@ -134,3 +134,30 @@ def test_ports_limits_counter_pushes_not_link_changes() -> None:
     assert {(k[0], k[1]) for k in parsed(sim.lines)} == {
         (("S-" if fab.nodes[g].kind == "switch" else "H-") + g[2:], p) for g, p in model.keys[:2]
     }
+
+
+def test_xmit_wait_reaches_ibsim_in_the_family_unit_saturated_at_32_bits() -> None:
+    """ibsim has only the 32-bit PortXmitWait: the model's counts (in the port's family unit)
+    go there as they are, and pin at 2**32-1 once the model's 64-bit count passes it."""
+    sim, drv = make()
+    model = drv.model
+    spine = model.fabric.node_by_desc("spine01")
+    key = (spine.guid, 1)
+    nid = f"S-{spine.guid[2:]}"
+    model.congest(key, wait_ratio=0.5, utilization=0.1)
+    drv.push()
+    w0 = parsed(sim.lines)[(nid, 1, "PortCounters.PortXmitWait")]
+    sim.lines.clear()
+    drv.step_to(2.0)
+    w1 = parsed(sim.lines)[(nid, 1, "PortCounters.PortXmitWait")]
+    # a Switch-IB 2 count is 32 bytes a lane: 128 on 4X EDR
+    assert abs((w1 - w0) - 0.5 * 100e9 / 8 * 2.0 / 128) <= 1
+    model.set_value(key, "transmit_wait", 2**32 + 10)
+    sim.lines.clear()
+    drv.push()
+    assert parsed(sim.lines)[(nid, 1, "PortCounters.PortXmitWait")] == 2**32 - 1
+    sim.lines.clear()
+    drv.step_to(3.0)
+    # the 32-bit field stays pinned: nothing more is sent for it
+    assert not [ln for ln in sim.lines if ln.startswith(f'PerformanceSet "{nid}"[1] PortCounters.'
+                                                         "PortXmitWait")]

@@ -87,6 +87,9 @@ BASE = "name: x\ndescription: d\nduration: 600\n"
                 " window: [3, 1]}\n",
          r"<t>:5: expect\[0\]\.window: window must be \[from, to\]"),
         (BASE + "topology: {leaves: 99}\n", r"<t>:4: topology: 99 leaves need"),
+        # a count is bytes of the port's device family now, not a time the file could set
+        (BASE + "tick_seconds: 6.4e-8\n",
+         r"<t>:4: tick_seconds: no longer a scenario setting.*device family.*delete the line"),
         (BASE + "topology: {host_link: 4X QQR}\n", r"<t>:4: topology\.host_link: .*'4X QQR'"),
         ("name: x\ndescription: [unclosed\nduration: 5\n", r"<t>:3: YAML syntax error"),
         ("name: x\n", r"<t>:1: \(top level\)\.?.*duration.*Field required|duration: Field"),
@@ -372,7 +375,7 @@ def _run(sc: Scenario, *, full_window: bool, step: float, all_ports: bool) -> li
         idx = {model.port_index(resolve_port(model.fabric, r))
                for r in [e.port for e in sc.timeline] + [x.port for x in sc.expect]}
         watched = sorted(idx | {model.peer_index(i) for i in idx})
-    tracker = Tracker(tick_seconds=sc.tick_seconds)
+    tracker = Tracker()
     ref = Reference(full_window=full_window)
     t = 0.0
     while t <= sc.duration:

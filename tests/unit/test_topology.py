@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from ibmon.model import GUID_RE
+from ibmon.xmitwait import family_of
 from mocks.topology import (
+    DEVICE_IDS,
     Fabric,
     fabric_for_hosts,
     fabric_for_ports,
@@ -118,6 +120,51 @@ def test_netfile_round_trips() -> None:
     assert _link_set(g) == _link_set(f)
 
 
+def test_every_role_has_a_device_of_a_documented_family() -> None:
+    """Leaves and cores count PortXmitWait in 8-byte per-port units (Quantum, Quantum-2),
+    spines in 32-byte per-lane units (Switch-IB 2), HCAs in 8-byte units (ConnectX-6): one fat
+    tree exercises both rules."""
+    f = fat_tree(levels=3, radix=8, leaves=8, hosts_per_leaf=4)
+    families: dict[str, set[tuple[str, str]]] = {}
+    for n in f.nodes.values():
+        role = re.sub(r"\d.*", "", n.desc)
+        unit = family_of(n.device_id)
+        assert unit is not None, n
+        families.setdefault(role, set()).add((unit.family, unit.text))
+    assert families == {
+        "host": {("ConnectX-6", "8/port")},
+        "leaf": {("Quantum", "8/port")},
+        "spine": {("Switch-IB 2", "32/lane")},
+        "core": {("Quantum-2", "8/port")},
+    }
+    assert DEVICE_IDS == {"ca": 0x101B, "leaf": 0xD2F0, "spine": 0xCF08, "core": 0xD2F2}
+
+
+def test_netfile_gives_ibsim_every_node_s_vendor_and_device_id() -> None:
+    f = fat_tree(radix=4, leaves=2, hosts_per_leaf=2)
+    lines = to_ibsim_netfile(f).splitlines()
+    heads = [n for n, line in enumerate(lines) if line.startswith(("Switch", "Ca"))]
+    assert len(heads) == len(f.nodes)
+    for n in heads:
+        # vendid= is reset by ibsim after every node: both lines precede every record
+        vend, dev, guid = lines[n - 3], lines[n - 2], lines[n - 1]
+        assert vend == "vendid=0x2c9"
+        assert re.fullmatch(r"devid=0x[0-9a-f]+", dev), dev
+        assert guid.startswith(("switchguid=", "caguid="))
+        node = f.nodes["0x" + re.sub(r"[(].*", "", guid.split("=")[1])[2:]]
+        assert int(dev.split("=")[1], 16) == node.device_id
+
+
+def test_devid_applies_to_following_records_until_changed() -> None:
+    """ibsim's reading (and ibnetdiscover writes one before every record)."""
+    text = ('devid=0xcf08\nSwitch 2 "S1"\n[1] "H1"[1]\n[2] "H2"[1]\n\n'
+            'Ca 1 "H1"\n[1] "S1"[1]\n\ndevid=4123\nCa 1 "H2"\n[1] "S1"[2]\n')
+    f = load_ibnetdiscover(text)
+    ids = {n.desc: n.device_id for n in f.nodes.values()}
+    assert ids == {"S1": 0xCF08, "H1": 0xCF08, "H2": 0x101B}
+    assert load_ibnetdiscover('Switch 1 "S1"\n').node_by_desc("S1").device_id == 0
+
+
 def test_netfile_states_the_same_width_on_both_ends() -> None:
     text = to_ibsim_netfile(fat_tree(radix=4, leaves=2, hosts_per_leaf=2,
                                      leaf_link=("1X", "FDR")))
@@ -133,6 +180,10 @@ def test_loads_real_ibnetdiscover_captures() -> None:
     sw = f3.nodes["0xe41d2d030003e470"]
     assert sw.desc == "SwitchIB Mellanox Technologies"
     assert sw.lid == 268
+    assert sw.device_id == 0xCB20  # its devid= line: Switch-IB, 32 bytes a count per lane
+    unit = family_of(sw.device_id)
+    assert unit is not None
+    assert unit.text == "32/lane"
     assert f3.peer("0xe41d2d030003e470", 1) == ("0xe41d2d030003e470", 2)
     link = f3.link_of("0x0002c9030004e938", 1)
     assert link is not None
@@ -214,6 +265,9 @@ def test_ibsim_serves_the_generated_fabric(tmp_path: Path) -> None:
         assert seen.nodes.keys() == fabric.nodes.keys()
         assert {n.desc for n in seen.nodes.values()} == {n.desc for n in fabric.nodes.values()}
         assert _link_set(seen) == _link_set(fabric)
+        # NodeInfo.DeviceID as ibsim answers it: each node's family, from the net file
+        assert {g: n.device_id for g, n in seen.nodes.items()} == {
+            g: n.device_id for g, n in fabric.nodes.items()}
         assert re.search(r'"host001 mlx5_0" lid \d+ 1xHDR', out)
     finally:
         os.killpg(sim.pid, signal.SIGKILL)

@@ -6,12 +6,12 @@ import pytest
 
 from ibmon.counters import BY_NAME
 from ibmon.model import PhysState, PortState
+from ibmon.xmitwait import WaitUnit, counts_for, stall_fraction
 from mocks.scenario import ScenarioPlayer, load_scenario
 from mocks.topology import fat_tree
 from mocks.traffic import (
     COUNTER_NAMES,
     MTU_BYTES,
-    TICK_SECONDS,
     WIDE_COUNTERS,
     FabricModel,
     counter_max,
@@ -19,6 +19,16 @@ from mocks.traffic import (
 
 IX = {n: i for i, n in enumerate(COUNTER_NAMES)}
 NARROW = [n for n in COUNTER_NAMES if n not in WIDE_COUNTERS]
+#: What one PortXmitWait count is on each kind of simulated node, written out: ConnectX-6 HCAs,
+#: Quantum leaves and Quantum-2 cores count 8 bytes per port, Switch-IB 2 spines 32 per lane.
+PORT_8 = WaitUnit(8, False, "family")
+LANE_32 = WaitUnit(32, True, "family")
+UNIT_BY_ROLE = {"host": PORT_8, "leaf": PORT_8, "spine": LANE_32, "core": PORT_8}
+
+
+def unit_of(model: FabricModel, i: int) -> WaitUnit:
+    desc = model.fabric.nodes[model.keys[i][0]].desc
+    return next(u for role, u in UNIT_BY_ROLE.items() if desc.startswith(role))
 
 
 def _small() -> FabricModel:
@@ -64,12 +74,18 @@ def test_healthy_scenario_obeys_physics() -> None:
             for name in NARROW:
                 if name != "transmit_wait":
                     assert delta[IX[name]] == 0, name
-            assert delta[IX["transmit_wait"]] * TICK_SECONDS / dt < 0.01
+            unit = unit_of(model, i)
+            bpc = unit.bytes_per_count(model.width[model.link_index_of(i)])
+            assert bpc is not None
+            assert delta[IX["transmit_wait"]] < counts_for(0.01, bpc, model.rate_bps(i) / 8, dt)
             assert model.state[i] == PortState.ACTIVE
             assert model.phys[i] == PhysState.LINK_UP
         prev = [list(c) for c in cur]
     assert polls == sc.duration / dt
-    assert all(all(v < counter_max(nm) for nm, v in zip(COUNTER_NAMES, c, strict=True))
+    # PortXmitWait is the 64-bit copy (a healthy 4X EDR port at 8 bytes a count passes 2**32
+    # within hours); every narrow counter stays below its maximum
+    assert all(all(v < counter_max(nm) for nm, v in zip(COUNTER_NAMES, c, strict=True)
+                   if nm != "transmit_wait")
                for c in model.rows()), "nothing saturates in four healthy hours"
 
 
@@ -78,6 +94,8 @@ def test_narrow_counters_saturate_at_their_width(name: str) -> None:
     model = _small()
     key = model.keys[0]
     width = BY_NAME[name].bits
+    if name == "transmit_wait":
+        model.narrow_wait(key)  # a PMA with only the 32-bit PortXmitWait
     model.set_value(key, name, (1 << width) - 3)
     model.set_error_rate(key, name, 1000.0)
     model.advance(1.0)
@@ -92,6 +110,24 @@ def test_wide_counters_do_not_stop_at_32_bits() -> None:
     model.set_value(key, "transmit_data", (1 << 32) - 5)
     model.advance(1.0)
     assert model.value(key, "transmit_data") > (1 << 32)
+
+
+def test_transmit_wait_is_64_bit_unless_the_port_has_only_the_32_bit_field() -> None:
+    """A congested 4X EDR port at 8 bytes a count passes 2**32 in seconds: the model keeps the
+    64-bit copy (and says so in its samples), and a ``narrow_wait`` port pins at 2**32-1."""
+    model = _small()
+    host = next(i for i, k in enumerate(model.keys)
+                if model.fabric.nodes[k[0]].kind == "ca")
+    wide, narrow = model.keys[host], model.keys[model.peer_index(host)]
+    model.narrow_wait(narrow)
+    for key in (wide, narrow):
+        model.congest(key, wait_ratio=0.8, utilization=0.1)
+        model.set_value(key, "transmit_wait", (1 << 32) - 1000)
+    model.advance(1.0)
+    assert model.value(wide, "transmit_wait") > (1 << 32)
+    assert "transmit_wait" in model.port_sample(*wide).wide
+    assert model.value(narrow, "transmit_wait") == (1 << 32) - 1
+    assert "transmit_wait" not in model.port_sample(*narrow).wide
 
 
 def test_same_seed_same_fabric_different_seed_differs() -> None:
@@ -125,18 +161,45 @@ def test_flap_counts_link_downed_on_both_ends_and_stops_traffic() -> None:
     assert model.state[model.peer_index(0)] == PortState.ACTIVE
 
 
-def test_congestion_sets_the_wait_ratio_and_utilization() -> None:
+@pytest.mark.parametrize("role", ["spine", "leaf", "host"])
+def test_congestion_sets_the_wait_ratio_and_utilization(role: str) -> None:
+    """PortXmitWait counts in the port's family unit (a spine's Switch-IB 2: 32 bytes a lane,
+    128 a count on 4X; a Quantum leaf or a ConnectX-6 host: 8 bytes), so the stall fraction
+    from them is the one the fault asked for."""
     model = _small()
-    key = model.keys[0]
+    i = next(n for n, k in enumerate(model.keys)
+             if model.fabric.nodes[k[0]].desc.startswith(role))
+    key = model.keys[i]
     model.congest(key, wait_ratio=0.35, utilization=0.6)
     w0, d0 = model.value(key, "transmit_wait"), model.value(key, "transmit_data")
     model.advance(10.0)
-    ratio = (model.value(key, "transmit_wait") - w0) * TICK_SECONDS / 10.0
-    util = (model.value(key, "transmit_data") - d0) * 32 / (model.rate_bps(0) * 10.0)
-    assert ratio == pytest.approx(0.35, rel=1e-6)
+    counts = model.value(key, "transmit_wait") - w0
+    rate_bytes = 100e9 / 8  # 4X EDR
+    bpc = UNIT_BY_ROLE[role].bytes_per_count("4X")
+    assert bpc == (128.0 if role == "spine" else 8.0)
+    assert counts == pytest.approx(counts_for(0.35, bpc, rate_bytes, 10.0), abs=1.0)
+    assert stall_fraction(counts, bpc, rate_bytes, 10.0) == pytest.approx(0.35, rel=1e-6)
+    util = (model.value(key, "transmit_data") - d0) * 32 / (model.rate_bps(i) * 10.0)
     assert util == pytest.approx(0.6, rel=1e-6)
     with pytest.raises(ValueError, match="100 %"):
         model.congest(key, wait_ratio=0.6, utilization=0.6)
+
+
+def test_a_narrower_link_counts_per_lane_units_for_its_lanes() -> None:
+    """A Switch-IB 2 port retrained to 1X counts 32 bytes, not 128, and at a quarter of the
+    rate: the same stall fraction is a sixteenth of the counts."""
+    model = _small()
+    i = next(n for n, k in enumerate(model.keys)
+             if model.fabric.nodes[k[0]].desc.startswith("spine"))
+    key = model.keys[i]
+    model.congest(key, wait_ratio=0.5, utilization=0.1)
+    model.degrade(key, width="1X")
+    w0 = model.value(key, "transmit_wait")
+    model.advance(10.0)
+    counts = model.value(key, "transmit_wait") - w0
+    bpc = LANE_32.bytes_per_count("1X")
+    assert bpc == 32.0
+    assert counts == pytest.approx(counts_for(0.5, bpc, 25e9 / 8, 10.0), abs=1.0)
 
 
 def test_ber_produces_symbol_errors_at_the_rate_of_the_link() -> None:
@@ -187,7 +250,13 @@ def test_port_sample_describes_the_port() -> None:
     assert s.identity.node_type == "ca"
     assert s.identity.link_layer == "InfiniBand"
     assert s.rate_bps == 100e9
-    assert s.wide == WIDE_COUNTERS
+    assert s.wide == WIDE_COUNTERS | {"transmit_wait"}  # PortCountersExtended's 64-bit copy
+    # a ConnectX-6: hca_type as mlx5 writes it, and its PortXmitWait unit by family
+    assert s.identity.hca_type == "MT4123"
+    assert s.identity.xmit_wait == WaitUnit(8, False, "family", "ConnectX-6")
+    spine = model.fabric.node_by_desc("spine01")
+    unit = model.port_sample(spine.guid, 1).identity.xmit_wait
+    assert unit == WaitUnit(32, True, "family", "Switch-IB 2")
     assert s.link is not None
     assert s.link.remote_node_desc == "leaf03"
     assert s.link.remote_port == "6"
