@@ -38,7 +38,8 @@ def _row_view(**fields: object) -> RowView:
               "active_speed": "25.78125 Gbps", "link": None, "saturated": frozenset(),
               "resets": {}, "hw_totals": {}, "hw_rates": {}, "utilization_tx": 0.5,
               "utilization_rx": None, "xmit_wait_ratio": 0.0, "symbol_error_ber": None,
-              "conditions": frozenset(), "hw_gauges": {}, "stale": False, "causes": {}}
+              "conditions": frozenset(), "hw_gauges": {}, "stale": False, "causes": {},
+              "xmit_wait_seconds": 1.5}
     values.update(fields)
     ratios = {}
     for name, column in RATIOS.items():
