@@ -1,6 +1,6 @@
 /* ibmon.sources._madloop: the MAD worker's send/receive loop (libibmad.MadEngine.run) in C.
  *
- * Why (issue 12, target 6): a MAD costs the worker about 22 us of CPU under ibsim, and 10 of
+ * Why: a MAD costs the worker about 22 us of CPU under ibsim, and 10 of
  * them were Python (building the MAD, three ctypes calls, matching the answer, a result tuple);
  * a cold start sends 10,252 MADs and a 118,400-port poll about 240,000. Here the same loop runs
  * with no Python object a MAD but the answer's payload and its result tuple.

@@ -37,6 +37,21 @@ one ``discovery_rejected`` error is counted and one line logged with the cause a
 shrink seen on ``SHRINK_CONFIRMATIONS`` discoveries in a row is real and accepted. With no
 previous topology (the first discovery), a rejected discovery fails the poll.
 
+What one PortXmitWait count stands for (``fabric.WaitUnits``) is decided by each discovery: the
+cache's NodeInfo gives every node's vendor and device ID, and a documented ASIC family decides.
+For the other nodes the Tick decides, read with ``perfquery -c <lid> <port>`` (PortSamplesControl,
+on a node's first port with a LID) once per *model* (vendor and device ID): the Tick is the
+ASIC's (ibdiagnet keys it by device family), so the first Tick a model answers is booked on
+every port of its nodes, and a fabric of 2,000 ConnectX-5 HCAs (no documented unit) costs one
+or two processes a discovery, not 2,000 (on ibsim each costs about 0.3 s of attaching). At most
+``TICK_READS_PER_MODEL`` nodes of a model are asked, so one dead node does not cost its model
+the Tick; a node without a device ID is a model of its own; no port at the master SM's LID is
+asked (``fabric.WaitUnits``). The reads run beside each other
+like the counter queries, within one command timeout; a PMA that drops or refuses the Get
+(ibsim has no handler for it) leaves the ports with their last Tick's unit or the default, and
+costs no error; a tool that fails otherwise or prints junk costs a SourceError of the asked
+node's port, never the discovery.
+
 Port state between discoveries: perfquery says nothing about state, so every ``state_interval``
 seconds (default 30; 0 = every poll but the one right after a discovery, which just read every
 state; None from the config = that default; the schedule is ``fabric.StateSchedule``) one extra
@@ -61,7 +76,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final, Literal, Protocol
@@ -78,12 +93,15 @@ from ibmon.sources.fabric import (
     FabricSource,
     FabricSourceConfig,
     FabricView,
+    TickOutcome,
+    WaitUnits,
 )
 from ibmon.sources.localport import explain_open_failure, parse_ibstat, umad_access_problem
 from ibmon.sources.parse import (
     CPI_CAP2_ADDL_EXT,
     CacheFabric,
     DiscoveredPort,
+    NodeInfo,
     ParseError,
     PerfBlock,
     PortCounterValues,
@@ -93,6 +111,7 @@ from ibmon.sources.parse import (
     parse_ibnetdiscover_ports,
     parse_perfquery_blocks,
     parse_perfquery_details,
+    parse_perfquery_tick,
 )
 from ibmon.sources.parse.errors import sample as quote
 from ibmon.sources.procscope import SCOPES, ProcStat, become_subreaper, wait_exit
@@ -103,6 +122,7 @@ __all__ = [
     "PERFQUERY_MAX_OUTPUT",
     "SHRINK_CONFIRMATIONS",
     "SHRINK_LIMIT",
+    "TICK_READS_PER_MODEL",
     "Budget",
     "CommandResult",
     "CommandRunner",
@@ -139,6 +159,9 @@ SHRINK_CONFIRMATIONS: Final = 3
 FIRST_DISCOVERY_SHARE: Final = 0.9
 #: Upper bound of a configured command timeout.
 MAX_COMMAND_TIMEOUT: Final = 3600.0
+#: Nodes of one model (vendor and device ID) whose Tick a discovery asks at most: the first
+#: Tick answered stands for the model, the second node covers a first that does not answer.
+TICK_READS_PER_MODEL: Final = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -624,6 +647,11 @@ class DiagsSource(FabricSource):
         except _RejectedError as rejected:
             return self._keep_topology(rejected, errors)
         view = self._view_from(ports, fab)
+        infos = {guid: node.info for guid, node in fab.nodes.items()}
+        devices = {guid: info.device_id for guid, info in infos.items()}
+        sm_lids = {pi.sm_lid for pi in fab.ports.values()}
+        outcomes = await self._read_ticks(view, infos, errors, sm_lids)
+        errors += self.wait_units.decide(self.name, view, devices, outcomes)
         self._good_nodes, self._shrinks = len(fab.nodes), 0
         topo = self._adopt(view, errors, started, reached=len(fab.nodes))
         assert self._view is not None  # the merged view: unreachable nodes are still asked
@@ -675,6 +703,107 @@ class DiagsSource(FabricSource):
             raise _RejectedError("cache_unreadable", str(exc)) from None
         _check_complete(ports, fab)
         return ports, fab
+
+    async def _read_ticks(
+        self,
+        view: FabricView,
+        nodes: Mapping[str, NodeInfo],
+        errors: list[SourceError],
+        sm_lids: Container[int] = (),
+    ) -> dict[PortKey, TickOutcome]:
+        """PortSamplesControl.Tick of the nodes in ``view`` whose device ID is no documented
+        family (module docstring): one ``perfquery -c`` per node, on its lowest-numbered port
+        with a LID, for at most ``TICK_READS_PER_MODEL`` nodes of each model (vendor and
+        device ID; a node without a device ID is a model of its own). The first Tick a model
+        answers is booked on all its nodes' ports; a read that gave none is booked on the
+        asked node's ports only. All run within one command timeout (plus its grace): reads
+        still queued then are given up (unread: the fallback unit, no error); a read killed on
+        its own timeout is a "timeout" error of the node's port."""
+        by_node: dict[str, list[PortKey]] = {}
+        for key in view.ports:
+            info = nodes.get(key[0])
+            if WaitUnits.needs_tick(info.device_id if info is not None else None):
+                by_node.setdefault(key[0], []).append(key)
+        models: dict[tuple[int, int] | str, list[str]] = {}
+        for guid in sorted(by_node):
+            info = nodes.get(guid)
+            model: tuple[int, int] | str = (
+                (info.vendor_id, info.device_id) if info is not None and info.device_id else guid
+            )
+            models.setdefault(model, []).append(guid)
+        asked: list[tuple[list[str], str, int, int]] = []  # (model's nodes, node, lid, port)
+        for guids in models.values():
+            tries = 0
+            for guid in guids:
+                # never at a subnet manager's LID (``fabric.WaitUnits``: ibsim would hand
+                # the Get to opensm, which exits)
+                with_lid = [k for k in by_node[guid]
+                            if view.ports[k].lid and view.ports[k].lid not in sm_lids]
+                if not with_lid or tries == TICK_READS_PER_MODEL:
+                    continue
+                first = min(with_lid, key=lambda k: int(k[1]))
+                lid = view.ports[first].lid
+                assert lid is not None
+                asked.append((guids, guid, lid, int(first[1])))
+                tries += 1
+        if not asked:
+            return {}
+        tasks = [asyncio.ensure_future(self._read_tick(lid, port, errors))
+                 for _guids, _guid, lid, port in asked]
+        try:
+            # past one command's own bound (``_bounded``): a hung read ends as its timeout;
+            # what is cut here is reads still queued behind others on a very large fabric
+            done, _late = await asyncio.wait(tasks, timeout=self.command_timeout + 2.0)
+        finally:  # also when the discovery is cancelled: no read outlives it
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        bugs = [exc for task in done if (exc := task.exception()) is not None]
+        if bugs:
+            raise bugs[0]
+        out: dict[PortKey, TickOutcome] = {}
+        answered: set[int] = set()  # models (by id of their node list) that gave a Tick
+        for (guids, guid, _lid, _port), task in zip(asked, tasks, strict=True):
+            got: TickOutcome = (
+                task.result() if task in done
+                else ("unread", "no answer within the discovery's command timeout")
+            )
+            if isinstance(got, int):
+                if id(guids) not in answered:
+                    answered.add(id(guids))
+                    for other in guids:
+                        for key in by_node[other]:
+                            was = out.get(key)
+                            if isinstance(was, tuple) and was[0] != "unread":
+                                # the model's Tick stands, the broken read is still reported
+                                errors.append(SourceError(
+                                    was[0], f"{key[0]} port {key[1]}: PortSamplesControl: "
+                                    f"{was[1]}", key))
+                            out[key] = got
+            elif id(guids) not in answered:
+                for key in by_node[guid]:
+                    out[key] = got
+        return out
+
+    async def _read_tick(self, lid: int, port: int, errors: list[SourceError]) -> TickOutcome:
+        """One ``perfquery -c <lid> <port>``: the Tick, or why there is none ("unread" when the
+        PMA dropped or refused the Get)."""
+        argv = [self._perfquery, *self._ca_args, "-t", str(int(self._timeout * 1000)), "-c",
+                str(lid), str(port)]
+        res = await self._bounded(argv)
+        if res.strays:
+            errors.append(SourceError("stray_process", f"lid {lid}: perfquery -c left "
+                                      f"{res.strays}"))
+        reason = classify(res)
+        why = f"perfquery -c {lid} {port}: {_first_line(res.stderr) or f'exit status {res.rc}'}"
+        if reason in ("mad_timeout", "mad_status"):
+            return ("unread", why)
+        if reason is not None:
+            return (reason, why)
+        try:
+            return parse_perfquery_tick(res.stdout, lid=lid, port=port)
+        except ParseError as exc:
+            return ("parse_error", f"perfquery -c {lid} {port}: {exc}")
 
     def _judge_size(self, nodes: int) -> None:
         """Far fewer nodes than last time is implausible, until it keeps being so."""

@@ -27,6 +27,11 @@ under one rule, ``DetailReads``: a port's detail attribute is read only in a pol
 aggregate (PortRcvErrors, PortXmitDiscards) moved, plus once as a baseline for a port new to the
 source, so a healthy fabric's poll costs not one read more. Between reads a port reports the
 detail values it last read: its aggregate did not move, so neither did they.
+
+What one PortXmitWait count of a port stands for is decided once per discovery, under one rule
+for both sources (``WaitUnits``): by the node's ASIC family (NodeInfo.DeviceID) when it is a
+documented one, else by the port's PortSamplesControl.Tick (one PMA read per port in ``mad``,
+one ``perfquery -c`` per device model in ``diags``), else the default unit.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from ibmon.model import (
 from ibmon.sources.parse import PortCounterValues, PortInfo, load_node_name_map
 from ibmon.sources.shard import filter_topology, parse_shard
 from ibmon.totals import packed_counters
+from ibmon.xmitwait import DEFAULT_UNIT, WaitUnit, family_of, unit_for
 
 __all__ = [
     "DETAIL_BASELINES_PER_POLL",
@@ -71,7 +77,9 @@ __all__ = [
     "FabricView",
     "NodeFilter",
     "StateSchedule",
+    "TickOutcome",
     "TopologyMemory",
+    "WaitUnits",
     "link_of",
     "make_sample",
 ]
@@ -162,7 +170,14 @@ class FabricView:
         return topo
 
     def add(
-        self, guid: str, port: int, *, desc: str, node_type: str, lid: int | None
+        self,
+        guid: str,
+        port: int,
+        *,
+        desc: str,
+        node_type: str,
+        lid: int | None,
+        xmit_wait: WaitUnit = DEFAULT_UNIT,
     ) -> tuple[PortKey, FabricPort]:
         """A discovered port (an unknown node type is reported as a CA, like the kernel does)."""
         key = (guid, str(port))
@@ -173,6 +188,7 @@ class FabricView:
             node_type=node_type if node_type in ("ca", "switch", "router") else "ca",
             lid=lid,
             source=self.source,
+            xmit_wait=xmit_wait,
         )
         fp = self.ports[key] = FabricPort(identity=ident, lid=lid)
         return key, fp
@@ -452,6 +468,100 @@ class TopologyMemory:
         )
 
 
+#: What a Tick read gave for a port: the Tick, or why there is none. ``unread`` (no answer, or
+#: an error status: a PMA without PortSamplesControl, as ibsim's) is no error; anything else
+#: that is not an int is the reason of a SourceError (the tool broke or printed junk).
+TickOutcome = int | tuple[str, str]
+
+
+class WaitUnits:
+    """Each port's PortXmitWait unit, decided at every discovery (module docstring).
+
+    The rule is ``ibmon.xmitwait.unit_for``: a documented ASIC family decides, and such a
+    node's Tick is never asked (it could not change the answer; on a fabric of current
+    hardware that is every node, so the rule costs nothing). For any other node the Tick its
+    port reported decides; where a read gets no Tick this discovery, the Tick the port last
+    reported (a lost MAD must not move a port's unit, which would bend its stall fraction),
+    else the default unit.
+
+    No Tick is asked at a LID a PortInfo names as its master SM's (MasterSMLID): ibsim has no
+    PortSamplesControl handler and hands such a Get to the subnet manager attached at that
+    port, and opensm (3.3) exits on it. Only the simulator needs this; on hardware it costs
+    the SM's node its own read (``diags`` still books its model's Tick on it).
+
+    A PMA that answers PortSamplesControl with an error status or not at all (ibsim has no
+    handler for it) is not an error: the port has the fallback unit, and says so in its
+    ``source``; one log line per discovery counts them. A Tick without a vendor rule (read as
+    IBA's (Tick + 1) bytes per lane) is a SourceError ``odd_tick`` per port, and a read that
+    failed otherwise (a tool killed on its timeout, junk output) one with its reason.
+    """
+
+    __slots__ = ("_ticks", "asked", "unread")
+
+    def __init__(self) -> None:
+        #: the Tick each port last reported (ports whose family is unknown only)
+        self._ticks: dict[PortKey, int] = {}
+        #: Tick reads of the last discovery, and how many of them gave no Tick
+        self.asked = 0
+        self.unread = 0
+
+    @staticmethod
+    def needs_tick(device_id: int | None) -> bool:
+        """Whether a node's Tick is worth a read: its family does not decide its unit."""
+        return family_of(device_id) is None
+
+    def decide(
+        self,
+        source: str,
+        view: FabricView,
+        device_ids: Mapping[str, int],
+        outcomes: Mapping[PortKey, TickOutcome],
+    ) -> list[SourceError]:
+        """Set every port's ``xmit_wait`` in ``view`` (a fresh discovery's) from its node's
+        device ID (``device_ids``: node GUID -> NodeInfo.DeviceID) and this discovery's Tick
+        reads (``outcomes``: only ports that were asked); the errors to report with it."""
+        errors: list[SourceError] = []
+        unread: list[tuple[PortKey, str]] = []
+        ticks = self._ticks
+        for key, fp in view.ports.items():
+            got = outcomes.get(key)
+            if isinstance(got, int):
+                ticks[key] = got
+            elif got is not None:
+                reason, detail = got
+                if reason == "unread":
+                    unread.append((key, detail))
+                else:
+                    errors.append(SourceError(
+                        reason, f"{key[0]} port {key[1]}: PortSamplesControl: {detail}", key))
+            tick = ticks.get(key)
+            unit, odd = unit_for(device_ids.get(key[0]), tick)
+            if odd:
+                errors.append(SourceError(
+                    "odd_tick",
+                    f"{key[0]} port {key[1]}: PortSamplesControl.Tick {tick} has no vendor "
+                    f"rule; one PortXmitWait count read as {unit.text} (IBA)",
+                    key,
+                ))
+            if fp.identity.xmit_wait != unit:
+                fp.identity = dataclasses.replace(fp.identity, xmit_wait=unit)
+        for key in [k for k in ticks if k not in view.ports]:
+            del ticks[key]
+        self.asked = len(outcomes)
+        self.unread = len(unread)
+        if unread:
+            key, why = unread[0]
+            log.info(
+                "xmit_wait_tick_unread",
+                source=source,
+                ports=len(unread),
+                example=f"{key[0]} port {key[1]}: {why}",
+                unit="their last Tick's, else the default",
+                until="the next discovery",
+            )
+        return errors
+
+
 #: One read: a port and a detail attribute (PortRcvErrorDetails or PortXmitDiscardDetails).
 DetailRead = tuple[PortKey, str]
 
@@ -692,6 +802,8 @@ class FabricSource:
         self._filter = NodeFilter(include, exclude)
         self._shard = parse_shard(shard) if shard else None
         self._names = load_node_name_map(node_name_map)
+        #: what one PortXmitWait count of each port stands for, decided at each discovery
+        self.wait_units = WaitUnits()
         self._state = StateSchedule(state_interval)
         self._view: FabricView | None = None
         self._discover_errors: list[SourceError] = []

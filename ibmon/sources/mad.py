@@ -8,6 +8,14 @@ valid), then PortCountersExtended and, when the 64-bit error copies are missing,
 for every port. The same decoding and the same rules as the ``diags`` source (``parse`` and
 ``fabric`` modules) make both report identical topologies and snapshots.
 
+Each port's PortXmitWait unit (``fabric.WaitUnits``) is decided by the discovery: from its
+node's NodeInfo.DeviceID when that is a documented ASIC family, else from a PortSamplesControl
+Get (PMA attribute 0x10, PortSelect = port) whose Tick decides. Only ports of other devices are
+asked, one Get each, in the discovery's last batch (below), except at the master SM's LID
+(``fabric.WaitUnits``: ibsim hands that Get to opensm, which exits): a PMA that refuses or
+drops it (ibsim answers it with status 110 at once, so its retries cost round trips, not
+timeouts) leaves the port with its last Tick's unit or the default, and costs no error.
+
 The discovery's last batch is the first poll's reads: as its sweep ends it sends ClassPortInfo
 for every LID and then both counter attributes of every port (which ones a port has is known
 only from its ClassPortInfo; the answers to the other are dropped, at most one spare MAD per
@@ -77,6 +85,8 @@ from ibmon.sources.fabric import (
     FabricSource,
     FabricSourceConfig,
     FabricView,
+    TickOutcome,
+    WaitUnits,
 )
 from ibmon.sources.libibmad import (
     ATTR_CLASS_PORT_INFO,
@@ -86,6 +96,7 @@ from ibmon.sources.libibmad import (
     ATTR_PORT_COUNTERS_EXT,
     ATTR_PORT_INFO,
     ATTR_PORT_RCV_ERROR_DETAILS,
+    ATTR_PORT_SAMPLES_CONTROL,
     ATTR_PORT_XMIT_DISCARD_DETAILS,
     CLASS_PMA,
     CLASS_SMI,
@@ -109,6 +120,7 @@ from ibmon.sources.parse import (
     decode_node_desc,
     decode_node_info,
     decode_port_info,
+    decode_samples_control_tick,
 )
 
 __all__ = ["Config", "MadSource", "MadSourceConfig", "SweepResult", "build"]
@@ -586,10 +598,12 @@ class MadSource(FabricSource):
             sweep = self.sweep_sync()
             # The first poll's PMA reads go out now, in one batch: ClassPortInfo per LID, then
             # both counter attributes of every port (which of them a port has is known only
-            # once its ClassPortInfo is in; the spare one costs a MAD per port a discovery).
+            # once its ClassPortInfo is in; the spare one costs a MAD per port a discovery),
+            # then the Tick of every port whose family does not decide its unit.
             # The worker sends them while this thread builds the view (tens of ms at 2,000
             # ports), and the poll that follows the discovery takes the counters from here.
             targets = self._poll_targets(sweep)
+            devices = {guid: node.info.device_id for guid, node in sweep.nodes.items()}
             lids = list(targets)
             plan: list[tuple[PortKey, str, MadRequest]] = [
                 (key, kind, MadRequest(CLASS_PMA, attr, lid=lid, port_select=int(key[1])))
@@ -597,10 +611,13 @@ class MadSource(FabricSource):
                 for key in keys
                 for kind, attr in _COUNTER_ATTRS
             ]
+            sm_lids = {pi.sm_lid for n in sweep.nodes.values() for pi in n.ports.values()}
+            ticks = self._tick_plan(targets, devices, sm_lids)
             first = _FirstSweep(time.monotonic(), time.time())
             pending = self._results(
                 [MadRequest(CLASS_PMA, ATTR_CLASS_PORT_INFO, lid=lid) for lid in lids]
                 + [req for _key, _kind, req in plan]
+                + [req for _key, req in ticks]
             )
             try:
                 view = self._view_from(sweep)
@@ -611,10 +628,19 @@ class MadSource(FabricSource):
             for lid, r in zip(lids, itertools.islice(pending, len(lids)), strict=True):
                 self._book_class_port_info(lid, r, learned)
             first.values, first.failed = self._decode_plan(plan, pending, learned[0])
+            outcomes = self._read_ticks(ticks, pending)
             next(pending, None)  # the end of the batch: its verdict on the workers
             first.asked = {key: lid for lid, keys in targets.items() for key in keys}
             first.done = time.monotonic()
-            return sweep, view, learned, len(lids) + len(plan), first
+            mads = len(lids) + len(plan) + len(ticks)
+            if self._shard is not None:  # no first-poll batch: the Ticks of this shard's ports
+                ticks = self._tick_plan(view.by_lid(), devices, sm_lids)
+                answers = self._results([req for _k, req in ticks])
+                outcomes = self._read_ticks(ticks, answers)
+                next(answers, None)  # the end of the batch: its verdict on the workers
+                mads += len(ticks)
+            sweep.errors += self.wait_units.decide(self.name, view, devices, outcomes)
+            return sweep, view, learned, mads, first
 
         got = await self._in_thread(sweep_and_view)
         assert isinstance(got, tuple)
@@ -649,6 +675,41 @@ class MadSource(FabricSource):
                     if p > 0 and node.ports[p].lid:
                         groups.setdefault(node.ports[p].lid, []).append((guid, str(p)))
         return {lid: groups[lid] for lid in sorted(groups)}
+
+    @staticmethod
+    def _tick_plan(
+        groups: Mapping[int, Sequence[PortKey]],
+        devices: Mapping[str, int],
+        sm_lids: Container[int] = (),
+    ) -> list[tuple[PortKey, MadRequest]]:
+        """A PortSamplesControl Get for every port in ``groups`` (by the LID its PMA answers
+        on) whose node's device ID is no documented family (``WaitUnits.needs_tick``), but
+        none at a subnet manager's LID (``fabric.WaitUnits``)."""
+        return [
+            (key, MadRequest(CLASS_PMA, ATTR_PORT_SAMPLES_CONTROL, lid=lid,
+                             port_select=int(key[1])))
+            for lid, keys in groups.items()
+            if lid not in sm_lids
+            for key in keys
+            if WaitUnits.needs_tick(devices.get(key[0]))
+        ]
+
+    @staticmethod
+    def _read_ticks(
+        plan: Sequence[tuple[PortKey, MadRequest]], results: Iterator[MadResult]
+    ) -> dict[PortKey, TickOutcome]:
+        """The answers to ``plan`` (as many as it has, from ``results``): each port's Tick, or
+        why there is none ("unread": no answer or an error status; "parse_error")."""
+        out: dict[PortKey, TickOutcome] = {}
+        for (key, _req), r in zip(plan, itertools.islice(results, len(plan)), strict=True):
+            if r.data is None:
+                out[key] = ("unread", r.error or "timeout")
+                continue
+            try:
+                out[key] = decode_samples_control_tick(r.data, port=int(key[1]))
+            except ParseError as exc:
+                out[key] = ("parse_error", str(exc))
+        return out
 
     @staticmethod
     def _book_class_port_info(lid: int, r: MadResult, learned: _Learned) -> None:

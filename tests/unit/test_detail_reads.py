@@ -29,7 +29,14 @@ from ibmon.sources.libibmad import (
 from ibmon.sources.mad import MadSource
 from ibmon.sources.parse import PortCounterValues
 from ibmon.tracker import Tracker
-from tests.unit.test_diags_runner import TOPO, _narrow, answer_details, answer_discovery
+from tests.unit.test_diags_runner import (
+    TOPO,
+    _narrow,
+    answer_details,
+    answer_discovery,
+    answer_tick_read,
+    is_tick_read,
+)
 
 RCV, XMIT = "PortRcvErrorDetails", "PortXmitDiscardDetails"
 A: PortKey = ("0x0000000000100001", "1")
@@ -211,6 +218,8 @@ class Fabric:
         self.calls.append(argv)
         if "ibnetdiscover" in argv[0]:
             return answer_discovery(argv, TOPO)
+        if is_tick_read(argv):
+            return answer_tick_read(argv)
         if "-E" in argv or "-D" in argv:
             if argv[-2] == "2" and "-E" in argv and self.detail_answer is not None:
                 return self.detail_answer

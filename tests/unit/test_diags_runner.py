@@ -78,6 +78,17 @@ def is_detail_read(argv: list[str]) -> bool:
     return "perfquery" in argv[0] and ("-E" in argv or "-D" in argv)
 
 
+def is_tick_read(argv: list[str]) -> bool:
+    return "perfquery" in argv[0] and "-c" in argv
+
+
+def answer_tick_read(argv: list[str]) -> CommandResult:
+    """What ``perfquery -c <lid> <port>`` does against a PMA without PortSamplesControl
+    (captured against ibsim, which has no handler for it)."""
+    return CommandResult(255, "perfquery: iberror: failed: sampctlquery\n",
+                         f"ibwarn: [1] mad_rpc: _do_madrpc failed; dport (Lid {argv[-2]})\n")
+
+
 def answer_discovery(argv: list[str], text: str) -> CommandResult:
     """What ibnetdiscover does: the text on stdout, the matching cache in --cache FILE."""
     if "--cache" in argv:
@@ -97,6 +108,8 @@ class FakeRunner:
         self.calls.append(argv)
         if "ibnetdiscover" in argv[0]:
             return answer_discovery(argv, TOPO)
+        if is_tick_read(argv):
+            return answer_tick_read(argv)
         detail = is_detail_read(argv)
         lid = int(argv[-2] if detail else argv[argv.index("-l") + 1])
         ports = [int(p) for p in argv[-1].split(",")]
@@ -248,6 +261,8 @@ class Discoveries:
     async def run(self, argv: list[str], timeout: float, max_output: int = 0) -> CommandResult:
         if is_detail_read(argv):
             return answer_details(argv)
+        if is_tick_read(argv):
+            return answer_tick_read(argv)
         if "perfquery" in argv[0]:  # every node answers
             lid = int(argv[argv.index("-l") + 1])
             ports = [int(p) for p in argv[-1].split(",")]

@@ -9,7 +9,12 @@ from ibmon.model import PortIdentity
 from ibmon.sources.diags import CommandResult, DiagsSource
 from ibmon.sources.fabric import FabricPort, FabricView, StateSchedule
 from ibmon.sources.parse import PortInfo
-from tests.unit.test_diags_runner import answer_details, answer_discovery
+from tests.unit.test_diags_runner import (
+    answer_details,
+    answer_discovery,
+    answer_tick_read,
+    is_tick_read,
+)
 
 SW, H1, H2 = "0x0000000000200000", "0x0000000000100001", "0x0000000000100002"
 TOPO = f"""\
@@ -30,6 +35,8 @@ class Runner:
             return answer_discovery(argv, TOPO)
         if "-E" in argv or "-D" in argv:  # a detail read (the first poll's baselines)
             return answer_details(argv)
+        if is_tick_read(argv):
+            return answer_tick_read(argv)
         ports = argv[-1].split(",")
         lid = argv[argv.index("-l") + 1]
         if "-x" not in argv:  # CapMask2 0: the narrow query follows the extended one

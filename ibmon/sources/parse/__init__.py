@@ -3,7 +3,8 @@
 - ``smp``: NodeInfo, NodeDescription, PortInfo payloads (the ``mad`` source's SMP replies)
 - ``pma``: ClassPortInfo, PortCounters, PortCountersExtended, PortRcvErrorDetails and
   PortXmitDiscardDetails payloads and the capability rules
-- ``perfquery``: ``perfquery`` text (extended and plain blocks; ``-E``/``-D`` detail blocks)
+- ``perfquery``: ``perfquery`` text (extended and plain blocks; ``-E``/``-D`` detail blocks;
+  ``-c`` PortSamplesControl, for its Tick)
 - ``ibnetdiscover``: ``ibnetdiscover -p`` (ports format) and format detection
 - ``topofile``: plain ``ibnetdiscover`` output, the topology-file format
 - ``discovered``: the ports a text discovery yields, and the Topology built from them
@@ -33,6 +34,7 @@ from ibmon.sources.parse.perfquery import (
     parse_perfquery,
     parse_perfquery_blocks,
     parse_perfquery_details,
+    parse_perfquery_tick,
 )
 from ibmon.sources.parse.pma import (
     CPI_CAP2_ADDL_EXT,
@@ -46,6 +48,7 @@ from ibmon.sources.parse.pma import (
     decode_details,
     decode_port_counters,
     decode_port_counters_ext,
+    decode_samples_control_tick,
     merge_counters,
 )
 from ibmon.sources.parse.smp import (
@@ -82,6 +85,7 @@ __all__ = [
     "decode_port_counters",
     "decode_port_counters_ext",
     "decode_port_info",
+    "decode_samples_control_tick",
     "expect_blocks",
     "load_node_name_map",
     "merge_counters",
@@ -92,6 +96,7 @@ __all__ = [
     "parse_perfquery",
     "parse_perfquery_blocks",
     "parse_perfquery_details",
+    "parse_perfquery_tick",
     "parse_topology_file",
     "topology_from_ports",
 ]

@@ -1,6 +1,7 @@
 """``perfquery`` text: extended (``-x``) and plain blocks, one per port, possibly concatenated;
-and the detail blocks of ``perfquery -E`` (PortRcvErrorDetails) and ``-D``
-(PortXmitDiscardDetails), one port per run.
+the detail blocks of ``perfquery -E`` (PortRcvErrorDetails) and ``-D``
+(PortXmitDiscardDetails), one port per run; and ``perfquery -c`` (PortSamplesControl), read for
+its Tick (``parse_perfquery_tick``).
 
 What perfquery itself trusts is what ibmon trusts: the capability masks in each block header
 decide which printed fields are real (see ``counters_from_blocks``).
@@ -43,6 +44,7 @@ __all__ = [
     "parse_perfquery",
     "parse_perfquery_blocks",
     "parse_perfquery_details",
+    "parse_perfquery_tick",
 ]
 
 _PQ_HEADER = re.compile(
@@ -316,3 +318,70 @@ def parse_perfquery_details(
     expect_blocks(blocks, kind=attribute, lid=lid, ports=[port])
     fields = blocks[0].fields
     return {spec.name: fields[spec.pma] for spec in DETAIL_ATTRIBUTES[attribute]}
+
+
+#: PortSamplesControl as libibmad dumps it (``mad_dump_portsamples_control``, fields.c): field ->
+#: width in bits. Which fields are printed depends on the libibmad release (the table grew),
+#: so only the first three are required; any field must still be one of these, once.
+_SAMPLES_CONTROL = {
+    "OpCode": 8, "PortSelect": 8, "Tick": 8, "CounterWidth": 3, "CounterMask0": 3,
+    "CounterMasks1to9": 27, "CounterMasks10to14": 15, "SampleMechanisms": 8, "SampleStatus": 2,
+    "OptionMask": 64, "VendorMask": 64, "SampleStart": 32, "SampleInterval": 32, "Tag": 16,
+    **{f"CounterSelect{i}": 16 for i in range(15)},
+    "SamplesOnlyOptionMask": 64,
+}
+_SAMPLES_CONTROL_REQUIRED = ("OpCode", "PortSelect", "Tick")
+
+
+def parse_perfquery_tick(text: str, *, lid: int | None, port: int) -> int:
+    """``perfquery -c <lid> <port>`` output -> PortSamplesControl.Tick, what one PortXmitWait
+    count of the port stands for (``ibmon.xmitwait.unit_for``).
+
+    Strict, like every parser here: one ``# PortSamplesControl: Lid L port P`` header for the
+    LID and port asked, then only PortSamplesControl fields, each once and fitting its width,
+    with PortSelect equal to the port; anything else raises ParseError for the whole text.
+    """
+    require_whole_lines(text)
+    header: re.Match[str] | None = None
+    fields: dict[str, int] = {}
+    for lineno, raw in enumerate(text.split("\n")[:-1] if text else [], start=1):
+        line = raw.strip()
+        if not line:
+            continue
+        m = _PQ_HEADER.match(line)
+        if m is not None:
+            if header is not None:
+                raise ParseError("a second block header", line=lineno, text=raw)
+            if m.group("title").lower() != "portsamplescontrol" or m.group("cm"):
+                raise ParseError("not a PortSamplesControl header", line=lineno, text=raw)
+            if int(m.group("port")) != port or (
+                lid is not None and m.group("lid") and int(m.group("lid")) != lid
+            ):
+                raise ParseError(f"not the answer for lid {lid} port {port}", line=lineno,
+                                 text=raw)
+            header = m
+            continue
+        f = _PQ_FIELD.match(line)
+        if f is None:
+            raise ParseError("not a perfquery line", line=lineno, text=raw)
+        if header is None:
+            raise ParseError("a field before the block header", line=lineno, text=raw)
+        name, value = f.group("name"), _value(f.group("value"))
+        bits = _SAMPLES_CONTROL.get(name)
+        if bits is None:
+            raise ParseError(f"field {name} does not belong in PortSamplesControl",
+                             line=lineno, text=raw)
+        if name in fields:
+            raise ParseError(f"field {name} repeated", line=lineno, text=raw)
+        if value >= 1 << bits:
+            raise ParseError(f"{name} does not fit in {bits} bits", line=lineno, text=raw)
+        fields[name] = value
+    if header is None:
+        raise ParseError("no PortSamplesControl block")
+    missing = [n for n in _SAMPLES_CONTROL_REQUIRED if n not in fields]
+    if missing:
+        raise ParseError(f"PortSamplesControl block is incomplete (no {', '.join(missing)})")
+    if fields["PortSelect"] != port:
+        raise ParseError(f"PortSamplesControl for port {port} says PortSelect "
+                         f"{fields['PortSelect']}")
+    return fields["Tick"]

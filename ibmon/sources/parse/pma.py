@@ -38,6 +38,7 @@ __all__ = [
     "decode_details",
     "decode_port_counters",
     "decode_port_counters_ext",
+    "decode_samples_control_tick",
     "merge_counters",
 ]
 
@@ -88,6 +89,16 @@ def decode_class_port_info(data: bytes) -> ClassPortInfo:
     cap = struct.unpack_from(">H", data, 2)[0]
     cap2 = struct.unpack_from(">I", data, 4)[0] >> 5
     return ClassPortInfo(cap_mask=cap, cap_mask2=cap2)
+
+
+def decode_samples_control_tick(data: bytes, *, port: int | None = None) -> int:
+    """PortSamplesControl (0x10) payload -> its Tick (byte 2: OpCode, PortSelect, Tick), what
+    one PortXmitWait count of the port stands for (``ibmon.xmitwait.unit_for``). With ``port``,
+    a reply for another port raises ParseError, as for the counters."""
+    if len(data) < 3:
+        raise ParseError("PortSamplesControl payload shorter than 3 bytes")
+    _check_select(data, port, "PortSamplesControl")
+    return data[2]
 
 
 _PC_FIELDS: tuple[tuple[str, int, int], ...] = (
