@@ -7,6 +7,7 @@ in ``exporters.prometheus`` instead.
 
 from __future__ import annotations
 
+import importlib.util
 import platform
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -43,6 +44,20 @@ ONE_SHOT_FAMILIES: Final = (
 _ONE_SHOT: Final = frozenset(ONE_SHOT_FAMILIES)
 
 
+def backends() -> tuple[str, str, str, str]:
+    """Which optional backend each part would use, found without importing any of them (a
+    node's daemon never loads numpy): the C modules built at install time, python-isal, numpy."""
+    def found(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            return False
+
+    return ("c" if found("exporters._lines") else "python",
+            "c" if found("ibmon.sources._madloop") else "python",
+            "isal" if found("isal") else "zlib", "yes" if found("numpy") else "no")
+
+
 class SelfMetrics:
     """The ``ibmon_source_*``, ``ibmon_pipeline_*``, ``ibmon_events_total`` and
     ``ibmon_build_info`` series."""
@@ -51,10 +66,13 @@ class SelfMetrics:
         self.registry = Registry()
         r = self.registry
         self.build_info = Gauge(
-            "ibmon_build_info", "ibmon version and Python runtime; always 1.",
-            ["version", "python"], registry=r,
+            "ibmon_build_info",
+            "ibmon version, Python runtime and the optional backends installed (c or python:"
+            " the exposition's lines and the MAD loop; isal or zlib: deflate; numpy yes or no,"
+            " for polls of fabrics); always 1.",
+            ["version", "python", "lines", "madloop", "deflate", "numpy"], registry=r,
         )
-        self.build_info.labels(__version__, platform.python_version()).set(1)
+        self.build_info.labels(__version__, platform.python_version(), *backends()).set(1)
         self.source_up = Gauge(
             "ibmon_source_up", "1 if the source's latest poll succeeded.", ["source"], registry=r
         )
