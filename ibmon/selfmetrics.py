@@ -29,7 +29,9 @@ STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, *POLL_BUCKETS)
 #: two-poll duration histogram says nothing about a daemon's health. What stays answers the
 #: questions an operator asks of a textfile: did the source answer (``ibmon_source_up``), when
 #: (``..._last_success_timestamp_seconds``, which also goes stale when the cron job stops, so
-#: IbmonDataStale fires), and how much of it (ports, stale ports, unreachable nodes, shards).
+#: IbmonDataStale fires), how much of it (ports, stale ports, unreachable nodes, shards) and
+#: which devices (``ibmon_device_info``). ``ibmon scan`` adds the one counter that matters to a
+#: textfile's reader, ``ibmon_source_poll_errors_total``, when the scan met read problems.
 ONE_SHOT_FAMILIES: Final = (
     "ibmon_build_info",
     "ibmon_source_up",
@@ -37,9 +39,9 @@ ONE_SHOT_FAMILIES: Final = (
     "ibmon_source_ports",
     "ibmon_source_stale_ports",
     "ibmon_source_unreachable_nodes",
+    "ibmon_device_info",
     "ibmon_shard_info",
     "ibmon_source_shards",
-    "ibmon_device_info",
 )
 _ONE_SHOT: Final = frozenset(ONE_SHOT_FAMILIES)
 

@@ -124,7 +124,7 @@ def test_a_refused_reload_shows_in_the_status_line(
         refused = receive(sock, "READY=1", timeout=20)[-1].splitlines()
         (status,) = [line for line in refused if line.startswith("STATUS=")]
         assert status.startswith("STATUS=polling local; reload refused, previous config "
-                                 f"running: {config}: sources.0.interval: duration must be")
+                                 f"running: {config}: sources.0.interval: must be a finite")
         config.write_text(good)
         proc.send_signal(signal.SIGHUP)
         applied = receive(sock, "READY=1", timeout=20)[-1].splitlines()
