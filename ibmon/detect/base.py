@@ -140,6 +140,9 @@ class PortDetector:
         if peer is not None:
             if mine is not None and theirs is not None:
                 text += ", at both ends"
+            elif mine is not None and peer.stale:
+                # nothing is known of an end that did not answer: never call it fine
+                text += f", the far end ({end_name(peer.identity)}) does not answer"
             elif mine is not None:
                 text += f", not at the far end ({end_name(peer.identity)})"
         details = dict(first.details)

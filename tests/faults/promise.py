@@ -60,6 +60,10 @@ def scrape(url: str, *, timeout: float = 10.0) -> Scrape:
         return parse_exposition(resp.read().decode("utf-8"))
 
 
+#: The watches made during the running test, checked at its teardown.
+LIVE: list[TotalsWatch] = []
+
+
 @dataclass
 class TotalsWatch:
     """Fails on the first scrape where a port total went down (``only`` narrows the names).
@@ -73,6 +77,13 @@ class TotalsWatch:
     ignore: Iterable[str] = ()
     high: dict[SeriesKey, float] = field(default_factory=dict)
     scrapes: int = 0
+    #: False only for a watch a test makes without a daemon to scrape; every other watch must
+    #: have checked at least one scrape by the test's end (tests/faults/conftest.py), or the
+    #: promise was never checked and the test passed for nothing.
+    expect_scrapes: bool = True
+
+    def __post_init__(self) -> None:
+        LIVE.append(self)
 
     def check(self, result: Scrape) -> Scrape:
         ignored = set(self.ignore)

@@ -60,8 +60,10 @@ def _need(path: Path) -> Path:
 
 def _captures(folder: str, pattern: str) -> list[str]:
     base = _need(IBX) / folder if folder != "topo" else _need(TOPO)
-    texts = [p.read_text() for p in sorted(base.glob(pattern))]
-    return [t for t in texts if t.strip()]
+    texts = [t for p in sorted(base.glob(pattern)) if (t := p.read_text()).strip()]
+    if not texts:  # an empty folder would make every property below pass without a check
+        pytest.fail(f"no captures matching {pattern} in {base}")
+    return texts
 
 
 def perfquery_texts() -> list[str]:

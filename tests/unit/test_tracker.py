@@ -886,6 +886,9 @@ def _port(draw: st.DrawFn, *, odd: bool) -> list[HwCounter]:
         wide = hw or iba_bits(BY_NAME[name].pma) == 64 or draw(st.booleans())
         c = HwCounter(name, hw, wide, 0)
         c.value = c.true = draw(_starts(c.top, odd))
+        if not hw and wide and BY_NAME[name].bits < 64 and draw(st.booleans()):
+            # a 64-bit read equal to the narrow field's maximum: just a number, never pinned
+            c.value = c.true = BY_NAME[name].max_value
         counters.append(c)
     return counters
 
