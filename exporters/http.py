@@ -15,6 +15,7 @@ import functools
 import hashlib
 import hmac
 import resource
+import socket
 import struct
 import time
 import weakref
@@ -332,9 +333,14 @@ def gzip_parts(head: bytes, tail: Deflated, level: int) -> list[bytes]:
 # - gives every request ``READ_TIMEOUT`` to arrive complete (headers, from the moment the
 #   connection opened or its next request started; a TLS handshake counts against the first);
 # - at the cap, makes room for a new client by closing the connection that has waited longest
-#   without a request in progress (a slow or idle client), so a scraper that connects and sends
-#   its request at once is always served; only when every connection is busy answering is the
-#   new one refused;
+#   without a request in progress (a slow or idle client), else the one whose answer has been
+#   stuck longest (writing paused for at least ``STALL_EVICT``: a client that does not read),
+#   so a scraper that connects and sends its request at once is served;
+# - past the cap, keeps ``HEALTH_RESERVE`` more places that answer only ``PUBLIC_PATHS``
+#   (``/healthz``, ``/readyz``; anything else gets 503), so a liveness probe is answered while
+#   the cap is full of busy answers; only when those are taken too is a new client refused;
+# - every answer has a send deadline (``exporters.server.send_deadline``), so a client that
+#   never reads is closed (``send_timeout``) and its place and buffers freed;
 # - counts all of this in ``ibmon_http_connections_closed_total{reason}`` and logs it at most
 #   once a minute per reason.
 
@@ -354,6 +360,12 @@ EARLY_BYTES = 64 * 1024
 LOG_INTERVAL = 60.0
 #: Answer without basic auth (Kubernetes probes cannot send credentials); see ``exporters.api``.
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+#: Places past the cap for health checks only: a probe every few seconds needs one or two.
+HEALTH_RESERVE = 8
+#: Seconds an answer's writes must have been paused before its connection can be evicted: a
+#: client reading a big body pauses writing for a moment at a time; one that does not read
+#: stays paused.
+STALL_EVICT = 1.0
 
 log = structlog.get_logger("ibmon.http")
 
@@ -387,8 +399,9 @@ def http_metrics(registry: Registry) -> HttpMetrics:
             closed=Counter(
                 "ibmon_http_connections_closed",
                 "Connections the listener closed or refused to protect itself: read_timeout (no"
-                " complete request in time), evicted (made room for a new client at the cap),"
-                " refused (at the cap with every connection busy).",
+                " complete request in time), send_timeout (an answer not read in time),"
+                " evicted (made room for a new client at the cap), refused (at the cap with"
+                " every connection busy, or past it for anything but a health check).",
                 ["reason"], registry=registry,
             ),
             bad_requests=Counter(
@@ -397,7 +410,7 @@ def http_metrics(registry: Registry) -> HttpMetrics:
                 registry=registry,
             ),
         )
-        for reason in ("read_timeout", "evicted", "refused"):
+        for reason in ("read_timeout", "send_timeout", "evicted", "refused"):
             found.closed.labels(reason)
     return found
 
@@ -466,8 +479,16 @@ class ServerLog:
 
 
 def _abort(transport: asyncio.BaseTransport) -> None:
-    """Close at once (RST: the descriptor is free now, not after a FIN handshake)."""
+    """Close at once (RST: the descriptor is free now, not after a FIN handshake).
+
+    With ``SO_LINGER`` 0, so the kernel drops what the socket still had to send as well: a
+    client that never reads would otherwise keep it (and up to a send buffer of kernel memory)
+    in FIN_WAIT1 for minutes of zero-window probes."""
     if isinstance(transport, asyncio.Transport):
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         transport.abort()
     else:
         transport.close()
@@ -488,6 +509,8 @@ class _GuardedConnection(asyncio.Protocol):
         self.transport: asyncio.BaseTransport | None = None  # TCP: what ``close`` aborts
         self.peer: str | None = None
         self.busy = 0
+        #: Admitted past the cap: only health checks are answered here.
+        self.reserved = False
         self._timer: asyncio.TimerHandle | None = None
         self._handshake: asyncio.Task[None] | None = None
         self._early: list[bytes] = []
@@ -525,8 +548,10 @@ class _GuardedConnection(asyncio.Protocol):
                 transport, self, self._guard.ssl_context, server_side=True,
                 ssl_handshake_timeout=2 * self._guard.read_timeout,
             )
-        except (OSError, asyncio.CancelledError):
-            pass  # a failed or timed-out handshake (asyncio logs it at debug level)
+        except asyncio.CancelledError:
+            pass  # the listener stops, or our deadline closed the connection
+        except OSError as exc:  # a failed handshake; asyncio logs it at debug level only
+            self._guard._failed_handshake(self, exc)
         finally:
             self._handshake = None
         if app is not None and not self.closed:
@@ -615,11 +640,16 @@ class _GuardedConnection(asyncio.Protocol):
             self._drop()
             _abort(self.transport)
 
-    def begin(self) -> None:
-        """A complete request reached the application: no read deadline while it is answered."""
+    def begin(self, path: str) -> bool:
+        """A complete request reached the application: no read deadline while it is answered.
+        False (and counted as refused) for anything but a health check on a reserved place."""
+        if self.reserved and path not in PUBLIC_PATHS:
+            self._guard._closed("refused", self)
+            return False
         self.busy += 1
         self._disarm()
         self._guard._idle.pop(self, None)
+        return True
 
     def end(self) -> None:
         self.busy -= 1
@@ -645,6 +675,8 @@ class ConnectionGuard:
         self._metrics = metrics
         self._limited = limited or RateLimitedLog()
         self._open: set[_GuardedConnection] = set()
+        #: Admitted past the cap (``HEALTH_RESERVE``), a subset of ``_open``.
+        self._reserved: set[_GuardedConnection] = set()
         #: Connections without a request in progress, the longest waiting first.
         self._idle: OrderedDict[_GuardedConnection, None] = OrderedDict()
         self._all_closed: asyncio.Event | None = None
@@ -669,21 +701,51 @@ class ConnectionGuard:
             conn.abort()
 
     def _admit(self, conn: _GuardedConnection) -> bool:
-        if len(self._open) >= self.max_connections:
-            victim = next(iter(self._idle), None)
-            if victim is None:
+        if len(self._open) - len(self._reserved) >= self.max_connections:
+            victim = next(iter(self._idle), None) or self._stalled_writer()
+            if victim is not None:
+                victim.close("evicted")
+            elif len(self._reserved) < HEALTH_RESERVE:
+                conn.reserved = True
+                self._reserved.add(conn)
+            else:
                 self._closed("refused", conn)
                 return False
-            victim.close("evicted")
         self._open.add(conn)
         self._idle[conn] = None
         return True
 
+    def _stalled_writer(self) -> _GuardedConnection | None:
+        """The connection whose answer has waited longest for its client to read, if that
+        is at least ``STALL_EVICT`` (a reserved place is not one: it holds a health check)."""
+        oldest: tuple[float, _GuardedConnection] | None = None
+        for conn in self._open:
+            since = None if conn.inner is None or conn.reserved else conn.inner.stalled_since
+            if since is not None and (oldest is None or since < oldest[0]):
+                oldest = (since, conn)
+        if oldest is None or asyncio.get_running_loop().time() - oldest[0] < STALL_EVICT:
+            return None
+        return oldest[1]
+
     def _forget(self, conn: _GuardedConnection) -> None:
         self._idle.pop(conn, None)
         self._open.discard(conn)
+        self._reserved.discard(conn)
         if not self._open and self._all_closed is not None:
             self._all_closed.set()
+
+    def _failed_handshake(self, conn: _GuardedConnection, exc: OSError) -> None:
+        """A client that did not speak TLS (plain HTTP to the TLS port, most likely), or
+        broke off the handshake: a bad request, counted and logged like one."""
+        import ssl  # loaded already: this listener has a TLS context
+
+        if not isinstance(exc, ssl.SSLError):
+            return  # the connection dropped (reset, timeout): nothing malformed was received
+        fields: dict[str, Any] = {"peer": conn.peer, "error": _one_line(str(exc))}
+        if exc.reason == "HTTP_REQUEST":
+            fields["hint"] = "a plain HTTP client on a TLS listener (http:// vs https://)?"
+        self._metrics.bad_requests.inc()
+        self._limited("warning", "http_bad_request", **fields)
 
     def _closed(self, reason: str, conn: _GuardedConnection) -> None:
         self._idle.pop(conn, None)

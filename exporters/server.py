@@ -17,9 +17,11 @@ state machine, 0.4 MB) parses and frames; this module adds what ibmon relies on 
 - write backpressure: a client that does not read stops the answer at the transport's high-water
   mark (``pause_writing``) instead of growing the buffer; a client that goes away mid-answer
   cancels its handler;
-- a body of ``bodysend.MIN_BYTES`` or more on plain TCP is sent in C: its first 256 KB by the
-  loop, the rest by a native thread that never takes the GIL (``exporters.bodysend``); what the
-  loop writes, it writes 1 MB at a time;
+- a send deadline: every answer has ``send_deadline(length)`` seconds (``SEND_FLOOR``, or
+  ``length / SEND_RATE`` for a big body) to leave; a client that reads slower than that is cut
+  off (``send_timeout``), so one that never reads cannot hold a connection, its buffers and its
+  place under the cap for ever;
+- the loop writes every body itself through the transport, ``COALESCE`` bytes at a time;
 - malformed requests (including ``Transfer-Encoding`` together with ``Content-Length``, a
   request smuggling vector, and HTTP versions other than 1.x) are answered 400 (431 for an
   oversize head) and the connection is closed; ``ServerLog`` counts and logs them.
@@ -39,8 +41,6 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 import h11
 
-from exporters import bodysend
-
 __all__ = [
     "MAX_BODY",
     "MAX_HEAD",
@@ -52,6 +52,7 @@ __all__ = [
     "Response",
     "Route",
     "peer_address",
+    "send_deadline",
 ]
 
 #: Bytes of request line plus headers; more is answered 431 (aiohttp allowed 8 KB per line).
@@ -62,8 +63,12 @@ MAX_BODY = 64 * 1024
 ONE_WRITE = 256 * 1024
 #: Bytes per write of a bigger body that the loop sends (``_write_coalesced``).
 COALESCE = 1024 * 1024
-#: Sends big bodies from threads; one pool for every listener of the process.
-_SENDER = bodysend.BodySender()
+#: Seconds any answer may take to leave, however small: a scraper on a busy host or a slow
+#: link gets this long; Prometheus's own scrape_timeout defaults to 10 s.
+SEND_FLOOR = 10.0
+#: Bytes per second a big answer is allowed at the slowest (1 MiB/s: a 62 MB plain-text
+#: fabric body gets 62 s, a 5 MB gzip one the floor). A reader slower than this is cut off.
+SEND_RATE = 1024 * 1024
 #: Characters a method token may hold (RFC 9110 ``tchar``): anything else is not HTTP.
 _TCHAR = frozenset(b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 #: A request's first bytes are checked once this many have arrived without a space.
@@ -155,16 +160,23 @@ class Route:
     handler: Handler
 
 
+def send_deadline(length: int) -> float:
+    """Seconds an answer with a body of ``length`` bytes has to leave, from its first write."""
+    return max(SEND_FLOOR, length / SEND_RATE)
+
+
 class _Log(Protocol):
     def bad_request(self, peer: str | None, error: str, *, tls: bool = False) -> None: ...
     def handler_error(self, peer: str | None, exc: BaseException) -> None: ...
 
 
 class _Hooks(Protocol):
-    """What the connection tells its guard: a request is being answered, or is done."""
+    """What the connection tells its guard: a request is being answered (False: not on
+    this connection, answer 503), or is done; or that an answer missed its send deadline."""
 
-    def begin(self) -> None: ...
+    def begin(self, path: str) -> bool: ...
     def end(self) -> None: ...
+    def close(self, reason: str) -> None: ...
 
 
 #: Answers a request that needs credentials it lacks (or None to go on); may set ``anonymous``.
@@ -289,9 +301,9 @@ def _framed(conn: h11.Connection, pieces: list[bytes]) -> list[bytes | memoryvie
 class HttpConnection(asyncio.Protocol):
     """One client connection: h11 parses, one request is answered at a time.
 
-    ``hooks`` (the guard) learn when a request begins (no read deadline while it is answered,
-    never evicted) and ends. ``close_when_idle`` is how a stopping listener lets the answer in
-    progress finish before the connection closes.
+    ``hooks`` (the guard) learn when a request begins (no read deadline while it is answered;
+    evicted at the cap only once its writes have stalled) and ends. ``close_when_idle`` is how
+    a stopping listener lets the answer in progress finish before the connection closes.
     """
 
     def __init__(self, app: HttpApp, hooks: _Hooks | None = None) -> None:
@@ -313,6 +325,8 @@ class HttpConnection(asyncio.Protocol):
         self._eof = False  # the client closed its side
         self._tls = False
         self.lost = False
+        #: Loop time since when writing has been paused (the client is not reading), or None.
+        self.stalled_since: float | None = None
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
@@ -343,9 +357,11 @@ class HttpConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._writable.clear()
+        self.stalled_since = asyncio.get_running_loop().time()
 
     def resume_writing(self) -> None:
         self._writable.set()
+        self.stalled_since = None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -436,8 +452,12 @@ class HttpConnection(asyncio.Protocol):
         request = Request(event.method.decode("ascii"), unquote(target), query, headers,
                           self._peer)
         self._body = 0
-        if self._hooks is not None:
-            self._hooks.begin()
+        if self._hooks is not None and not self._hooks.begin(request.path):
+            if self._transport is not None:
+                self._transport.write(_raw_error(503, "only health checks are answered on a"
+                                                      " connection past the cap"))
+            self._close()
+            return
         self._task = asyncio.ensure_future(self._answer(request))
 
     # -- answering -------------------------------------------------------------------------
@@ -451,7 +471,11 @@ class HttpConnection(asyncio.Protocol):
             except Exception as exc:  # a bug in a handler: answer 500, keep the traceback
                 self._app.log.handler_error(self._peer, exc)
                 response = HttpError(500).response()
-            await self._send(request, response)
+            try:
+                async with asyncio.timeout(send_deadline(response.length)):
+                    await self._send(request, response)
+            except TimeoutError:
+                self._send_timeout()
         except (asyncio.CancelledError, ConnectionError, h11.LocalProtocolError):
             self._close()
         finally:
@@ -500,34 +524,28 @@ class HttpConnection(asyncio.Protocol):
                     await asyncio.sleep(0)  # a big body never holds the loop for long
         else:
             parts: list[bytes | memoryview] = [head, *_framed(conn, [p for p in pieces if p])]
-            if not self._tls and response.length >= bodysend.MIN_BYTES:
-                rest = await self._send_natively(transport, parts)
-                if rest is not None:
-                    parts = rest
             await self._write_coalesced(transport, parts)
         self._check_open()
         transport.write(conn.send(h11.EndOfMessage()))
+        if not self._writable.is_set():
+            await self._writable.wait()  # the deadline covers the end of the body too
 
-    async def _send_natively(
-        self, transport: asyncio.Transport, parts: list[bytes | memoryview]
-    ) -> list[bytes | memoryview] | None:
-        """Send ``parts`` the native way (``exporters.bodysend``); what it left unsent, or
-        None when it did not take them."""
-        if transport.get_write_buffer_size():
-            return None
-        try:
-            rest = await _SENDER.send(transport, parts)
-        except OSError as exc:  # the client went away mid-body
-            raise ConnectionResetError(str(exc)) from exc
-        return None if rest is None else list(rest)
+    def _send_timeout(self) -> None:
+        """The answer missed its deadline: drop the connection and what it had buffered."""
+        transport = self._transport
+        if self._hooks is not None:
+            self._hooks.close("send_timeout")  # counted, logged, aborted by the guard
+        elif transport is not None:
+            transport.abort()  # close() would wait for a client that does not read
+        self._close()  # and nothing more happens on this connection
 
     async def _write_coalesced(
         self, transport: asyncio.Transport, parts: list[bytes | memoryview]
     ) -> None:
         """Write ``parts`` about ``COALESCE`` bytes at a time, waiting for room between.
 
-        Not part by part: each write is a ``send``, and each gives the GIL away (see
-        ``exporters.bodysend``)."""
+        Not part by part: each write is a ``send``, and each gives the GIL away (a gzip body
+        is a few hundred parts)."""
         batch: list[bytes | memoryview] = []
         size = 0
         for i, part in enumerate(parts):
@@ -584,7 +602,13 @@ class HttpConnection(asyncio.Protocol):
     def _bad(self, status: int, error: str, *, tls: bool = False) -> None:
         """Answer a malformed request and close; counted and logged by the listener."""
         self._app.log.bad_request(self._peer, error, tls=tls)
-        if self._transport is not None and self._task is None:
+        task = self._task
+        if task is not None and self._h11.our_state is h11.SEND_RESPONSE:
+            # The head was valid and its answer has begun, but the body is malformed (a bad
+            # chunk): nothing has been sent yet, so the client still gets its 400.
+            task.cancel()
+            task = None
+        if self._transport is not None and task is None:
             self._transport.write(_raw_error(status, _REASONS.get(status, "Bad Request")))
         self._close()
 

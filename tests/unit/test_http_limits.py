@@ -148,8 +148,11 @@ async def test_a_client_being_answered_is_never_evicted_and_a_full_house_refuses
 
         busy = [asyncio.create_task(held()) for _ in range(4)]
         await asyncio.sleep(0.3)
+        # Past the cap, a place kept for health checks: anything else there is refused (503).
         reader, writer = await asyncio.open_connection("127.0.0.1", exporter.port)
-        assert await _closed(reader)  # refused: every connection is answering a request
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = await asyncio.wait_for(reader.read(), 5)  # to the end: the server closed
+        assert answer.startswith(b"HTTP/1.1 503 ")
         writer.close()
         refused = metrics.registry.get_sample_value("ibmon_http_connections_closed_total",
                                                     {"reason": "refused"})

@@ -248,6 +248,26 @@ async def test_malformed_requests_are_answered_and_closed(served: Served, raw: b
     assert served.exporter._guard.open == 0
 
 
+@pytest.mark.parametrize(
+    "body",
+    [b"zz\r\nhello\r\n0\r\n\r\n",  # a chunk size that is not hex
+     b"5\r\nhelloXX0\r\n\r\n",  # a chunk not followed by its CRLF
+     b"-5\r\nhello\r\n0\r\n\r\n",  # a negative chunk size
+     b"5\r\nhello\r\n0\r\nBad Trailer\r\n\r\n"],  # a trailer that is no header line
+)
+async def test_a_malformed_chunked_body_is_answered_400_and_closed(served: Served,
+                                                                   body: bytes) -> None:
+    """The head is valid (its handler has been started), the body that came with it is not:
+    the client gets the promised 400, not a silent close, and nothing else."""
+    async with _client(served.port) as (reader, writer):
+        writer.write(_get("/echo", "Transfer-Encoding: chunked") + body)
+        answer = await _read_answer(reader)
+        assert answer.status == 400
+        assert answer.headers["connection"] == "close"
+        assert await _eof(reader)
+    assert served.bad_requests() == 1
+
+
 async def test_a_client_that_never_reads_holds_back_the_answer_not_memory(
     served: Served,
 ) -> None:

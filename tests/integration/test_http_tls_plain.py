@@ -1,0 +1,54 @@
+"""Plain HTTP sent to a TLS listener (``http://`` where ``https://`` was meant): the listener
+must count it as a bad request and log it with a hint, as it does TLS sent to a plain port,
+instead of dropping it without a trace. A real TLS listener with a throwaway certificate."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+import urllib.request
+from pathlib import Path
+
+import structlog
+
+from exporters.prometheus import PrometheusExporter
+from ibmon.selfmetrics import SelfMetrics
+from tests.integration.test_prometheus_server import self_signed
+
+__all__ = ["self_signed"]  # the fixture
+
+
+async def test_plain_http_to_the_tls_port_is_counted_and_logged(
+    self_signed: tuple[Path, Path],
+) -> None:
+    cert, key = self_signed
+    metrics = SelfMetrics()
+    async with PrometheusExporter(listen="127.0.0.1:0", self_metrics=metrics,
+                                  tls_cert=cert, tls_key=key) as exp:
+        with structlog.testing.capture_logs() as logs:
+            reader, writer = await asyncio.open_connection("127.0.0.1", exp.port)
+            writer.write(b"GET /metrics HTTP/1.1\r\nHost: ibmon\r\n\r\n")
+            with contextlib.suppress(ConnectionError):
+                await asyncio.wait_for(reader.read(), 10)  # the listener closes it
+            writer.close()
+            for _ in range(100):
+                if metrics.registry.get_sample_value("ibmon_http_bad_requests_total"):
+                    break
+                await asyncio.sleep(0.02)
+        assert metrics.registry.get_sample_value("ibmon_http_bad_requests_total") == 1
+        bad = [line for line in logs if line["event"] == "http_bad_request"]
+        assert len(bad) == 1, logs
+        assert bad[0]["peer"] == "127.0.0.1"
+        assert "http:// vs https://" in bad[0]["hint"]
+
+        # A TLS client is still served, and is no bad request.
+        trusting = ssl.create_default_context(cafile=str(cert))
+
+        def fetch() -> int:
+            with urllib.request.urlopen(f"https://127.0.0.1:{exp.port}/metrics",
+                                        context=trusting, timeout=10) as resp:
+                return int(resp.status)
+
+        assert await asyncio.to_thread(fetch) == 200
+        assert metrics.registry.get_sample_value("ibmon_http_bad_requests_total") == 1
