@@ -500,19 +500,21 @@ class Daemon:
         next_poll = time.monotonic()
         first = True
         while True:
-            self._emit(await pipeline.poll(source))
+            events = await pipeline.poll(source)
+            if pipeline.save_due:
+                # A reset or saturation changed what a restart must know: save it before it is
+                # published, so a kill -9 that follows what a user saw never loses it (a restart
+                # would otherwise count the reset again or not at all). A save slower than an
+                # interval stops holding the poll at that deadline (its worker thread still
+                # completes the write).
+                pipeline.save_due = False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._saving(), timeout=interval)
+            self._emit(events)
             await self._publish(pipeline)
             if first:
                 first = False
                 freeze_long_lived()
-            if pipeline.save_due:
-                # A reset or saturation changed what a restart must know: save before this
-                # source polls again, so a kill -9 loses at most the poll in progress. A save
-                # slower than an interval stops holding polls at that deadline (its worker
-                # thread still completes the write).
-                pipeline.save_due = False
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._saving(), timeout=interval)
             next_poll += interval
             now = time.monotonic()
             if next_poll < now:  # fell behind: skip missed ticks rather than burst

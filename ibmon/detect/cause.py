@@ -352,22 +352,49 @@ class DetailWindow:
     def increase(self, key: PortKey, now: float) -> tuple[int, dict[str, int]]:
         """(aggregate increase, detail increases) within the trailing window.
 
-        A detail absent at either end of the window is left out (its increase is unknown).
+        A detail absent at the window's start counts from its first record inside the window
+        (a source reads a port's details first when its aggregate moves, when the baseline
+        read has not reached the port yet): a lower bound, never an invention. A detail
+        absent at the end, or first read in the latest record, is left out (its increase is
+        unknown yet).
         """
         hist = self._hist.get(key)
         if not hist or hist[-1][0] <= now - self.window:
             return 0, {}
+        ref, cur = self._ends(hist, now)
+        out: dict[str, int] = {}
+        for i, (name, start, b) in enumerate(zip(self._details, ref[3], cur[3], strict=True)):
+            if b < 0:
+                continue
+            a = start if start >= 0 else next(
+                (r[3][i] for r in hist if r[0] > ref[0] and r is not cur and r[3][i] >= 0), -1)
+            if a >= 0:
+                out[name] = b - a
+        return cur[1] - ref[1], out
+
+    def first_read(self, key: PortKey, now: float) -> bool:
+        """Whether the port's details were first read in its latest record, after the window
+        started without them: their increase shows from the next read on, not yet."""
+        hist = self._hist.get(key)
+        if not hist or hist[-1][0] <= now - self.window:
+            return False
+        ref, cur = self._ends(hist, now)
+        if cur[3] is self._absent or all(v < 0 for v in cur[3]):
+            return False
+        inside = [r for r in hist if r[0] > ref[0]]
+        return all(v < 0 for r in (ref, *inside[:-1]) for v in r[3])
+
+    def _ends(self, hist: deque[tuple[float, int, int, tuple[int, ...]]], now: float
+              ) -> tuple[tuple[float, int, int, tuple[int, ...]],
+                         tuple[float, int, int, tuple[int, ...]]]:
+        """The window's reference record (the last one before it starts) and its latest."""
         horizon = now - self.window
-        ref, cur = hist[0], hist[-1]
-        for rec in hist:  # the state as of the window's start: the last record before it
+        ref = hist[0]
+        for rec in hist:
             if rec[0] > horizon:
                 break
             ref = rec
-        out: dict[str, int] = {}
-        for name, a, b in zip(self._details, ref[3], cur[3], strict=True):
-            if a >= 0 and b >= 0:
-                out[name] = b - a
-        return cur[1] - ref[1], out
+        return ref, hist[-1]
 
     def forget(self, key: PortKey) -> None:
         self._memo.touch(key)

@@ -299,6 +299,8 @@ class _RateDetector(PortDetector):
         assert isinstance(settings, RateSettings)
         self._s = settings
         self._quiet: dict[PortKey, int] = {}
+        #: ports over the threshold whose details were first read this poll: fire next poll
+        self._held: dict[PortKey, float] = {}
         self._window = DetailWindow(self.counter, tuple(self.details), settings.window)
 
     def needs(self, fresh: Pairs, now: float, active: Container[PortKey]) -> Pairs:
@@ -320,11 +322,21 @@ class _RateDetector(PortDetector):
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
         self._window.observe(key, now, view.totals)
         rate = view.rates.get(self.counter)
+        held = self._held.pop(key, None)
+        if held is not None and active is None:
+            # fired one poll late, with the cause the details now give (or without one)
+            self._quiet.pop(key, None)
+            return self._finding(key, view, now, max(held, rate or 0.0))
         if rate is None:
             return KEEP
         s = self._s
         if rate > s.threshold:
             self._quiet.pop(key, None)
+            if active is None and self._window.first_read(key, now):
+                # the details arrived in this poll, with no earlier value to count from: the
+                # first event would say "unknown"; the next poll's read names the cause
+                self._held[key] = rate
+                return None
             return self._finding(key, view, now, rate)
         if active is None:
             return None
@@ -368,6 +380,7 @@ class _RateDetector(PortDetector):
 
     def forget(self, key: PortKey) -> None:
         self._quiet.pop(key, None)
+        self._held.pop(key, None)
         self._window.forget(key)
 
     def dump(self, offset: float) -> Any:

@@ -28,6 +28,15 @@ A poll with a discovery and one hung node then ends within P/2 + P/4 plus the sw
 discovery, with no topology to keep polling, may take 0.9 P; a fabric whose discovery needs more
 than the discovery budget needs a longer interval (its timeout says so).
 
+A node whose perfquery timed out is taken off the poll's path: waiting ``command_timeout`` for it
+in every poll would hold the whole fabric to its pace (at a 1 s interval, 3 polls in 12 s instead
+of 10 in 10 s). Its counter query runs again in the background, one at a time (``_Probe``), and
+each poll while it is out reports every one of its ports as a ``timeout`` SourceError with no
+values (stale, never hidden), and plans no detail read for them. When a background query ends
+with anything but a timeout (an answer, or a fast failure that the normal query will report),
+the node is read in that same poll as before; its background answer is not booked, since it was
+taken at another time than the poll's.
+
 Discovery keeps the last good topology. An ibnetdiscover that fails (non-zero exit, killed on
 timeout, output over the cap), whose text or cache is not exactly the format, whose text and
 cache disagree (output cut short), or that finds fewer than half the nodes of the last accepted
@@ -510,6 +519,15 @@ class _Group:
     keys: list[PortKey]
 
 
+@dataclass(frozen=True, slots=True)
+class _Probe:
+    """A timed-out node's counter query re-run off the poll's path: one at a time per node,
+    bounded by the command timeout, so a node that stays hung costs one process, not a poll."""
+
+    argv: list[str]
+    task: asyncio.Task[CommandResult]
+
+
 class _RejectedError(Exception):
     """A discovery that must not replace the topology: ``cause`` and a one-line ``detail``."""
 
@@ -609,6 +627,8 @@ class DiagsSource(FabricSource):
         self._shrinks = 0
         #: perfquery -E / -D processes run by the last poll (detail reads)
         self.last_detail_reads = 0
+        #: nodes (by LID) whose perfquery timed out: their query re-run in the background
+        self._probes: dict[int, _Probe] = {}
 
     @classmethod
     def from_config(cls, cfg: DiagsSourceConfig) -> DiagsSource:
@@ -898,11 +918,15 @@ class DiagsSource(FabricSource):
         snap.errors.extend(discover_errors)
         state_task = asyncio.ensure_future(self._refresh_state(view)) if refresh else None
         details = self.details
+        lids = {g.lid for g in self._groups}
+        for lid in [lid for lid in self._probes if lid not in lids]:
+            self._probes.pop(lid).task.cancel()
+        out = {g.lid for g in self._groups if self._still_hung(g.lid)}
         # baselines and owed re-reads are known now: they run beside the counter queries
-        early = details.planned(k for g in self._groups for k in g.keys)
+        early = details.planned(k for g in self._groups if g.lid not in out for k in g.keys)
         try:
             results, early_out = await asyncio.gather(
-                asyncio.gather(*(self._poll_group(g) for g in self._groups)),
+                asyncio.gather(*(self._poll_group(g, g.lid in out) for g in self._groups)),
                 asyncio.gather(*(self._read_details(view, r) for r in early)),
             )
         except BaseException:
@@ -1016,10 +1040,34 @@ class DiagsSource(FabricSource):
         except TimeoutError:  # the runner's own clean-up goes on in the background
             return CommandResult(None, "", "", True, limit + 1.0)
 
+    def _still_hung(self, lid: int) -> bool:
+        """Whether the node at ``lid`` stays off this poll's path: its background query is
+        still running, or ended in another timeout (then the next one starts now)."""
+        probe = self._probes.get(lid)
+        if probe is None:
+            return False
+        if not probe.task.done():
+            return True
+        del self._probes[lid]
+        task = probe.task
+        if task.cancelled() or task.exception() is not None or classify(task.result()) != "timeout":
+            return False
+        self._probe(lid, probe.argv)
+        return True
+
+    def _probe(self, lid: int, argv: list[str]) -> None:
+        """Run the timed-out node's counter query in the background (``_Probe``)."""
+        self._probes[lid] = _Probe(argv, asyncio.ensure_future(self._bounded(argv)))
+
     async def _poll_group(
-        self, g: _Group
+        self, g: _Group, hung: bool = False
     ) -> tuple[dict[int, PortCounterValues], list[SourceError]]:
-        """One node's counters: all of them, or none with one reason per port."""
+        """One node's counters: all of them, or none with one reason per port. A ``hung``
+        node (its query timed out and is re-run in the background) is not asked here."""
+        if hung:
+            why = (f"lid {g.lid}: no answer since a perfquery timed out; "
+                   "asked again in the background")
+            return {}, [SourceError("timeout", why, key) for key in g.keys]
         ports = ",".join(k[1] for k in g.keys)
         wanted = [int(k[1]) for k in g.keys]
         base = [self._perfquery, *self._ca_args, "-t", str(int(self._timeout * 1000))]
@@ -1028,6 +1076,8 @@ class DiagsSource(FabricSource):
         if need_narrow:
             cmds.append(("counters", [*base, "-l", str(g.lid), ports]))
         results = await asyncio.gather(*(self._bounded(c) for _kind, c in cmds))
+        if any(classify(res) == "timeout" for res in results) and g.lid not in self._probes:
+            self._probe(g.lid, cmds[0][1])
         errors: list[SourceError] = []
         blocks: list[PerfBlock] = []
         for (kind, argv), res in zip(cmds, results, strict=True):
@@ -1059,6 +1109,11 @@ class DiagsSource(FabricSource):
         return counters_from_blocks(blocks), errors
 
     async def close(self) -> None:
+        probes = [p.task for p in self._probes.values()]
+        self._probes.clear()
+        for task in probes:
+            task.cancel()
+        await asyncio.gather(*probes, return_exceptions=True)
         if isinstance(self._runner, SubprocessRunner):
             await self._runner.aclose()
         shutil.rmtree(self._tmp, ignore_errors=True)

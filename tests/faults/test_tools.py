@@ -492,16 +492,19 @@ def test_one_hung_perfquery_costs_only_its_node(
         alive = tools.processes(*hung_fake)
         for proc in alive:
             seen_hung.setdefault(proc, polls)
-        for proc, at in seen_hung.items():  # a hung fake never outlives the poll it started in
-            assert polls < at + 2 or proc not in alive, f"hung fake {proc} survived"
+        # a hung fake never outlives its command timeout (2.5 s: the node's background
+        # re-read spans polls, which keep their 1 s cadence)
+        for proc, at in seen_hung.items():
+            assert polls < at + 5 or proc not in alive, f"hung fake {proc} survived"
 
     during = d.until_polls(4, check)
     assert d.errors("timeout", during) >= timeouts + 3  # one per poll: the hung node's port
     total = during.value("ibmon_port_transmit_data_bytes_total", guid=h2_guid, port=h2_port)
     assert total is not None and total >= 4 * 7_000_000_000  # H2 was read during the hang
-    assert len(seen_hung) >= 3  # a hung fake in every poll, each one gone after its poll
+    assert len(seen_hung) >= 2  # re-read in the background, each one gone after its timeout
     tools.set({})
-    after = d.until_polls(2)  # the poll under way when the hang was lifted may still time out
+    # the background re-read under way when the hang was lifted ends within its 2.5 s timeout
+    after = d.until_polls(4)
     later = d.until_polls(3, healthy)
     assert d.errors("timeout", later) == d.errors("timeout", after)  # H3 answers again
     assert later.value("ibmon_port_transmit_data_bytes_total", guid=h3_guid, port=h3_port)
