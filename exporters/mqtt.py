@@ -80,6 +80,10 @@ BATCH = 100
 SLICE = 20
 #: At stop: how long a connected session may keep delivering queued events (default).
 FLUSH_TIMEOUT = 1.0
+#: Seconds a broker has to answer CONNECT (TCP, TLS and CONNACK). aiomqtt's own timeout is
+#: the session's (1.5 keepalives, 45 s by default), too long to say nothing about a broker
+#: that accepts connections and never answers.
+CONNECT_TIMEOUT = 10.0
 #: Then: how long publishing the retained "offline" may take before we disconnect anyway.
 OFFLINE_GRACE = 0.3
 #: Then: how long a cancelled connection task gets to end.
@@ -281,6 +285,13 @@ def port_state_payload(view: PortView, *, fabric: str, changed: float) -> bytes:
         "changed": datetime.fromtimestamp(changed, UTC).isoformat().replace("+00:00", "Z"),
     }
     return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _has_socket(client: aiomqtt.Client) -> bool:
+    """Whether paho holds a connected socket (the broker accepted TCP, and TLS if any)."""
+    paho = getattr(client, "_client", None)
+    sock = getattr(paho, "_sock", None)
+    return sock is not None
 
 
 def _close_socket(client: aiomqtt.Client) -> None:
@@ -490,7 +501,17 @@ class MqttPublisher:
             client: aiomqtt.Client | None = None
             try:
                 client = self._client()
-                async with client:
+                async with contextlib.AsyncExitStack() as stack:
+                    try:
+                        async with asyncio.timeout(CONNECT_TIMEOUT):
+                            await stack.enter_async_context(client)
+                    except TimeoutError:
+                        where = f"the broker at {self.config.host}:{self.config.port}"
+                        raise aiomqtt.MqttError(
+                            f"{where} accepted the connection but did not answer CONNECT"
+                            f" within {CONNECT_TIMEOUT:g}s" if _has_socket(client) else
+                            f"{where} did not accept a connection within"
+                            f" {CONNECT_TIMEOUT:g}s") from None
                     attempt = 0
                     self._set_connected(True)
                     log.info("mqtt_connected", host=self.config.host, port=self.config.port)
