@@ -32,6 +32,7 @@ caller measures where it publishes the merged state (``observe_publish``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
@@ -75,6 +76,8 @@ SILENT_FRACTION: Final = 0.5
 OFFLOAD_PORTS: Final = 200
 
 
+#: Intervals a poll may run before its source counts as blind (``ibmon_source_up`` 0).
+OVERDUE_INTERVALS: Final = 3
 #: A source bug's traceback is logged at most once in this many seconds (per source).
 BUG_LOG_SECONDS: Final = 600.0
 
@@ -107,6 +110,9 @@ class Pipeline:
         self.tracker = Tracker()
         self.engine = Engine(tables, fabric=fabric, source=self.label, interval=cfg.interval)
         self.status = SourceStatus(name=self.label, kind=cfg.type)
+        # Blind until its first success: a source whose first discovery hangs is down, not
+        # absent from /metrics.
+        metrics.source_up.labels(self.label).set(0)
         #: Simulated or real monotonic time of the latest successful sample.
         self.sampled_at: float | None = None
         #: Why the latest poll failed; None after a successful one.
@@ -183,6 +189,9 @@ class Pipeline:
         snap: Snapshot | None = None
         failure: tuple[str, BaseException | str] | None = None
         deadline = asyncio.timeout(limit)
+        # Blind means down within OVERDUE_INTERVALS, long before the poll's timeout.
+        overdue = asyncio.get_running_loop().call_later(
+            OVERDUE_INTERVALS * self.cfg.interval, self._overdue, limit)
         try:
             async with deadline:
                 await self._discover_if_due(source, started)
@@ -199,6 +208,8 @@ class Pipeline:
         except Exception as exc:  # a bug (a parser's, a source's): seen, never only counted
             failure = ("source_bug", exc)
             self._report_bug(exc)
+        finally:
+            overdue.cancel()
         self._stage["sample"].observe(self._clock() - started)
         if snap is not None and failure is None:
             events = await self._ingest_off_loop(snap, self._judge(snap))
@@ -411,6 +422,16 @@ class Pipeline:
         self.metrics.stale_ports.labels(self.label).set(len(self._views))
         self.metrics.source_ports.labels(self.label).set(0)
         return self._down(reason, str(error) or type(error).__name__, wall=self._wall())
+
+    def _overdue(self, limit: float) -> None:
+        """A poll still running after ``OVERDUE_INTERVALS`` intervals: the source is blind
+        now (``ibmon_source_up`` 0); the poll goes on until its timeout, which fails it."""
+        self.metrics.source_up.labels(self.label).set(0)
+        prev = self.status
+        self.status = dataclasses.replace(
+            prev, up=False,
+            last_error=f"poll_overdue: no answer for {OVERDUE_INTERVALS} intervals"
+                       f" (timeout at {limit:.0f}s)")
 
     def _report_bug(self, exc: BaseException) -> None:
         """Log a bug's traceback, once per ``BUG_LOG_SECONDS`` per source (a bug that

@@ -421,12 +421,17 @@ def test_frozen_fabric_fails_polls_on_time_and_recovers(daemon: Daemon, sim: IbS
     daemon.watch_polls(2)
     assert sim._ibsim is not None
     first = daemon.workers()
+    frozen_at = time.monotonic()
     os.killpg(sim._ibsim.pid, signal.SIGSTOP)  # the simulator freezes mid-flight
     try:
         def one_worker(s: Scrape) -> None:
             assert len(daemon.workers()) <= 1, "two MAD workers (umad ports) at once"
 
         down = daemon.until("source_up 0", lambda s: s.value("ibmon_source_up", source=SRC) == 0)
+        # blind within 3 intervals of the poll the freeze caught (1 s each, that poll may have
+        # started up to one before): not at the poll's 10 s timeout (10.6 s before)
+        blind_after = time.monotonic() - frozen_at
+        assert blind_after < 5.5, blind_after
         one_worker(down)
         wait_for("the frozen worker to be killed", lambda: not set(daemon.workers()) & set(first))
         # Three poll timeouts' worth of freeze: only the poll caught by it may time out; the
@@ -455,8 +460,10 @@ def test_frozen_mad_worker_is_replaced(daemon: Daemon) -> None:
     daemon.start()
     daemon.watch_polls(1)
     (frozen,) = daemon.workers()
+    frozen_at = time.monotonic()
     os.kill(frozen, signal.SIGSTOP)  # a worker stuck in a umad call
     daemon.until("source_up 0", lambda s: s.value("ibmon_source_up", source=SRC) == 0)
+    assert time.monotonic() - frozen_at < 5.5  # blind within 3 intervals, not at the timeout
     up = daemon.until("source_up 1 with a fresh worker",
                       lambda s: s.value("ibmon_source_up", source=SRC) == 1)
     assert _proc_stat(frozen) is None  # killed and reaped, not left stopped or a zombie
