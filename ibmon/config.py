@@ -230,6 +230,7 @@ class _SourceByType:
 #: ``TypeAdapter(SourceConfig).validate_python({"type": "mad"})`` builds one by name.
 SourceConfig = Annotated[SourceConfigBase, _SourceByType]
 
+
 class DetectConfig(_Section):
     """Detector settings; each detector validates its own table (see ibmon.detect)."""
 
