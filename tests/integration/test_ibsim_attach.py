@@ -218,4 +218,4 @@ async def test_sysfs_and_mad_report_the_same_rate(sim: IbSim, tmp_path: Path) ->
             == (width, speed)
         assert s.rate_bps == m["rate_bps"], (width, speed)
         seen.add(s.rate_bps)
-    assert 32e9 in seen and 4 * 14.0625e9 * 64 / 66 in seen  # 4X QDR and FDR: data rates, not 40, 56
+    assert 32e9 in seen and 4 * 14.0625e9 * 64 / 66 in seen  # 4X QDR, FDR: not 40, 56
