@@ -158,7 +158,8 @@ def test_client_password_variable_starts_every_command_and_reaches_the_daemon(
     assert ibmon("check-config", str(cfg), env=env).returncode == 0
     scan = ibmon("scan", "--source", "mock", "--interval", "0", env=env)
     assert scan.returncode == 0, scan.stderr
-    daemon = DaemonProcess(tmp_path, cfg, TotalsWatch(), env=env)
+    # the daemon's totals are read through the authenticated client here, not scraped
+    daemon = DaemonProcess(tmp_path, cfg, TotalsWatch(expect_scrapes=False), env=env)
     try:
         daemon.start()
         url = f"http://127.0.0.1:{daemon.port}"
