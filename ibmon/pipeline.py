@@ -189,12 +189,15 @@ class Pipeline:
         snap: Snapshot | None = None
         failure: tuple[str, BaseException | str] | None = None
         deadline = asyncio.timeout(limit)
-        # Blind means down within OVERDUE_INTERVALS, long before the poll's timeout.
-        overdue = asyncio.get_running_loop().call_later(
-            OVERDUE_INTERVALS * self.cfg.interval, self._overdue, limit)
+        overdue: asyncio.TimerHandle | None = None
         try:
             async with deadline:
                 await self._discover_if_due(source, started)
+                # Blind means down within OVERDUE_INTERVALS of asking for a sample, long
+                # before the poll's timeout. (A discovery is bounded by its own timeouts and
+                # keeps the last topology when cut: its ports are still read this poll.)
+                overdue = asyncio.get_running_loop().call_later(
+                    OVERDUE_INTERVALS * self.cfg.interval, self._overdue, limit)
                 snap = await source.sample()
                 if getattr(source, "finds_devices_while_sampling", False):
                     self._describe_devices(s.identity for s in snap.ports.values())
@@ -209,7 +212,8 @@ class Pipeline:
             failure = ("source_bug", exc)
             self._report_bug(exc)
         finally:
-            overdue.cancel()
+            if overdue is not None:
+                overdue.cancel()
         self._stage["sample"].observe(self._clock() - started)
         if snap is not None and failure is None:
             events = await self._ingest_off_loop(snap, self._judge(snap))
