@@ -285,7 +285,7 @@ class _Placeholder:
 def _framed(conn: h11.Connection, pieces: list[bytes]) -> list[bytes | memoryview]:
     """``pieces`` as h11 frames them, told to h11 as one event: a gzip ``/metrics`` body is a
     few hundred deflate parts, and an h11 event per part was 0.8 ms of the loop's time per
-    scrape (issue 12, target 5). h11 still checks the total against ``Content-Length``."""
+    scrape. h11 still checks the total against ``Content-Length``."""
     placeholder = _Placeholder(sum(len(p) for p in pieces))
     framed: list[object] = list(
         conn.send_with_data_passthrough(h11.Data(data=cast(bytes, placeholder))) or ())

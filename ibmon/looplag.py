@@ -14,7 +14,7 @@ forever, while ``_bucket{le="0.05"}`` against ``_count`` says directly how often
 held longer than 50 ms, and ``histogram_quantile`` gives the usual percentiles. The cost is
 one timer and one ``observe`` per period. The timer is the expensive part: waking the loop
 costs 0.15-0.2 ms of CPU on a VM (epoll and scheduler, not Python), so at 0.1 s it was 2 ms a
-second, a fifth of a compute-node daemon's CPU per poll (issue 12, target 1). The daemon
+second, a fifth of a compute-node daemon's CPU per poll. The daemon
 therefore probes every ``PERIOD`` only while it holds enough ports for work to stall the loop
 (``BUSY_PORTS``, where tracking moves to a worker thread) and every ``IDLE_PERIOD`` otherwise:
 a node daemon's long stalls are still seen whole, its short ones sampled ten times less.
@@ -37,7 +37,7 @@ PERIOD = 0.1
 IDLE_PERIOD = 1.0
 #: The port count from which work can hold the loop: where tracking moves to a worker thread.
 BUSY_PORTS = OFFLOAD_PORTS
-#: Sub-millisecond is an idle loop; 0.05 is issue 12's limit; above 1 s a scrape times out.
+#: Sub-millisecond is an idle loop; 0.05 is the loop's budget; above 1 s a scrape times out.
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 

@@ -1,4 +1,4 @@
-"""A compute node's daemon without TLS starts without OpenSSL (issue 12, target 2).
+"""A compute node's daemon without TLS starts without OpenSSL.
 
 OpenSSL's two libraries are about 4.5 MB of resident memory once mapped, a tenth of a node
 daemon, and a stock interpreter maps them in every asyncio program whether it uses TLS or not:

@@ -275,7 +275,7 @@ class DetailWindow:
         self.aggregate = aggregate
         self._details = details
         # The detail totals of a port whose source reads no details (sysfs): one shared tuple
-        # instead of one per port (issue 12: memory per port).
+        # instead of one per port.
         self._absent = (-1,) * len(details)
         # Likewise those of a healthy port whose source reads them (the simulator): all zero.
         self._zeros = (0,) * len(details)

@@ -35,11 +35,6 @@ if TYPE_CHECKING:  # the simulator (and YAML) load only when a mock source is bu
 _T = TypeVar("_T")
 #: Simulated fabrics with at least this many ports step in a worker thread.
 THREAD_PORTS = 200
-#: Ports put into a snapshot per ``dict.update``: one update of 36,720 ports held the GIL for
-#: 5-7 ms in C, and an event loop that needed it in the middle of a scrape waited that long
-#: (issue 12, target 5); 4096 still took about 1 ms (a port key's hash is its tuple's, made
-#: again on every insert).
-UPDATE_STEP = 1024
 
 __all__ = ["Config", "ManualClock", "MockSource", "MockSourceConfig", "SimClock", "build"]
 
@@ -166,9 +161,7 @@ class MockSource:
             samples = self.model.samples(self.name)
             if len(keys) != len(samples):
                 raise ValueError(f"{len(keys)} port keys for {len(samples)} samples")
-            for at in range(0, len(keys), UPDATE_STEP):
-                snap.ports.update(zip(keys[at:at + UPDATE_STEP], samples[at:at + UPDATE_STEP],
-                                      strict=True))
+            snap.ports.update(zip(keys, samples, strict=True))
             return snap
 
     async def close(self) -> None:

@@ -2,7 +2,7 @@
 
 A process-group kill is not enough: a tool's grandchild that calls ``setsid`` leaves the group
 (and the session), keeps the tool's stdout open so the command never sees end-of-file, and
-lives on after the tool is killed (issue 14: 4 orphans, polls of 14 s). Cgroups would contain
+lives on after the tool is killed (seen: 4 orphans, polls of 14 s). Cgroups would contain
 it but need privileges; this module does it with what an unprivileged process has:
 
 - ``become_subreaper`` makes this process a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``,
