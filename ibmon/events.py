@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import math
 import os
 import uuid
 from collections import deque
@@ -41,7 +40,6 @@ __all__ = [
     "event_id",
     "log_events",
     "new_event_id",
-    "poll_bucket",
     "port_ref",
     "severity_rank",
 ]
@@ -75,13 +73,6 @@ def new_event_id() -> str:
     return uuid.uuid4().hex
 
 
-def poll_bucket(wall: float, interval: float) -> int:
-    """The poll's time as a whole number of ``interval``s since the epoch (floor), so that two
-    daemons polling the same fabric at the same interval, at different moments within it, agree.
-    Without an interval (``scan --interval 0``), milliseconds."""
-    return math.floor(wall / interval) if interval > 0 else math.floor(wall * 1000)
-
-
 def event_id(
     *,
     fabric: str,
@@ -91,19 +82,24 @@ def event_id(
     port: str,
     status: str,
     severity: str,
-    bucket: int,
+    episode: int,
     repeat: int = 0,
+    shard: str = "",
 ) -> str:
-    """The event's id: a hash of what the event is about and of its poll's ``poll_bucket``.
+    """The event's id: a hash of what the event is about and of which episode it belongs to.
 
-    Deterministic, so that the two daemons of an HA pair (same fabric, same source name, same
-    interval) give the same event the same id and a subscriber can drop the twin. Unique within
-    one daemon: the source is part of it (two sources seeing one port make two events), so is
-    the severity (an escalation in the same poll window is a second event), and ``repeat``
-    counts an identical event again within one window (only possible when polls come faster
-    than the interval). 128 bits of SHA-256 as hex: the same shape as the random ids before.
+    Deterministic and free of any clock, so that the two daemons of an HA pair (same fabric,
+    source name and shard) give the same event the same id whatever moment of its interval
+    each polls at, and a subscriber can drop the twin. ``episode`` is the ordinal of the
+    condition's firing episodes on that port (the engine counts them and keeps the count in
+    its saved state): the firing, any escalation and the resolved event of one episode share
+    it, the next time the condition fires gets the next one. ``repeat`` counts an identical
+    (status, severity) again within one episode. Unique within one daemon: the source is part
+    of it (two sources seeing one port make two events), so are the severity (an escalation
+    is a second event) and the shard (a port handed to another shard starts counting there
+    anew). 128 bits of SHA-256 as hex: the same shape as the random ids before.
     """
-    text = "\x1f".join((fabric, source, kind, guid, port, status, severity, str(bucket),
+    text = "\x1f".join((fabric, source, shard, kind, guid, port, status, severity, str(episode),
                         str(repeat)))
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 

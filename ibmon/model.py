@@ -195,6 +195,9 @@ class Topology:
     #: Node GUIDs kept from earlier discoveries although they did not answer this one: a node
     #: that misses a discovery is unreachable, not gone (fabric sources; see ``sources.fabric``).
     unreachable: frozenset[str] = frozenset()
+    #: Node GUIDs this source polled until this discovery gave them to another shard: the
+    #: pipeline forgets their ports at once (no stale port, no ``vanished``).
+    handed_off: frozenset[str] = frozenset()
 
 
 @dataclass(slots=True, eq=False)

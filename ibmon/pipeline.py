@@ -10,8 +10,9 @@ several pipelines into the one ``FabricState`` exporters read.
 A poll: discovery when due (on a source object's first poll, then every
 ``topology_interval``, and on the poll after a failed one), sample, track, detect, then health
 bookkeeping. Tracking and detection are one synchronous step on plain data (``ingest``); for a
-large sample it runs in a worker thread (``OFFLOAD_PORTS``), so the event loop stays responsive
-(scrapes never wait behind a poll).
+fabric-sized sample (``ibmon.sizes.OFFLOAD_PORTS`` ports or more, the program's one size
+threshold) it runs in a worker thread, so the event loop stays responsive (scrapes never wait
+behind a poll); a node's few HCAs stay on the loop.
 
 Source health is decided here, in one place, for every source (``_judge``): a monitor must say
 when it is blind. A poll fails when the source raised or hung, and also when its sample came back
@@ -49,6 +50,7 @@ from ibmon.model import PortIdentity, PortKey, PortView, Snapshot, replaced
 from ibmon.polltime import MIN_POLL_TIMEOUT, POLL_TIMEOUT_INTERVALS, poll_timeout
 from ibmon.rowview import Span
 from ibmon.selfmetrics import SelfMetrics
+from ibmon.sizes import OFFLOAD_PORTS, fabric_sized
 from ibmon.sources import Source
 from ibmon.state import FabricState, SourceStatus
 from ibmon.totals import Totals
@@ -71,9 +73,6 @@ STAGES: Final = ("sample", "track", "detect", "publish")
 #: A poll in which more than this fraction of the ports the source knows (answered before, still
 #: asked about) did not answer is a failed poll: mostly blind even though something came back.
 SILENT_FRACTION: Final = 0.5
-#: Samples with at least this many ports are tracked and detected in a worker thread
-#: (``Pipeline._ingest_off_loop``); a node's few HCAs stay on the loop.
-OFFLOAD_PORTS: Final = 200
 
 
 #: Intervals a poll may run before its source counts as blind (``ibmon_source_up`` 0).
@@ -108,7 +107,7 @@ class Pipeline:
         self.label = cfg.label
         self.metrics = metrics
         self.tracker = Tracker()
-        self.engine = Engine(tables, fabric=fabric, source=self.label, interval=cfg.interval)
+        self.engine = Engine(tables, fabric=fabric, source=self.label, shard=_shard_of(cfg))
         self.status = SourceStatus(name=self.label, kind=cfg.type)
         # Blind until its first success: a source whose first discovery hangs is down, not
         # absent from /metrics.
@@ -154,13 +153,13 @@ class Pipeline:
         if cfg.label != self.label:
             raise ValueError(f"pipeline {self.label!r} cannot take source {cfg.label!r}")
         self.cfg = cfg
-        self.engine.interval = cfg.interval
+        self.engine.shard = _shard_of(cfg)
 
     def retune(self, tables: Mapping[str, Any] | None) -> None:
         """New detector settings: fresh detectors, with active conditions and windows carried
         over, so a reload neither re-announces nor forgets a firing condition."""
         engine = Engine(tables, fabric=self._fabric, source=self.label,
-                        interval=self.cfg.interval)
+                        shard=_shard_of(self.cfg))
         try:
             engine.load(self.engine.dump())
         except ValueError as exc:
@@ -241,7 +240,7 @@ class Pipeline:
         the loop; the cancellation is delivered at the caller's next await.
         """
         async with self.lock:
-            if len(snap.ports) < OFFLOAD_PORTS:
+            if not fabric_sized(len(snap.ports)):
                 return self.ingest(snap, failure)
             self._ingesting = True
             work = asyncio.ensure_future(run_bulk(self._ingest_and_free, snap, failure))
@@ -295,6 +294,21 @@ class Pipeline:
         self._next_discover = now + interval if interval else float("inf")
         self.metrics.unreachable_nodes.labels(self.label).set(len(topo.unreachable))
         self._describe_devices(topo.ports.values())
+        if topo.handed_off:
+            await self._hand_off(topo.handed_off)
+
+    async def _hand_off(self, nodes: frozenset[str]) -> None:
+        """Another shard polls these nodes now: their ports leave at once, with what the
+        detectors knew of them, so they are neither stale here nor reported ``vanished``."""
+        keys = [k for k in self._views if k[0] in nodes]
+        if not keys:
+            return
+        async with self.lock:  # the engine is also read by a save, in a worker thread
+            for key in keys:
+                self.engine.forget(key)
+            self._views = MappingProxyType(
+                {k: v for k, v in self._views.items() if k[0] not in nodes})
+            self._conditions = tuple(self.engine.active())
 
     def _describe_devices(self, identities: Iterable[PortIdentity]) -> None:
         """``ibmon_device_info`` for the devices of these ports; a device gone since the last
@@ -480,7 +494,7 @@ class Pipeline:
         self._stage["publish"].observe(seconds)
         self._publishing = True
         retired, self._retired = self._retired, []
-        if len(retired) >= OFFLOAD_PORTS:
+        if fabric_sized(len(retired)):
             submit_bulk(_release, retired)
 
     # -- what it knows ---------------------------------------------------------------------------
@@ -543,6 +557,12 @@ def _release(views: list[PortView]) -> None:
     """
     while views:
         del views[-_RELEASE_STEP:]
+
+
+def _shard_of(cfg: SourceConfig) -> str:
+    """The source's ``shard`` ("K/N"), "" for a source that has none: part of event ids."""
+    shard = getattr(cfg, "shard", None)
+    return shard if isinstance(shard, str) else ""
 
 
 def stale_view(view: PortView) -> PortView:

@@ -8,15 +8,16 @@ highest severity until it resolves, so an alert never flaps between two pages.
 
 The engine also fills ``PortView.conditions`` (and, through the BER detector,
 ``symbol_error_ber``) in place before the daemon publishes the views. One engine serves one
-source, like one tracker; its state (active conditions and every detector's windows) is
-persisted with ``dump``/``load`` so a restart neither re-announces nor forgets a condition.
+source, like one tracker; its state (active conditions, every detector's windows and the
+episode counts event ids are made of) is persisted with ``dump``/``load`` so a restart neither
+re-announces nor forgets a condition, and goes on with the same ids as its HA twin.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from pydantic import BaseModel, ValidationError
@@ -46,7 +47,6 @@ from ibmon.events import (
     Status,
     event_id,
     peer_ref,
-    poll_bucket,
     port_ref,
     severity_rank,
 )
@@ -81,6 +81,9 @@ DETECTORS: Final[dict[str, type[PortDetector]]] = {
 
 ENGINE_STATE_VERSION: Final = 1
 
+#: Event types whose every firing is an episode of its own (instants: a reset, a move).
+_INSTANTS: Final[frozenset[str]] = frozenset(t for t, cls in DETECTORS.items() if cls.oneshot)
+
 _NONE_ACTIVE: Final[frozenset[PortKey]] = frozenset()
 
 
@@ -110,6 +113,16 @@ def parse_detect_tables(tables: Mapping[str, Any]) -> dict[str, BaseModel]:
 
 
 @dataclass(slots=True)
+class _Episode:
+    """One (type, port)'s firing episodes so far, for its event ids (``events.event_id``)."""
+
+    number: int = 0  # the ordinal of the latest episode (0: none yet)
+    open: bool = False  # fired and not resolved yet
+    #: (status, severity) -> events of the open episode with them, for ``repeat``
+    seen: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
 class ActiveCondition:
     """A condition that is firing on a port, as the API and ``ibmon top`` show it."""
 
@@ -130,15 +143,17 @@ class Engine:
         *,
         fabric: str = "main",
         source: str = "",
-        interval: float = 0.0,
+        shard: str = "",
     ) -> None:
         settings = parse_detect_tables(tables or {})
         self.fabric = fabric
         self.source = source
-        #: The source's poll interval: event ids round the poll time to it (``event_id``).
-        self.interval = interval
-        self._id_bucket: int | None = None
-        self._ids_in_bucket: dict[tuple[str, ...], int] = {}
+        #: The source's ``shard`` ("K/N", "" unsharded): part of every event id.
+        self.shard = shard
+        #: Firing episodes by (type, GUID, port) ("", "" for ``source_failed``): event ids
+        #: count them instead of reading a clock (``_event_id``). Kept in the saved state, and
+        #: kept when a port is forgotten, so an id is never given twice.
+        self._episodes: dict[tuple[str, str, str], _Episode] = {}
         self.detectors: list[PortDetector] = []
         for name, cls in DETECTORS.items():
             if name not in EVENT_TYPES:
@@ -413,7 +428,7 @@ class Engine:
         return [
             Event(
                 id=self._event_id(kind, "firing" if status == "firing" else "resolved",
-                                  finding.severity, "", "", wall=wall),
+                                  finding.severity, "", ""),
                 time=Event.at(wall),
                 fabric=self.fabric,
                 type=kind,
@@ -448,29 +463,37 @@ class Engine:
         # here, not in a consumer. pydantic's (Rust) validation measured faster than
         # model_construct: 22 against 27 us per event, 20,000 events in a flood poll.
         return Event(
-            id=self._event_id(kind, status, finding.severity, identity.guid, identity.port,
-                              wall=wall),
+            id=self._event_id(kind, status, finding.severity, identity.guid, identity.port),
             time=Event.at(wall), fabric=self.fabric, type=kind, status=status,
             severity=finding.severity, port=port_ref(identity), peer=peer,
             value=_finite(finding.value), threshold=_finite(finding.threshold),
             details=details, message=finding.message,
         )
 
-    def _event_id(
-        self, kind: str, status: str, severity: str, guid: str, port: str, *, wall: float
-    ) -> str:
-        """Deterministic (``ibmon.events.event_id``) and never repeated by this engine: an
-        identical event again within one poll window gets the next ``repeat``."""
-        bucket = poll_bucket(wall, self.interval)
-        if bucket != self._id_bucket:
-            self._id_bucket = bucket
-            self._ids_in_bucket.clear()
-        what = (kind, status, severity, guid, port)
-        repeat = self._ids_in_bucket.get(what, 0)
-        self._ids_in_bucket[what] = repeat + 1
-        return event_id(fabric=self.fabric, source=self.source, kind=kind, guid=guid,
-                        port=port, status=status, severity=severity, bucket=bucket,
-                        repeat=repeat)
+    def _event_id(self, kind: str, status: str, severity: str, guid: str, port: str) -> str:
+        """Deterministic (``ibmon.events.event_id``) and never repeated by this engine.
+
+        A firing starts the next episode of (type, port) unless one is open (then it is an
+        escalation, or a condition fired again after its port was forgotten unresolved); a
+        resolved event closes the open one. An instant (``oneshot`` type) is an episode of its
+        own. Two daemons that saw the same episodes agree on every id, whenever each polled.
+        """
+        what = (kind, guid, port)
+        ep = self._episodes.get(what)
+        if ep is None:
+            ep = self._episodes[what] = _Episode()
+        if status == "firing" and (not ep.open or kind in _INSTANTS):
+            ep.number += 1
+            ep.open = kind not in _INSTANTS
+            ep.seen = {}
+        mark = (status, severity)
+        repeat = ep.seen.get(mark, 0)
+        ep.seen[mark] = repeat + 1
+        if status == "resolved":
+            ep.open = False
+        return event_id(fabric=self.fabric, source=self.source, shard=self.shard, kind=kind,
+                        guid=guid, port=port, status=status, severity=severity,
+                        episode=ep.number, repeat=repeat)
 
     def _resolved(self, cur: ActiveCondition, view: PortView, wall: float) -> Event:
         f = cur.finding
@@ -534,7 +557,13 @@ class Engine:
             detectors = dict((self._pending or {}).get("detectors", {}))
         else:
             detectors = {d.type: d.dump(offset) for d in self.detectors}
-        return {"version": ENGINE_STATE_VERSION, "active": active, "detectors": detectors}
+        episodes = [
+            [kind, guid, port, ep.number, ep.open,
+             [[status, severity, n] for (status, severity), n in ep.seen.items()]]
+            for (kind, guid, port), ep in self._episodes.items()
+        ]
+        return {"version": ENGINE_STATE_VERSION, "active": active, "detectors": detectors,
+                "episodes": episodes}
 
     def load(self, data: Mapping[str, Any]) -> None:
         """Restore ``dump`` output; ValueError (and no change) if it does not fit.
@@ -575,6 +604,11 @@ class Engine:
                 )
         except (KeyError, TypeError, ValidationError) as exc:
             raise ValueError(f"engine state: bad active condition: {exc}") from None
+        episodes = _load_episodes(data.get("episodes", []))
+        for kind, by_key in active.items():
+            for guid, port in by_key:
+                # a state saved before episodes were: its conditions are open episodes
+                episodes.setdefault((kind, guid, port), _Episode(0, True))
         detectors = data.get("detectors", {})
         if not isinstance(detectors, Mapping):
             raise ValueError("engine state: 'detectors' must be an object")
@@ -587,6 +621,7 @@ class Engine:
                 except (KeyError, TypeError, IndexError, AttributeError) as exc:
                     raise ValueError(f"engine state: {det.type}: {exc}") from None
         self._active = active
+        self._episodes = episodes
         self._marks = {t: {} for t in self._marks}
         self._pending = {"version": ENGINE_STATE_VERSION, "detectors": dict(detectors)}
 
@@ -596,6 +631,26 @@ class Engine:
             raw = detectors.get(det.type)
             if raw is not None:
                 det.load(raw, offset)
+
+
+def _load_episodes(raw: Any) -> dict[tuple[str, str, str], _Episode]:
+    """``dump``'s episode list back; ValueError when it does not fit."""
+    out: dict[tuple[str, str, str], _Episode] = {}
+    try:
+        for kind, guid, port, number, is_open, seen in raw:
+            if not all(isinstance(x, str) for x in (kind, guid, port)):
+                raise TypeError("type, GUID and port must be strings")
+            if type(number) is not int or number < 0 or type(is_open) is not bool:
+                raise TypeError(f"bad episode number {number!r} or open flag {is_open!r}")
+            counts: dict[tuple[str, str], int] = {}
+            for status, severity, n in seen:
+                if type(n) is not int or n < 1:
+                    raise TypeError(f"bad event count {n!r}")
+                counts[(str(status), str(severity))] = n
+            out[(kind, guid, port)] = _Episode(number, is_open, counts)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"engine state: bad episodes: {exc}") from None
+    return out
 
 
 def _carrier(group: tuple[PortKey, ...], views: Mapping[PortKey, PortView]) -> PortKey:

@@ -160,6 +160,9 @@ class FabricView:
 
     source: str
     ports: dict[PortKey, FabricPort] = field(default_factory=dict)
+    #: Node GUIDs this discovery found but gave to another shard (``keep_shard``): known
+    #: ports of theirs are handed off, not unreachable (``TopologyMemory.merge``).
+    handed_off: frozenset[str] = frozenset()
 
     def topology(self) -> Topology:
         topo = Topology(source=self.source)
@@ -250,9 +253,11 @@ class FabricView:
             fp.link = link_of(fp, rkey, rdesc, max_w, max_s)
 
     def keep_shard(self, shard: tuple[int, int] | None) -> None:
-        """Drop the ports another shard polls (``shard`` = (K, N); None keeps all)."""
+        """Drop the ports another shard polls (``shard`` = (K, N); None keeps all); their
+        nodes go to ``handed_off``."""
         if shard is not None:
             keep = filter_topology(self.topology(), *shard).ports
+            self.handed_off = frozenset(k[0] for k in self.ports if k not in keep)
             self.ports = {k: v for k, v in self.ports.items() if k in keep}
 
     def by_lid(self) -> dict[int, list[PortKey]]:
@@ -382,12 +387,18 @@ class TopologyMemory:
     ``misses_to_drop`` discoveries in a row. It raises ``BlindDiscoveryError`` (and changes nothing)
     when ``reached`` is 1 or less while the previous discovery reached more. ``unreachable``
     then names the nodes kept although none of their ports answered the latest discovery.
+
+    A known node that the discovery found but the shard assignment now gives to another shard
+    (``found.handed_off``: a host re-cabled to a switch of another shard) is dropped at once,
+    all its ports: it answered, so it is not unreachable, and its new shard polls it from that
+    shard's next discovery. ``handed_off`` then names the known nodes so dropped.
     """
 
     def __init__(self, *, misses_to_drop: int = 3, min_gap: float = 0.0) -> None:
         self.misses_to_drop = max(1, misses_to_drop)
         self.min_gap = min_gap
         self.unreachable: frozenset[str] = frozenset()
+        self.handed_off: frozenset[str] = frozenset()
         self._misses: dict[PortKey, tuple[int, float]] = {}  # key -> (misses, when last counted)
         self._descs: dict[str, str] = {}  # node GUID -> its last non-empty description
         self._reached = 0
@@ -409,12 +420,17 @@ class TopologyMemory:
         self._reached = reached
         self._remember_descs(found)
         kept: set[str] = set()
+        gone: set[str] = set()
         if known is not None:
             for key, old in known.ports.items():
                 new = found.ports.get(key)
                 if new is not None:
                     self._misses.pop(key, None)
                     self._keep_link(new, old)
+                    continue
+                if key[0] in found.handed_off:
+                    self._misses.pop(key, None)
+                    gone.add(key[0])
                     continue
                 misses, counted = self._misses.get(key, (0, float("-inf")))
                 if now - counted >= self.min_gap:
@@ -430,6 +446,7 @@ class TopologyMemory:
         self._restore_descs(found)
         answered = {k[0] for k in found.ports if k not in self._misses}
         self.unreachable = frozenset(kept - answered)
+        self.handed_off = frozenset(gone)
         return found
 
     def _remember_descs(self, found: FabricView) -> None:
@@ -847,6 +864,7 @@ class FabricSource:
         self._state.discovered(started, time.monotonic())
         topo = self._view.topology()
         topo.unreachable = self._memory.unreachable
+        topo.handed_off = self._memory.handed_off
         return topo
 
     async def _prepare_sample(self) -> tuple[FabricView, list[SourceError], bool]:
