@@ -46,18 +46,16 @@ ONE_SHOT_FAMILIES: Final = (
 _ONE_SHOT: Final = frozenset(ONE_SHOT_FAMILIES)
 
 
-def backends() -> tuple[str, str, str, str]:
+def backends() -> tuple[str, str]:
     """Which optional backend each part would use, found without importing any of them (a
-    node's daemon never loads numpy): the C modules built at install time, python-isal, numpy."""
+    node's daemon never loads numpy): python-isal, numpy."""
     def found(name: str) -> bool:
         try:
             return importlib.util.find_spec(name) is not None
         except (ImportError, ValueError):
             return False
 
-    return ("c" if found("exporters._lines") else "python",
-            "c" if found("ibmon.sources._madloop") else "python",
-            "isal" if found("isal") else "zlib", "yes" if found("numpy") else "no")
+    return "isal" if found("isal") else "zlib", "yes" if found("numpy") else "no"
 
 
 class SelfMetrics:
@@ -69,10 +67,9 @@ class SelfMetrics:
         r = self.registry
         self.build_info = Gauge(
             "ibmon_build_info",
-            "ibmon version, Python runtime and the optional backends installed (c or python:"
-            " the exposition's lines and the MAD loop; isal or zlib: deflate; numpy yes or no,"
-            " for polls of fabrics); always 1.",
-            ["version", "python", "lines", "madloop", "deflate", "numpy"], registry=r,
+            "ibmon version, Python runtime and the optional backends installed (isal or zlib:"
+            " deflate; numpy yes or no, for polls of fabrics); always 1.",
+            ["version", "python", "deflate", "numpy"], registry=r,
         )
         self.build_info.labels(__version__, platform.python_version(), *backends()).set(1)
         self.source_up = Gauge(

@@ -2,9 +2,7 @@
 # Install the Debian packages the test suite drives for real (only those that are missing).
 # ibsim + opensm + infiniband-diags: the simulated fabric; prometheus: promtool;
 # prometheus-node-exporter: the sysfs oracle; graphviz: dot renders `ibmon topology --format dot`;
-# gcc + libc6-dev: build mocks/ibsim_guard.c, which keeps ibsim up when a tool dies attaching, and
-# exporters/_lines.c and ibmon/sources/_madloop.c, the C modules the renderer of a large fabric and
-# the MAD worker use (tests run them under CI).
+# gcc + libc6-dev: build mocks/ibsim_guard.c, which keeps ibsim up when a tool dies attaching.
 set -euo pipefail
 PACKAGES=(
   prometheus

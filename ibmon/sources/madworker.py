@@ -52,7 +52,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from ibmon.sources.libibmad import MadEngine, MadError, MadRequest, MadResult, RawResult
 
@@ -330,10 +330,6 @@ def _serve(out: int, args: dict[str, Any]) -> int:
     requests: Sequence[MadRequest] = []
 
     def batch_of(tuples: list[tuple[Any, ...]]) -> Sequence[MadRequest]:
-        # the C loop reads the fields by position from the plain tuples marshal gave; only
-        # the Python loop needs them named (a batch of 5,000 is 2 ms before its first send)
-        if engine.loop == "c":
-            return cast("list[MadRequest]", tuples)
         return list(map(MadRequest._make, tuples))
 
     def part(results: list[RawResult]) -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from exporters.prometheus import exposition
-from ibmon import __version__
+from ibmon import __version__, sizes
 from ibmon.model import Snapshot, Topology
 from ibmon.pipeline import Pipeline, build_state
 from ibmon.selfmetrics import SelfMetrics
@@ -50,7 +50,7 @@ DURATIONS = re.compile(
 )
 TIMESTAMPS = re.compile(r"^(ibmon_source_last_success_timestamp_seconds\{[^}]*\}) .*$",
                         re.MULTILINE)
-BUILD_INFO = re.compile(r'^ibmon_build_info\{deflate="[^"]*",lines="[^"]*",madloop="[^"]*",'
+BUILD_INFO = re.compile(r'^ibmon_build_info\{deflate="[^"]*",'
                         r'numpy="[^"]*",python="([^"]*)",version="([^"]*)"\}', re.MULTILINE)
 
 
@@ -68,7 +68,7 @@ def normalised(text: str, *, real_clock: bool = False) -> str:
     def labels(m: re.Match[str]) -> str:
         python = "<python>" if m.group(1) == platform.python_version() else m.group(1)
         version = "<version>" if m.group(2) == __version__ else m.group(2)
-        return (f'ibmon_build_info{{deflate="<b>",lines="<b>",madloop="<b>",numpy="<b>",'
+        return (f'ibmon_build_info{{deflate="<b>",numpy="<b>",'
                 f'python="{python}",version="{version}"}}')
 
     return BUILD_INFO.sub(labels, text)
@@ -264,7 +264,13 @@ def busy_ten_seconds(root: Path) -> None:
     put("mlx5_1", 1, "hw_counters", "np_ecn_marked_roce_packets", 50 + 300)
 
 
-async def test_second_poll_matches_golden(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fabric_sized", [True, False], ids=["fabric-path", "node-path"])
+async def test_second_poll_matches_golden(
+    tmp_path: Path, fabric_sized: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same body whichever way the poll is done (``ibmon.sizes``): a fabric's (columns,
+    worker threads) or a node's (port by port, on the loop)."""
+    monkeypatch.setattr(sizes, "OFFLOAD_PORTS", 1 if fabric_sized else 1 << 62)
     build_busy_tree(tmp_path)
     body = await two_polls_exposition(tmp_path, busy_ten_seconds)
     check_golden(POLLS_GOLDEN, normalised(body.decode()))
@@ -307,8 +313,8 @@ def test_golden_mismatch_fails_without_the_update_flag(
 
 
 def test_build_info_must_name_this_python_and_this_version() -> None:
-    b = 'deflate="isal",lines="c",madloop="python",numpy="yes"'
-    m = 'deflate="<b>",lines="<b>",madloop="<b>",numpy="<b>"'
+    b = 'deflate="isal",numpy="yes"'
+    m = 'deflate="<b>",numpy="<b>"'
     line = 'ibmon_build_info{{' + b + ',python="{}",version="{}"}} 1.0\n'
     ours = line.format(platform.python_version(), __version__)
     assert normalised(ours) == (

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import random
 import struct
-import sys
 import zlib
 from array import array
 from dataclasses import replace
@@ -15,11 +14,11 @@ from dataclasses import replace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-import exporters.linebytes as linebytes
 import exporters.render as render
 import exporters.valuetext as valuetext
 from exporters.render import PortRenderer
 from exporters.valuetext import MIN_VALUES, NO_TEXT, array_texts, float_texts, int_texts
+from ibmon import rowview
 from ibmon.counters import CATALOGUE
 from ibmon.model import PortView
 from ibmon.totals import Totals
@@ -27,15 +26,11 @@ from tests.detect_views import store_views
 from tests.unit.test_prometheus_render import _load_bench
 
 
-@pytest.fixture(params=["c", "python"])
-def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each way of putting a block's lines together: in C (``exporters._lines``), and the
-    renderer's own."""
-    name: str = request.param
-    if name == "c" and linebytes._lines is None:
-        pytest.skip("exporters._lines was not built (no C compiler when ibmon was installed)")
-    monkeypatch.setattr(linebytes, "BACKEND", name)
-    return name
+@pytest.fixture(autouse=True)
+def _column_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As in a fabric daemon, whose tracker's column store put numpy in use: the arrays these
+    tests hand the renderer stand for the store's."""
+    _numpy_in_use(True, monkeypatch)
 
 
 def _doubles(rng: random.Random, n: int) -> list[float]:
@@ -54,15 +49,22 @@ def _doubles(rng: random.Random, n: int) -> list[float]:
     return out + edges + [-x for x in edges]
 
 
+def _numpy_in_use(yes: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process whose tracker made a column store (numpy in use), or one that never did (a
+    node-local daemon): what ``ibmon.rowview.columns_numpy`` answers."""
+    import ibmon.trackcolumns  # noqa: F401 - hands numpy over as it loads, before the patch
+
+    if not yes:
+        monkeypatch.setattr(rowview, "_numpy", None)
+
+
 @pytest.mark.parametrize("with_numpy", [True, False])
 def test_float_texts_spell_every_magnitude_as_repr(with_numpy: bool,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """The small values are found with numpy where the process has it loaded (a fabric
-    daemon), by their text where not: both respell exactly those orjson writes its way."""
-    if with_numpy:
-        pytest.importorskip("numpy", reason="numpy is a runtime dependency")
-    else:
-        monkeypatch.setitem(sys.modules, "numpy", None)
+    """The small values are found with numpy where the tracker's column store uses it (a
+    fabric daemon), by their text where not: both respell exactly those orjson writes its
+    way."""
+    _numpy_in_use(with_numpy, monkeypatch)
     rng = random.Random(12)
     values: list[float | None] = list(_doubles(rng, 40_000))
     for i in range(0, len(values), 7):  # ports without the value
@@ -131,8 +133,7 @@ def test_small_positive_ratios_are_respelled_in_bulk(monkeypatch: pytest.MonkeyP
 @pytest.mark.parametrize("with_numpy", [True, False])
 def test_int_texts_spell_64_bit_totals_as_str(with_numpy: bool,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    if not with_numpy:  # a process that never loaded numpy (a node-local daemon)
-        monkeypatch.setitem(sys.modules, "numpy", None)
+    _numpy_in_use(with_numpy, monkeypatch)
     rng = random.Random(7)
     values = array("Q", [0, 1, (1 << 53) + 1, (1 << 64) - 1, 10**19])
     values.extend(rng.randrange(1 << rng.randrange(1, 65)) for _ in range(5_000))
@@ -161,14 +162,13 @@ def _fabric(n: int) -> list[PortView]:
 
 @pytest.mark.parametrize("store", [False, True])
 def test_a_publish_with_c_text_equals_the_python_way(
-        store: bool, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        store: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every family of a fabric large enough for the exporter's cached blocks, as a publish
-    renders it (``series_deflated``, its segment cache kept from one poll to the next; lines
-    put together by ``backend``) and as an uncached render without ``exporters.valuetext``
-    or ``exporters.linebytes`` spells it: byte for byte the same, on the first poll and on the
-    next one where values moved (``store``: totals as rows of 64-bit arrays, as the
-    tracker's)."""
-    views = _fabric(render.CACHE_MIN_PORTS * 2 + 300)
+    renders it (``series_deflated``, its segment cache kept from one poll to the next) and as
+    an uncached render without ``exporters.valuetext`` spells it: byte for byte the same, on
+    the first poll and on the next one where values moved (``store``: totals as rows of
+    64-bit arrays, as the tracker's)."""
+    views = _fabric(1_324)
     if store:
         index = {spec.name: k for k, spec in enumerate(CATALOGUE)}
         views = [replace(v, totals=Totals(index, array("Q", [v.totals[n] for n in index])))
@@ -184,7 +184,6 @@ def test_a_publish_with_c_text_equals_the_python_way(
             m.setattr(render, "float_texts", lambda values: None)
             m.setattr(render, "int_texts", lambda values: None)
             m.setattr(render, "array_texts", lambda column: None)
-            m.setattr(linebytes, "BACKEND", "python")
             python.prepare(views)
             slow = b"".join(python.series_chunks(views))
         return fast, slow
@@ -202,13 +201,13 @@ def test_a_publish_with_c_text_equals_the_python_way(
 
 
 def test_a_publish_of_the_trackers_views_equals_the_python_way(
-        backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The tracker's views (rows of its store): their ratios are spelled from its arrays
-    (``ratio_arrays``, then ``array_json`` and lines put together in C, or ``array_texts``),
-    byte for byte what Python spells from each view."""
+    (``ratio_arrays``, then ``array_texts``), byte for byte what Python spells from each
+    view."""
     views = store_views()
     spelled: list[bool] = []
-    name = "array_json" if backend == "c" else "array_texts"
+    name = "array_texts"
     spelling = getattr(render, name)
 
     def spy(column: object) -> object:
@@ -226,7 +225,6 @@ def test_a_publish_of_the_trackers_views_equals_the_python_way(
     with monkeypatch.context() as m:
         for name in ("float_texts", "int_texts", "array_texts"):
             m.setattr(render, name, lambda values: None)
-        m.setattr(linebytes, "BACKEND", "python")
         python.prepare(views)
         slow = b"".join(python.series_chunks(views))
     assert fast == slow
