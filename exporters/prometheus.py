@@ -56,6 +56,7 @@ from ibmon.gcpause import paused_gc
 from ibmon.model import PortView
 from ibmon.rowview import Span
 from ibmon.selfmetrics import SelfMetrics
+from ibmon.sizes import fabric_sized
 from ibmon.state import FabricState, PortSorter, in_port_order
 from ibmon.tuning import release_free_memory
 
@@ -70,17 +71,13 @@ GZIP_LEVEL = 1
 #: Plain scrapes are decompressed and sent in pieces of this size, yielding to the loop in between.
 PLAIN_PIECE = 256 * 1024
 #: Free heap pages are handed back after a publish only when the port series (or those they
-#: replace) are at least this big (uncompressed). Measured (``benchmarks/README.md``,
-#: "malloc_trim threshold"): below ~1 MB (about 300 ports) a publish leaves under 0.5 MB of
+#: replace) are at least this big (uncompressed). Measured with ``publish_now`` 300 times
+#: alternating two states: below ~1 MB (about 300 ports) a publish leaves under 0.5 MB of
 #: holes, which the next poll reuses, while ``malloc_trim`` costs a fixed 0.1-0.7 ms (it walks
 #: every arena, and the pages it returns fault back in on the next poll): a node-local daemon
 #: (16 HCAs, ~30 kB) paid that on every poll for nothing. At 2,000 ports it saves 1.5 MB, at
 #: 20,000 about 10 MB.
 TRIM_MIN_BODY = 1 << 20
-#: States with fewer ports render on the event loop: a compute node's 16 HCAs take 0.3 ms, less
-#: than handing the work to a thread and back (two loop wake-ups, 0.3-0.4 ms of CPU on a VM),
-#: and 200 ports hold the loop about 4 ms.
-INLINE_PORTS = 200
 #: On stop, answers in progress get this long to finish before their connections are closed.
 SHUTDOWN_TIMEOUT = 5.0
 
@@ -226,10 +223,12 @@ class PrometheusExporter:
 
     async def publish(self, state: FabricState) -> None:
         """Like ``publish_now``, rendering in a worker thread while the loop keeps running;
-        a state under ``INLINE_PORTS`` ports renders inline (``publish_now``)."""
+        a node-sized state (``ibmon.sizes``) renders inline (``publish_now``): a compute
+        node's 16 HCAs take 0.3 ms, less than handing the work to a thread and back (two loop
+        wake-ups, 0.3-0.4 ms of CPU on a VM)."""
         if state is self._state:
             return
-        if len(state.ports) < INLINE_PORTS:
+        if not fabric_sized(len(state.ports)):
             self.publish_now(state)
             return
         seq = next(self._seq)

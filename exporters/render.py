@@ -6,7 +6,7 @@ text is built once and cached until the port's identity changes, the descriptive
 families are kept as encoded bytes until the topology changes, and every other family is one list
 comprehension of f-strings joined and encoded once (the counter families' values read as columns
 of the ports' packed totals, ``_Block``; the lines of those that change every poll put together
-in C, ``exporters.linebytes``, or by C passes, ``_joined_lines``). The exporter renders once per
+by C passes, ``_joined_lines``). The exporter renders once per
 FabricState, not per scrape.
 
 Format rules this module keeps (promtool checks them in the tests):
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import sys
 import threading
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -36,12 +35,9 @@ from math import isfinite
 from operator import attrgetter, is_not, itemgetter
 from typing import TYPE_CHECKING, Any
 
-from exporters import linebytes
-from exporters.linebytes import Encoded
 from exporters.valuetext import (
     MIN_VALUES,
     NO_TEXT,
-    array_json,
     array_texts,
     float_texts,
     int_texts,
@@ -56,6 +52,7 @@ from ibmon.rowview import (
     ratio_arrays,
     ratio_columns,
     span_ratio_arrays,
+    store_numpy,
 )
 from ibmon.totals import Totals
 
@@ -63,7 +60,6 @@ if TYPE_CHECKING:
     from exporters.http import Deflated
 
 __all__ = [
-    "CACHE_MIN_PORTS",
     "SEGMENT_PORTS",
     "SLICE_LINES",
     "PortRenderer",
@@ -73,9 +69,11 @@ __all__ = [
     "render_ports",
 ]
 
-#: Ports per cached, separately compressed block of a family (``series_deflated``): small
-#: enough that a change on one port re-renders a few percent of a family, large enough that
-#: the per-block overhead (a CRC combine, a flush marker) stays in the noise.
+#: Ports per cached, separately compressed block of a family (``series_deflated``): a block
+#: size, not a switch between ways of rendering (every state, a node's 16 HCAs too, is
+#: rendered in cached blocks; a state under it is one block). Small enough that a change on
+#: one port re-renders a few percent of a family, large enough that the per-block overhead
+#: (a CRC combine, a flush marker) stays in the noise.
 SEGMENT_PORTS = 8192
 #: Lines of a block joined, encoded and compressed at a time. Each slice's text and bytes (a
 #: series line is under 130 bytes) stay under glibc's 128 KiB mmap threshold, which the systemd
@@ -84,10 +82,6 @@ SEGMENT_PORTS = 8192
 #: of every family that moved and faulted in page by page: 24,000 page faults a publish at
 #: 36,720 ports, a sixth of its time.
 SLICE_LINES = 512
-#: Below this many ports ``series_deflated`` renders and compresses everything as one stream:
-#: a compressor per family and block costs more than rendering a few hundred ports (measured
-#: break-even about 300 ports; a node's HCAs would pay 1.2 ms more per poll).
-CACHE_MIN_PORTS = 512
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _NON_FINITE = {"nan": "NaN", "inf": "+Inf", "-inf": "-Inf"}
@@ -364,8 +358,8 @@ class PortRenderer:
 
         A link that changes width or speed (a degraded or flapping link) then costs its block
         of the ``_link_info`` family, not both families of every port (15 against 129 ms at
-        36,720 ports, on every poll such a link changed). Fewer than ``CACHE_MIN_PORTS`` ports are
-        compressed whole. The decompressed segment equals ``b"".join(descriptive_chunks())``.
+        36,720 ports, on every poll such a link changed). The decompressed segment equals
+        ``b"".join(descriptive_chunks())``.
         """
         from exporters.http import deflate_chunks
 
@@ -373,13 +367,9 @@ class PortRenderer:
         idents, links, widths, speeds = self._seen
         segs = self._desc_segs
         moved, relinked = self._moved, self._relinked
-        if len(labels) < CACHE_MIN_PORTS or level != self._desc_level:
+        if level != self._desc_level:
             segs.clear()
             self._desc_level = level
-        if len(labels) < CACHE_MIN_PORTS:
-            moved.clear()
-            relinked.clear()
-            return deflate_chunks(self.descriptive_chunks(), level, final=False)
         for i in moved:
             start = i - i % SEGMENT_PORTS
             segs.pop((0, start), None)
@@ -432,8 +422,8 @@ class PortRenderer:
         previous call when its ports are the same (same labels in the same order) and every
         value its lines are made of (``_Family.keys``) compares equal; then its text would be
         the same, so its segment is too. On a fabric most counters are error counters that
-        rarely move, so most blocks are reused (CPU per poll at fabric scale). Fewer
-        than ``CACHE_MIN_PORTS`` ports are compressed whole, without a cache. ``span``, when
+        rarely move, so most blocks are reused (CPU per poll at fabric scale; on a node's 16
+        HCAs the blocks cost no more than one stream, within 0.02 ms a poll). ``span``, when
         ``views`` are its views (in ``order``, a position in it a view: ``Span.positions``),
         says where their rows are. The decompressed stream equals
         ``b"".join(self.series_chunks(views))``.
@@ -442,10 +432,6 @@ class PortRenderer:
 
         labels = self._labels
         segs = self._segs
-        if len(labels) < CACHE_MIN_PORTS:
-            segs.clear()
-            self._seg_labels = []
-            return deflate_chunks(self.series_chunks(views), level)
         if labels != self._seg_labels or level != self._seg_level:
             segs.clear()
             self._seg_headers.clear()
@@ -540,10 +526,6 @@ def _fingerprint(keys: Sequence[object] | None) -> object:
 
 def _encoded(lines: _Text) -> Iterator[bytes]:
     """A block's lines as encoded text, ``SLICE_LINES`` at a time; ``lines`` ends empty."""
-    if isinstance(lines, Encoded):
-        yield from lines
-        lines.clear()
-        return
     if type(lines) is _Joined:
         for text in lines:
             yield text.encode("utf-8")
@@ -569,8 +551,8 @@ def _joined(segments: list[Deflated], *, final: bool) -> Deflated:
 
 
 _Pairs = Sequence[tuple[str, PortView]]  # (cached guid/port label text, view)
-#: A block's lines of a family: text, a line an item (or ``_Joined``), or ``Encoded``.
-_Text = list[str] | Encoded
+#: A block's lines of a family: text, a line an item (or ``_Joined``).
+_Text = list[str]
 _Lines = Callable[["_Block", "_EscapeMemo"], _Text]
 _Keys = Callable[["_Block"], Sequence[object] | None]
 _KeyLines = Callable[[Sequence[str], Sequence[object] | None], _Text]
@@ -587,7 +569,7 @@ class _Block:
     families (``itemgetter``, 60 ms at 36,720 ports).
     """
 
-    __slots__ = ("_arrays", "_counters", "_pairs", "_ratio_json", "_ratio_texts", "_ratios",
+    __slots__ = ("_arrays", "_counters", "_pairs", "_ratio_texts", "_ratios",
                  "at", "labels", "span", "views")
 
     def __init__(self, views: Sequence[PortView], labels: Sequence[str],
@@ -602,7 +584,6 @@ class _Block:
         self._counters: dict[str, Sequence[int | None]] | None = None
         self._ratios: tuple[list[float | None], ...] | None = None
         self._ratio_texts: tuple[list[str] | None, ...] | None = None
-        self._ratio_json: tuple[bytes | None, ...] | None = None
         self._arrays: tuple[Any, ...] | bool | None = False  # False: not read yet
 
     def ratios(self) -> tuple[list[float | None], ...]:
@@ -620,16 +601,6 @@ class _Block:
             self._ratio_texts = ((None, None, None) if arrays is None
                                  else tuple(map(array_texts, arrays)))
         return self._ratio_texts
-
-    def ratio_json(self) -> tuple[bytes | None, ...]:
-        """orjson's text of each of ``ratios``' columns (``array_json``: for
-        ``exporters.linebytes``), read from the tracker's arrays; None for a column that must
-        be spelled the Python way."""
-        if self._ratio_json is None:
-            arrays = self._ratio_arrays()
-            self._ratio_json = ((None, None, None) if arrays is None
-                                else tuple(map(array_json, arrays)))
-        return self._ratio_json
 
     def _ratio_arrays(self) -> tuple[Any, ...] | None:
         if self._arrays is False:
@@ -718,7 +689,7 @@ def _span_columns(span: Span, at: Any) -> dict[str, Sequence[int | None]] | None
         return _run_columns(store.index, width, [(totals, lo, lo + n * width)], n)
     if type(totals) is not array or totals.typecode != "Q":
         return None  # a total outgrew 64 bits: the views' own
-    np = sys.modules["numpy"]
+    np = store_numpy()  # a span is a part of the column store
     table = np.frombuffer(totals, dtype=np.uint64).reshape(-1, width)
     rows = at + span.first
     zeros = _zeros(n)
@@ -855,8 +826,6 @@ def _finite(values: Iterable[object]) -> bool:
 
 
 def _counter_family(name: str, head: str, header: str) -> _Family:
-    head_bytes = head.encode("utf-8")
-
     def keys(block: _Block) -> Sequence[object] | None:
         # Totals are ints, so a None value means "not counted on this port".
         return block.counter(name)
@@ -864,10 +833,6 @@ def _counter_family(name: str, head: str, header: str) -> _Family:
     def key_lines(labels: Sequence[str], values: Sequence[object] | None) -> _Text:
         if values is None:
             return []
-        if type(values) is array and values.typecode == "Q":
-            encoded = linebytes.lines(labels, ((head_bytes, b"} ", values),))
-            if encoded is not None:
-                return encoded
         texts = int_texts(values)  # type: ignore[arg-type]
         if texts is not None:  # a column of 64-bit totals: no None among them
             return _joined_lines((head, "", "} ", "", "\n"), {1: labels, 3: texts})
@@ -889,14 +854,7 @@ def _hw_gauge_lines(block: _Block, names: _EscapeMemo) -> list[str]:
 
 def _util_lines(block: _Block, names: _EscapeMemo) -> _Text:
     # The family that changes on every port every poll: both directions' texts spelled in C,
-    # each port's two lines put together in C (``exporters.linebytes``) or by C passes
-    # (``_line_parts``).
-    tx_json, rx_json, _ = block.ratio_json() if linebytes.BACKEND == "c" else (None, None, None)
-    if tx_json is not None and rx_json is not None:
-        encoded = linebytes.lines(block.labels, ((_UTIL_HEAD, _TX_MID, tx_json),
-                                                 (_UTIL_HEAD, _RX_MID, rx_json)))
-        if encoded is not None:
-            return encoded
+    # each port's two lines put together by C passes (``_line_parts``).
     tx_texts, rx_texts, _ = block.ratio_texts()
     if tx_texts is None or rx_texts is None:
         tx, rx, _ = block.ratios()
@@ -942,9 +900,6 @@ _UTIL_LINE: tuple[str, ...] = (
     "ibmon_port_utilization_ratio{", "", ',direction="transmit"} ', "", "\n",
     "ibmon_port_utilization_ratio{", "", ',direction="receive"} ', "", "\n")
 _NO_LINE = ("",) * 5
-_UTIL_HEAD = _UTIL_LINE[0].encode("utf-8")
-_TX_MID = _UTIL_LINE[2].encode("utf-8")
-_RX_MID = _UTIL_LINE[7].encode("utf-8")
 
 
 def _line_parts(line: tuple[str, ...], columns: Mapping[int, Sequence[str]]) -> list[str]:
@@ -980,11 +935,6 @@ def _chunks(parts: list[str], width: int) -> _Joined:
 
 
 def _wait_lines(block: _Block, names: _EscapeMemo) -> _Text:
-    raw = block.ratio_json()[2] if linebytes.BACKEND == "c" else None
-    if raw is not None:
-        encoded = linebytes.lines(block.labels, ((_WAIT_HEAD_BYTES, b"} ", raw),))
-        if encoded is not None:
-            return encoded
     texts = block.ratio_texts()[2]
     if texts is not None:
         return _text_lines(_WAIT_HEAD, block.labels, texts)
@@ -992,7 +942,6 @@ def _wait_lines(block: _Block, names: _EscapeMemo) -> _Text:
 
 
 _WAIT_HEAD = "ibmon_port_transmit_wait_ratio{"
-_WAIT_HEAD_BYTES = _WAIT_HEAD.encode("utf-8")
 _WAIT_LINES = _float_lines(_WAIT_HEAD)
 
 
@@ -1082,11 +1031,6 @@ def _family(header: str, lines: _Text) -> bytes:
     """One family's encoded text, or b"" when it has no samples (no header for an empty one)."""
     if not lines:
         return b""
-    if isinstance(lines, Encoded):
-        lines.insert(0, header.encode("utf-8"))
-        data = b"".join(lines)
-        lines.clear()
-        return data
     lines.insert(0, header)
     text = "".join(lines)
     lines.clear()  # the caller's list: free the per-line strings before encoding

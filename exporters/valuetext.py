@@ -19,13 +19,14 @@ blocks of ``MIN_VALUES`` or more: a node-local daemon never loads orjson.
 
 from __future__ import annotations
 
-import sys
 from array import array
 from collections.abc import Sequence
 from functools import partial
 from math import isfinite
 from operator import is_not
 from typing import Any
+
+from ibmon.rowview import columns_numpy
 
 __all__ = ["MIN_VALUES", "NO_TEXT", "array_json", "array_texts", "float_texts", "int_texts"]
 
@@ -34,6 +35,7 @@ MIN_VALUES = 64
 #: The text of a port without a value (None): no line.
 NO_TEXT = "null"
 _NOT_NONE = partial(is_not, None)
+_INF = float("inf")
 _PLAIN = frozenset((float, type(None)))
 
 
@@ -49,11 +51,11 @@ def float_texts(values: Sequence[float | None]) -> list[str] | None:
     raw = orjson.dumps(values)
     texts = raw[1:-1].decode("ascii").split(",")
     if b"e-" in raw or b"0.0000" in raw:  # some value below 1e-4 (or a 0.0000 inside one)
-        np = sys.modules.get("numpy")  # loaded by the tracker's column store at fabric scale
+        np = columns_numpy()  # set once the tracker's column store is in use
         if np is None:
             return [_small(t) if t.startswith(_E05) or t.endswith(_ONE_DIGIT_EXPONENT) else t
                     for t in texts]
-        _respell(texts, np.array(values, dtype=np.float64), np)
+        _respell(texts, np.array(values, dtype=np.float64))
     return texts
 
 
@@ -66,16 +68,16 @@ def array_texts(column: Any) -> list[str] | None:
         return None
     texts = raw[1:-1].decode("ascii").split(",")
     if b"e-" in raw or b"0.0000" in raw:
-        _respell(texts, column, sys.modules["numpy"])
+        _respell(texts, column)
     return texts
 
 
 def array_json(column: Any) -> bytes | None:
     """orjson's text of a float64 numpy array whose NaN stand for None: a JSON list of the
     values spelled as ``float_texts`` spells them before it respells those below 1e-4, and
-    ``null`` for NaN. None for a column with an infinity, or too short to gain."""
-    np = sys.modules["numpy"]  # the caller's array is one
-    if len(column) < MIN_VALUES or np.isinf(column).any():
+    ``null`` for NaN. None for a column with an infinity, or too short to gain. Read with the
+    array's own operations: no numpy module is needed here."""
+    if len(column) < MIN_VALUES or (abs(column) == _INF).any():
         return None
     import orjson
 
@@ -83,7 +85,7 @@ def array_json(column: Any) -> bytes | None:
     return orjson.dumps(column, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-def _respell(texts: list[str], column: Any, np: Any) -> None:
+def _respell(texts: list[str], column: Any) -> None:
     """Respell (``_small``) the texts of ``column``'s values below 1e-4, in place.
 
     Only the values below 1e-4 (not 0.0, not None: NaN) can be spelled otherwise. The
@@ -96,7 +98,7 @@ def _respell(texts: list[str], column: Any, np: Any) -> None:
     for mask, spell in (((column >= _POSITIONAL_FROM) & (column < _EXPONENT_BELOW), _positional),
                         ((column > 0) & (column < _POSITIONAL_FROM), _exponent),
                         ((column < 0) & (column > -_EXPONENT_BELOW), _one_by_one)):
-        at = np.flatnonzero(mask).tolist()
+        at = mask.nonzero()[0].tolist()
         if at:
             for i, text in zip(at, spell(list(map(texts.__getitem__, at))), strict=True):
                 texts[i] = text
@@ -154,7 +156,7 @@ def int_texts(values: Sequence[int | None]) -> list[str] | None:
         return None
     import orjson
 
-    np = sys.modules.get("numpy")  # loaded by the tracker's column store at fabric scale
+    np = columns_numpy()  # set once the tracker's column store is in use
     if np is not None:
         # A view of the column only while orjson reads it.
         raw = orjson.dumps(np.frombuffer(values, dtype=np.uint64),
@@ -162,3 +164,4 @@ def int_texts(values: Sequence[int | None]) -> list[str] | None:
     else:
         raw = orjson.dumps(values.tolist())
     return raw[1:-1].decode("ascii").split(",")
+

@@ -3,12 +3,11 @@
 Why: a fabric daemon's poll runs in worker threads (the simulator's
 step, tracking and detection, rendering, freeing the last poll's views) that keep a CPU or
 two busy while polls follow each other. The event loop, which answers scrapes, wakes up after
-every system call of a scrape and had to wait for a CPU behind those threads as often as for
-the GIL: on two CPUs the p99 of 200 busy scrapes was 20-21 ms, against 15-16 ms with the
-bulk threads ``NICE`` steps below the process (``benchmarks/README.md``, twenty-seventh
-round). The scheduler still gives them every CPU nobody else wants, so a poll is as fast on
-an idle host; on a busy one, the loop, the body sender threads and other programs (the subnet
-manager on a management node) go first.
+every system call of a scrape and would wait for a CPU behind those threads as often as for
+the GIL: on two CPUs the p99 of 200 scrapes during back-to-back polls was 20-21 ms with the
+bulk threads at the process's priority and 15-16 ms with them ``NICE`` steps below it. The
+scheduler still gives them every CPU nobody else wants, so a poll is as fast on an idle host;
+on a busy one, the loop and other programs (the subnet manager on a management node) go first.
 
 Linux keeps a nice value per thread, so this lowers only the pool's threads; raising it back
 would need privileges, which is why they are a pool of their own and never the loop's default

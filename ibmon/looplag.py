@@ -16,7 +16,8 @@ one timer and one ``observe`` per period. The timer is the expensive part: wakin
 costs 0.15-0.2 ms of CPU on a VM (epoll and scheduler, not Python), so at 0.1 s it was 2 ms a
 second, a fifth of a compute-node daemon's CPU per poll. The daemon
 therefore probes every ``PERIOD`` only while it holds enough ports for work to stall the loop
-(``BUSY_PORTS``, where tracking moves to a worker thread) and every ``IDLE_PERIOD`` otherwise:
+(a fabric-sized daemon: ``ibmon.sizes``, where tracking moves to a worker thread) and every
+``IDLE_PERIOD`` otherwise:
 a node daemon's long stalls are still seen whole, its short ones sampled ten times less.
 """
 
@@ -26,24 +27,23 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from ibmon import sizes
 from ibmon.metrics import Histogram, Registry
-from ibmon.pipeline import OFFLOAD_PORTS
+from ibmon.sizes import fabric_sized
 
-__all__ = ["BUCKETS", "BUSY_PORTS", "IDLE_PERIOD", "PERIOD", "LoopLagProbe", "period_for"]
+__all__ = ["BUCKETS", "IDLE_PERIOD", "PERIOD", "LoopLagProbe", "period_for"]
 
-#: Seconds between two wake-ups of the probe on a daemon with ``BUSY_PORTS`` ports or more.
+#: Seconds between two wake-ups of the probe on a fabric-sized daemon (``ibmon.sizes``).
 PERIOD = 0.1
 #: ... and below that (a compute node's HCAs): one wake-up a second, as often as it polls.
 IDLE_PERIOD = 1.0
-#: The port count from which work can hold the loop: where tracking moves to a worker thread.
-BUSY_PORTS = OFFLOAD_PORTS
 #: Sub-millisecond is an idle loop; 0.05 is the loop's budget; above 1 s a scrape times out.
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 def period_for(ports: int) -> float:
     """The probe period for a daemon publishing ``ports`` ports."""
-    return PERIOD if ports >= BUSY_PORTS else IDLE_PERIOD
+    return PERIOD if fabric_sized(ports) else IDLE_PERIOD
 
 
 class LoopLagProbe:
@@ -63,8 +63,8 @@ class LoopLagProbe:
         self.histogram = Histogram(
             "ibmon_event_loop_lag_seconds",
             f"How much later than due the event loop ran a timer set every {PERIOD:g} s"
-            f" ({IDLE_PERIOD:g} s below {BUSY_PORTS} ports): how long the loop was blocked,"
-            " which every scrape, API request and poll waited out. Stalls shorter than the"
+            f" ({IDLE_PERIOD:g} s below {sizes.OFFLOAD_PORTS} ports): how long the loop was"
+            " blocked, which every scrape, API request and poll waited out. Stalls shorter than the"
             " period are sampled, longer ones always seen.",
             buckets=BUCKETS,
             registry=registry,

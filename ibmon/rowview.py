@@ -16,19 +16,46 @@ a changed copy of any view.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from itertools import repeat
 from operator import attrgetter, is_
+from types import ModuleType
 from typing import Any
 
 from ibmon.model import LinkInfo, PortIdentity, PortKey, PortView, view_values
 from ibmon.rates import Rates
 from ibmon.totals import Totals
 
-__all__ = ["Layout", "RowView", "Rows", "Span", "as_run", "packed", "ratio_arrays",
-           "ratio_columns", "span_ratio_arrays"]
+__all__ = ["Layout", "RowView", "Rows", "Span", "adopt_numpy", "as_run", "columns_numpy", "packed",
+           "ratio_arrays", "ratio_columns", "span_ratio_arrays", "store_numpy"]
+
+_numpy: ModuleType | None = None
+
+
+def columns_numpy() -> ModuleType | None:
+    """numpy once the tracker's column store uses it (``ibmon.trackcolumns`` hands it over as
+    it loads, for the first fabric-sized poll), else None.
+
+    The one way the readers of columns (the detectors' ``ibmon.detect.columns``, the
+    renderer, ``exporters.valuetext``) reach numpy: they never import it, so a node-local
+    daemon, whose tracker never makes a column store, never loads it (15 MB of its 40 MB
+    budget), and a reader given arrays of the store knows numpy is there to read them.
+    """
+    return _numpy
+
+
+def adopt_numpy(module: ModuleType) -> None:
+    """Called by ``ibmon.trackcolumns`` when it loads: its columns are numpy's to read."""
+    global _numpy  # noqa: PLW0603 - set once, by the module that imports numpy
+    _numpy = module
+
+
+def store_numpy() -> ModuleType:
+    """``columns_numpy`` for a caller that holds the store's arrays (so it is set)."""
+    np = columns_numpy()
+    assert np is not None, "a column store exists only once ibmon.trackcolumns loaded numpy"
+    return np
 
 
 class Rows:
@@ -126,7 +153,7 @@ class Span:
         if order is None:
             return range(len(views)) if self.holds(views) else None
         ports = list(self.ports.values())
-        np = sys.modules["numpy"]  # the tracker's store is made with it
+        np = store_numpy()
         at = np.asarray(order, dtype=np.intp)
         if len(views) != len(ports) or len(at) != len(ports) or (len(at) and at.min() < 0):
             return None
@@ -279,7 +306,7 @@ def ratio_arrays(views: Sequence[PortView]) -> tuple[Any, Any, Any] | None:
     from the tracker's arrays without a float object a value, for the renderer to spell in C
     (``exporters.valuetext.array_texts``). None where numpy is not loaded (a node-local
     daemon), or where a view's own ratio is NaN, which is not None and has a line of its own."""
-    np = sys.modules.get("numpy")
+    np = columns_numpy()
     if np is None:
         return None
     n = len(views)
@@ -306,7 +333,7 @@ def span_ratio_arrays(span: Span, at: Any) -> tuple[Any, Any, Any]:
     """``ratio_arrays`` of the views of ``span`` at ``at`` (``Span.positions``, a part of it):
     read from its store's arrays without reading a view (slices of them, no copy, for a
     ``range``)."""
-    np = sys.modules["numpy"]
+    np = store_numpy()
     rows = span.store
     run = as_run(at)
     pick = at if run is None else slice(run.start, run.stop)

@@ -12,13 +12,14 @@ so nothing is copied or allocated per port but the two small mappings.
 Only the plain case is done here: a port whose sample names the same counters in the same
 order as its row, with no counter pinned or stale, and a usable interval. A row where any
 counter decreased (a reset), reached its narrow maximum, or would make a total outgrow 64 bits
-is refused untouched, and the tracker takes that port through its per-port rules instead
-(``ibmon.tracker``), which stay the definition of the semantics.
+is refused untouched, and the tracker takes that port through its per-port path instead. The
+arithmetic is the tracker's own rule functions (``ibmon.tracker.increase`` and the others),
+applied to columns: one definition of what a reading means.
 
 Views must never change once published: the totals array is copied at the start of every poll
 (``begin``: one ``memcpy``), so the views of the previous poll keep the generation they read.
-numpy is imported only here, and the tracker imports this module only for samples of many
-ports: a node-local daemon never loads it (its memory budget is 40 MB).
+numpy is imported only here, and the tracker imports this module only for fabric-sized polls
+(``ibmon.sizes``): a node-local daemon never loads it (its memory budget is 40 MB).
 """
 
 from __future__ import annotations
@@ -32,7 +33,12 @@ from typing import Final, cast
 import numpy as np
 import numpy.typing as npt
 
+from ibmon.rowview import adopt_numpy
+from ibmon.tracker import at_maximum, increase, is_reset, per_second, stall_share, utilization
+
 __all__ = ["Block", "Step", "advance"]
+
+adopt_numpy(np)  # the readers of these columns reach numpy through ibmon.rowview alone
 
 _ZERO: Final = (0.0,)
 _TEMPORARY: Final = 96 << 10
@@ -115,13 +121,13 @@ class Block:
         chunk = _CHUNK or max(64, _TEMPORARY // (8 * width))
         for at in range(0, len(values), chunk):
             raw = _raw(values[at : at + chunk], bases[at : at + chunk], width)
-            refused = (((raw == self.nmax) & narrow) | (raw > limit)).any(axis=1)
+            refused = ((at_maximum(raw, self.nmax) & narrow) | (raw > limit)).any(axis=1)
             ok = ~refused
             taken = [-1 if bad else free.pop() for bad in refused.tolist()]
             rows += taken
             into = np.array(taken, dtype=np.intp)[ok]
             last[into] = raw[ok]
-            totals[into] = raw[ok] * self.mult
+            totals[into] = increase(raw[ok], 0, self.mult)
         return rows
 
     def release(self, row: int) -> tuple[array[int], array[int]]:
@@ -355,16 +361,16 @@ def _chunk(
     if rows[-1] - rows[0] == n - 1 and bool((np.diff(rows_at) == 1).all()):
         at = slice(rows[0], rows[0] + n)  # the usual poll: rows in order, read in place
     old = last[at]
-    delta = new - old  # 0 where unchanged; wraps where new < old: refused below
-    # A reset. The checks below catch it too (a wrapped delta is past the limit, or, as a
-    # total is never less than its last raw value times the multiplier, wraps the total):
-    # this one says so without that argument.
-    bad = new < old
+    # The rows the per-port rules must see, refused. A reset (the checks below would catch
+    # it too: a wrapped delta is past the limit, or, as a total is never less than its last
+    # raw value times the multiplier, wraps the total; this one says so without the argument).
+    bad = is_reset(new, old)
+    delta = new - old  # 0 where unchanged; wraps where new < old: refused already
     bad |= delta >= _DELTA_LIMIT
     # A narrow counter that moved onto its maximum: pinned, or read at 64 bits (the rules
     # tell). A 64-bit-only column's "maximum" is 0: moving onto it is a reset anyway.
-    bad |= (new == block.nmax) & (delta != 0)
-    scaled = np.multiply(delta, block.mult, out=delta)
+    bad |= at_maximum(new, block.nmax) & (delta != 0)
+    scaled = increase(new, old, block.mult)
     if isinstance(at, slice):
         grown = totals[at]
         grown += scaled  # in place: this poll's generation (``begin``), no view holds it yet
@@ -383,7 +389,7 @@ def _chunk(
     else:
         last[at] = new
         totals[at] = grown  # a no-op in place
-    rates: npt.NDArray[np.float64] = scaled * inv[:, None]
+    rates: npt.NDArray[np.float64] = per_second(scaled, inv[:, None])
     return cast("list[bool]", ok.tolist()), rates
 
 
@@ -410,7 +416,7 @@ def _ratios(
             out.frombytes(_nan(len(link)))
             continue
         with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.minimum(1.0, rates[:, column] / link)
+            ratio = utilization(rates[:, column], link, np.minimum)
         ratio[unknown] = np.nan
         out.frombytes(ratio.tobytes())
     if block.wait < 0:
@@ -420,8 +426,7 @@ def _ratios(
     if len(rates) != len(unit):
         unit = unit[np.array(ok, dtype=np.bool_)]
     with np.errstate(divide="ignore", invalid="ignore"):
-        # stall_fraction's operations, in its order: counts x bytes / (rate x 1 s)
-        wait = np.minimum(1.0, np.maximum(0.0, rates[:, block.wait] * unit / link))
+        wait = stall_share(rates[:, block.wait], unit, link, np.minimum, np.maximum)
     wait[unknown | np.isnan(unit)] = np.nan
     step.wait_ratio.frombytes(wait.tobytes())
 

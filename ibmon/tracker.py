@@ -20,15 +20,19 @@ that port's totals next change (an idle port's views share one array across poll
 saturated and stale names are replaced, never mutated, so views share them too, and a port with
 none holds the shared empty ones. An idle port's view shares one all-zero ``Rates``.
 
-A poll of many ports (a fabric: ``Tracker.columns_from``) keeps the raw values and totals of
-the ports in the plain case (same counters as before, none pinned or stale) as rows of a
-column store instead and accounts them a block at a time with numpy (``ibmon.trackcolumns``);
-their views (``ibmon.rowview.RowView``) keep where their rows of that poll's totals and rates
-are, and make the mappings only when read. Every other port, and every row the store refuses
-(a reset, a counter reaching its narrow maximum, a total past 64 bits), goes through the
-per-port rules below, which define the semantics; the store must give the same results to the
-bit (``tests/unit/test_tracker_columns.py``). A poll of the same ports as the last one, all of
-them plain rows, skips the port-by-port dispatch to the store (``Tracker._update_same``).
+Two ways, one threshold (``ibmon.sizes``): a node-sized poll (a node's few HCAs) goes port by
+port and never imports numpy (15 MB of a node daemon's 40 MB); a fabric-sized poll keeps the
+raw values and totals of the ports in the plain case (same counters as before, none pinned or
+stale) as rows of a column store and accounts them a block at a time with numpy
+(``ibmon.trackcolumns``: 3.8 us a port at 20,000 ports, against 13.5 us port by port); their
+views (``ibmon.rowview.RowView``) keep where their rows of that poll's totals and rates are,
+and make the mappings only when read. Every other port of such a poll, and every row the
+store refuses (a reset, a counter reaching its narrow maximum, a total past 64 bits), goes
+through the per-port path. Both apply the same rule functions (``increase``, ``is_reset``,
+``at_maximum``, ``per_second``, ``utilization``, ``stall_share``: one counter at a time, or a
+column at once), so they agree to the bit (``tests/unit/test_tracker_columns.py``; the suite
+runs the column path on its small fabrics). A poll of the same ports as the last one, all of
+them plain rows, finds its one batch without the port-by-port dispatch (``Tracker._repeat``).
 """
 
 from __future__ import annotations
@@ -41,14 +45,15 @@ from collections.abc import Collection, Container, Iterable, Mapping, MutableSeq
 from dataclasses import fields
 from operator import add, attrgetter, is_, le, ne
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from ibmon.counters import CATALOGUE
 from ibmon.model import GUID_RE, PortKey, PortSample, PortState, PortView, Snapshot
 from ibmon.rates import NO_RATE, Rates
 from ibmon.rowview import Layout, Rows, RowView
+from ibmon.sizes import fabric_sized
 from ibmon.totals import Totals
-from ibmon.xmitwait import WaitUnit, stall_fraction
+from ibmon.xmitwait import WaitUnit
 
 if TYPE_CHECKING:
     from ibmon.trackcolumns import Block, Step
@@ -108,6 +113,47 @@ _VIEW_FIELDS: Final = (
 if tuple(f.name for f in fields(PortView))[: len(_VIEW_FIELDS)] != _VIEW_FIELDS:
     # _view passes these positionally; a reordered PortView must fail loudly, not mislabel.
     raise ImportError("ibmon.model.PortView field order changed; update ibmon.tracker._view")
+
+# ---------------------------------------------------------------------- the rules
+# What a reading means, in one place. The per-port path applies these to one counter at a time,
+# the column store (``ibmon.trackcolumns``) to columns of rows at once (numbers or numpy arrays
+# alike, with numpy's minimum and maximum): the same expressions on the same doubles, so the two
+# agree to the bit. What the store cannot account plainly it hands to the per-port path.
+
+
+def increase(new: Any, since: Any, mult: Any) -> Any:
+    """What a reading adds to a counter's total: its increase ``since`` the last reading (0 for
+    a first reading, whose total starts at the hardware's value as in perfquery, and after a
+    reset), times the multiplier (4 for data counters, which count 4-byte words)."""
+    return (new - since) * mult
+
+
+def is_reset(new: Any, last: Any) -> Any:
+    """Any decrease is a reset by someone else: counters never count down (narrow ones
+    saturate, they do not wrap)."""
+    return new < last
+
+
+def at_maximum(new: Any, narrow_max: Any) -> Any:
+    """A narrow counter at its maximum is pinned: increments are lost, so no rate is honest."""
+    return new == narrow_max
+
+
+def per_second(added: Any, inv_dt: Any) -> Any:
+    """A rate: what was added over the interval (``inv_dt`` = 1 / seconds)."""
+    return added * inv_dt
+
+
+def utilization(data_rate: Any, link_bytes: Any, minimum: Any = min) -> Any:
+    """The share of the link's bytes per second a data rate used, at most 1."""
+    return minimum(1.0, data_rate / link_bytes)
+
+
+def stall_share(wait_rate: Any, bytes_per_count: Any, link_bytes: Any, minimum: Any = min,
+                maximum: Any = max) -> Any:
+    """``ibmon.xmitwait.stall_fraction`` of one second for a known unit and link rate, in its
+    operations and order (its product by 1 s is exact): the same doubles."""
+    return minimum(1.0, maximum(0.0, wait_rate * bytes_per_count / link_bytes))
 
 
 class _Port:
@@ -179,15 +225,11 @@ class Tracker:
 
     ``xmit_wait_ratio`` is the stall fraction of the interval, from the PortXmitWait counts
     in the unit the source decided for the port (``PortIdentity.xmit_wait``) and the port's
-    data rate (``ibmon.xmitwait.stall_fraction``). ``resets_seen``, ``saturations_seen`` and
-    ``unknown_counters_seen`` count, over this process's lifetime, counter decreases,
-    transitions into saturation and samples of names missing from the catalogue (a source
-    bug), for self-metrics and logs.
+    data rate (``stall_share``: ``ibmon.xmitwait.stall_fraction`` of one second).
+    ``resets_seen``, ``saturations_seen`` and ``unknown_counters_seen`` count, over this
+    process's lifetime, counter decreases, transitions into saturation and samples of names
+    missing from the catalogue (a source bug), for self-metrics and logs.
     """
-
-    #: Polls of at least this many ports account the plain ones in columns
-    #: (``ibmon.trackcolumns``); smaller ones, a node's HCAs, never import numpy.
-    columns_from: ClassVar[int] = 512
 
     __slots__ = (
         "_blocks",
@@ -212,7 +254,7 @@ class Tracker:
         self._zeros: dict[tuple[str, ...], Rates] = {}
         #: The last update's views as rows of one store, when they all are (``take_layout``).
         self._layout: Layout | None = None
-        #: The last poll's ports when each was a plain row of one block (``_update_same``).
+        #: The last poll's ports when each was a plain row of one block (``_repeat``).
         self._same: _Same | None = None
         self.resets_seen = 0
         self.saturations_seen = 0
@@ -253,15 +295,14 @@ class Tracker:
     # ------------------------------------------------------------------ hot path
 
     def update(self, snapshot: Snapshot) -> dict[PortKey, PortView]:
-        """Account one poll; return views for exactly the ports in ``snapshot``."""
+        """Account one poll; return views for exactly the ports in ``snapshot``.
+
+        A fabric-sized poll (``ibmon.sizes``) accounts its ports in columns; a node's few
+        ports go through the per-port rules alone, without importing numpy."""
         self._layout = None
-        same, self._same = self._same, None
-        if len(snapshot.ports) >= self.columns_from and (cols := _columns()) is not None:
-            if same is not None:
-                same_views = self._update_same(snapshot, same, cols)
-                if same_views is not None:
-                    return same_views
-            return self._update_columns(snapshot)
+        if fabric_sized(len(snapshot.ports)) and (cols := _columns()) is not None:
+            return self._update_columns(snapshot, cols)
+        self._same = None
         mono = snapshot.monotonic
         wall = snapshot.wall
         ports = self._ports
@@ -301,22 +342,53 @@ class Tracker:
 
     # ------------------------------------------------------------------ columns
 
-    def _update_columns(self, snapshot: Snapshot) -> dict[PortKey, PortView]:
-        """``update`` for a poll of many ports: the ports in the plain case (``_aligned``)
-        are accounted a block at a time (``ibmon.trackcolumns``), the others, and any row the
-        block refuses, one by one as in ``update``. Views come in the snapshot's order."""
-        cols = _columns()
-        assert cols is not None
+    def _update_columns(self, snapshot: Snapshot, cols: ModuleType) -> dict[PortKey, PortView]:
+        """``update`` for a fabric-sized poll: the ports in the plain case (``_aligned``) are
+        accounted a block at a time (``ibmon.trackcolumns``), the others, and any row the
+        block refuses, by the per-port rules. Views come in the snapshot's order.
+
+        The ports go to their blocks by ``_dispatch``, a port at a time, unless the poll
+        repeats the last one (``_repeat``): then the last poll's one batch is this one's."""
+        mono = snapshot.monotonic
+        same, self._same = self._same, None
+        keys = list(snapshot.ports)
+        arrivals: dict[int, list[tuple[int, _Port, PortSample]]] = {}
+        slow: list[tuple[int, _Port, PortSample, float]] = []
+        repeated = None if same is None else self._repeat(snapshot, keys, same)
+        batches = ([repeated] if repeated is not None
+                   else self._dispatch(snapshot, cols, arrivals, slow))
+        for block in self._blocks.values():
+            block.begin()
+        out: list[PortView | None] = [None] * len(keys)
+        for batch in batches:
+            arriving = [st for st in batch.ports if st.block is None]
+            if arriving:  # ports new to the store: room for all of them at once
+                batch.block.reserve(len(arriving))
+                for st in arriving:
+                    self._admit(st, batch.block)
+            store, all_rows = self._account(batch, cols, out)
+            if store is not None and len(batches) == 1 and not arrivals and not slow:
+                if all_rows:
+                    self._layout = Layout(store, batch.rows, out)  # type: ignore[arg-type]
+                self._same = _Same(keys, batch.ports, batch.block, store.index, mono)
+        for group in arrivals.values():
+            self._arrive(group, cols, out, slow)
+        for pos, st, sample, inv_dt in slow:
+            out[pos] = self._port(st, sample, inv_dt)
+        return dict(zip(keys, out, strict=True))  # type: ignore[arg-type]
+
+    def _dispatch(
+        self, snapshot: Snapshot, cols: ModuleType,
+        arrivals: dict[int, list[tuple[int, _Port, PortSample]]],
+        slow: list[tuple[int, _Port, PortSample, float]],
+    ) -> list[_Batch]:
+        """Each port of the poll to its block's batch (the plain case, ``_aligned``), to
+        ``arrivals`` (a first sample, packed: by the source's index, ``_arrive``) or to
+        ``slow`` (the per-port rules)."""
         mono = snapshot.monotonic
         wall = snapshot.wall
         ports = self._ports
-        for block in self._blocks.values():
-            block.begin()
-        out: list[PortView | None] = [None] * len(snapshot.ports)
-        slow: list[tuple[int, _Port, PortSample, float]] = []
         batches: dict[tuple[str, ...], _Batch] = {}
-        #: Ports on their first sample, packed: by the source's index (``_arrive``).
-        arrivals: dict[int, list[tuple[int, _Port, PortSample]]] = {}
         # The ports of a fabric share one interned tuple of counter names (``_intern``): the
         # previous port's batch is found by identity, without hashing 20-40 names a port.
         keys: tuple[str, ...] | None = None
@@ -350,45 +422,26 @@ class Tracker:
             batch.bases.append(
                 sample.counters.base if len(values) != len(keys) else 0)  # type: ignore[attr-defined]
             batch.inv_dt.append(inv_dt)
-        for batch in batches.values():
-            arriving = [st for st in batch.ports if st.block is None]
-            if arriving:  # ports new to the store: room for all of them at once
-                batch.block.reserve(len(arriving))
-                for st in arriving:
-                    self._admit(st, batch.block)
-            store, all_rows = self._account(batch, cols, out)
-            if store is not None and len(batches) == 1 and not arrivals and not slow:
-                if all_rows:
-                    self._layout = Layout(store, batch.rows, out)  # type: ignore[arg-type]
-                self._same = _Same(list(snapshot.ports), batch.ports, batch.block, store.index,
-                                   mono)
-        for group in arrivals.values():
-            self._arrive(group, cols, out, slow)
-        for pos, st, sample, inv_dt in slow:
-            out[pos] = self._port(st, sample, inv_dt)
-        return dict(zip(snapshot.ports, out, strict=True))  # type: ignore[arg-type]
+        return list(batches.values())
 
-    def _update_same(self, snapshot: Snapshot, same: _Same,
-                     cols: ModuleType) -> dict[PortKey, PortView] | None:
-        """``_update_columns`` for a poll of the ports of the last one, in the same order,
-        when each was a plain row of one block (``_Same``) and each sample is a row of 64-bit
-        values on that block's index: what its per-port dispatch would find for every port,
-        found by passes in C. None (nothing changed) when a check fails: the dispatch decides.
+    @staticmethod
+    def _repeat(snapshot: Snapshot, keys: list[PortKey], same: _Same) -> _Batch | None:
+        """The poll's one batch when it repeats the last: the same ports in the same order,
+        each a plain row of one block (``_Same``), each sample a row of 64-bit values on
+        that block's index. That is what ``_dispatch`` would find for every port, found by
+        passes in C; None when a check fails (nothing changed: ``_dispatch`` decides).
 
-        Why: nearly every poll of a fabric is such a poll, and the
-        dispatch (the interval, ``_aligned`` and a batch's six lists, a port at a time) was a
-        third of ``track``: 1.2 us a port, 140 ms a poll at 118,400 ports. What it would
-        find is known: the ports are the block's rows on one index, with nothing pinned, stale
-        or restored (those are the per-port rules', and a refused row ends this state; a port
-        that is not Active is a plain row all the same), and their last reading was the last
-        poll's (``_Same.monotonic``), so all share one interval.
+        Why: nearly every poll of a fabric is such a poll, and the dispatch (the interval,
+        ``_aligned`` and a batch's six lists, a port at a time) was a third of ``track``:
+        1.2 us a port, 140 ms a poll at 118,400 ports. What it would find is known: the ports
+        are the block's rows on one index, with nothing pinned, stale or restored (those are
+        the per-port rules', and a refused row ends this state; a port that is not Active is
+        a plain row all the same), and their last reading was the last poll's
+        (``_Same.monotonic``), so all share one interval.
         """
         mono = snapshot.monotonic
         n = len(same.ports)
-        if len(snapshot.ports) != n or not mono > same.monotonic:
-            return None
-        keys = list(snapshot.ports)
-        if keys != same.keys:
+        if len(keys) != n or not mono > same.monotonic or keys != same.keys:
             return None
         samples = list(snapshot.ports.values())
         counters = list(map(_COUNTERS, samples))
@@ -404,8 +457,6 @@ class Tracker:
         for st in same.ports:
             st.monotonic = mono
             st.wall = wall
-        for block in self._blocks.values():
-            block.begin()
         batch = _Batch(same.block)
         batch.pos = range(n)  # type: ignore[assignment]  # read, never appended to
         batch.ports = same.ports
@@ -413,13 +464,7 @@ class Tracker:
         batch.values = values
         batch.bases = bases
         batch.inv_dt = [inv_dt] * n
-        out: list[PortView | None] = [None] * n
-        store, all_rows = self._account(batch, cols, out)
-        if store is not None:
-            if all_rows:
-                self._layout = Layout(store, batch.rows, out)  # type: ignore[arg-type]
-            self._same = _Same(keys, same.ports, same.block, store.index, mono)
-        return dict(zip(keys, out, strict=True))  # type: ignore[arg-type]
+        return batch
 
     def _account(self, batch: _Batch, cols: ModuleType,
                  out: list[PortView | None]) -> tuple[Rows | None, bool]:
@@ -537,15 +582,12 @@ class Tracker:
             return None  # a value or total past 64 bits: the per-port rules keep it
         values: array[int]
         if type(counters) is Totals:
-            packed = counters.packed
-            if type(packed) is not array or packed.typecode != "Q":
-                return None
             if counters.index is not st.index:
                 if tuple(counters.index) != st.keys:
                     return None
                 st.index = counters.index  # equal: take the source's, shared by its ports
             # its own array, or a row of one the source's ports share (``_Batch.bases``)
-            return packed if counters.base + len(st.keys) <= len(packed) else None
+            return _row_of_64_bits(counters, len(st.keys))
         if tuple(counters) != st.keys:
             return None
         try:
@@ -702,6 +744,7 @@ class Tracker:
         """
         mult_of = _MULT
         nmax_of = _NMAX
+        added_by, pinned, rate_of = increase, at_maximum, per_second  # the rules, bound locally
         # The names pinned or stale when the poll starts. Each iteration asks only about its
         # own name, which no earlier iteration changed, so these answer as the live sets
         # would; changes go to st.saturated / st.stale, which are replaced, never mutated.
@@ -725,20 +768,20 @@ class Tracker:
                     self._unstale(st, name)  # last value predates the previous sample
                     rates[i] = NO_RATE
                 continue
-            if prev is None or value < prev:
+            if prev is None or is_reset(value, prev):
                 scaled = self._odd(st, i, name, value, prev, wide=wide)
                 totals = st.totals  # _odd may have widened it
                 if scaled is None:
                     rates[i] = NO_RATE
                     continue
             else:
-                scaled = (value - prev) * mult_of[name]
+                scaled = added_by(value, prev, mult_of[name])
                 try:
                     totals[i] += scaled
                 except OverflowError:  # a total outgrew 64 bits: ints from now on
                     totals = st.totals = list(totals)
                     totals[i] += scaled
-                if value == nmax_of[name] and name not in wide:
+                if pinned(value, nmax_of[name]) and name not in wide:
                     self._pin(st, name)
                     self._unstale(st, name)  # read this poll: a later reset gets its rate
                     rates[i] = NO_RATE
@@ -750,7 +793,7 @@ class Tracker:
                         self._unstale(st, name)
                         rates[i] = NO_RATE
                         continue
-            rates[i] = scaled * inv_dt
+            rates[i] = rate_of(scaled, inv_dt)
         return rates
 
     @staticmethod
@@ -774,24 +817,25 @@ class Tracker:
             if prev is not None and name not in st.stale:
                 st.stale = st.stale | {name}
             return None
+        added: int = increase(value, 0, mult)  # since the reset, or the hardware's from its start
         try:
-            st.totals[i] += value * mult
+            st.totals[i] += added
         except OverflowError:  # a total outgrew 64 bits: ints from now on
             st.totals = list(st.totals)
-            st.totals[i] += value * mult
+            st.totals[i] += added
         if prev is not None:
             # Any decrease is a reset by someone else; the new value is the increase since.
             st.resets = {**st.resets, name: st.resets.get(name, 0) + 1}
             self.resets_seen += 1
             if name in st.saturated:
                 st.saturated = st.saturated - {name}
-        if value == _NMAX[name] and name not in wide:
+        if at_maximum(value, _NMAX[name]) and name not in wide:
             self._pin(st, name)
             return None
         if prev is None or name in st.stale:
             self._unstale(st, name)
             return None
-        return value * mult
+        return added
 
     def _pin(self, st: _Port, name: str) -> None:
         """Pinned at the narrow maximum: increments are being lost, so no rate is honest."""
@@ -820,12 +864,12 @@ class Tracker:
                 continue
             if prev is None:
                 last[name] = value
-                totals[name] = totals.get(name, 0) + value
+                totals[name] = totals.get(name, 0) + increase(value, 0, 1)
                 continue
-            if value >= prev:
-                delta = value - prev
+            if not is_reset(value, prev):
+                delta = increase(value, prev, 1)
             else:
-                delta = value
+                delta = increase(value, 0, 1)
                 st.hw_resets = {**st.hw_resets, name: st.hw_resets.get(name, 0) + 1}
                 self.resets_seen += 1
             last[name] = value
@@ -835,7 +879,7 @@ class Tracker:
                 st.hw_stale = st.hw_stale - {name}
                 continue
             if inv_dt:
-                rates[name] = delta * inv_dt
+                rates[name] = per_second(delta, inv_dt)
         if len(last) != len(counters) - invalid:
             missing = last.keys() - counters.keys()
             if not missing <= st.hw_stale:
@@ -863,20 +907,22 @@ class Tracker:
             rates = _NO_RATES
             hw_rates = _NO_HW_RATES
             rate_bps = None
+        wait_ratio: float | None = None
         link_bytes = _link_bytes(rate_bps)
         if link_bytes is not None and link_bytes > 0:
             tx = rates.get("transmit_data")
             if tx is not None:
-                util_tx = min(1.0, tx / link_bytes)
+                util_tx = utilization(tx, link_bytes)
             rx = rates.get("receive_data")
             if rx is not None:
-                util_rx = min(1.0, rx / link_bytes)
-        wait = rates.get("transmit_wait")
-        # The rate is counts per second: the stall fraction of one second.
-        wait_ratio = None if wait is None else stall_fraction(
-            wait, _wait_bytes(sample.identity.xmit_wait, sample.active_width), link_bytes)
-        if wait_ratio is not None and inv_dt:
-            st.wait_seconds += wait_ratio / inv_dt
+                util_rx = utilization(rx, link_bytes)
+            wait = rates.get("transmit_wait")
+            unit = _wait_bytes(sample.identity.xmit_wait, sample.active_width)
+            if wait is not None and unit is not None:
+                # The rate is counts per second: the stall fraction of one second.
+                wait_ratio = stall_share(wait, unit, link_bytes)
+                if inv_dt:
+                    st.wait_seconds += wait_ratio / inv_dt
         return self._build(st, sample, link_bytes, totals, rates, hw_rates, util_tx, util_rx,
                            wait_ratio)
 
@@ -991,8 +1037,9 @@ class Tracker:
 
 def _rows_of_64_bits(values: list[Sequence[int]], bases: list[int], width: int) -> bool:
     """Whether each sample's values are an ``array('Q')`` with its row of ``width`` from its
-    base on (``Tracker._aligned``'s test), and a row of its own starts at 0 (as
-    ``_Batch.bases`` has it); one array the rows share (the simulator's) is tested once."""
+    base on (``_row_of_64_bits`` of each, in C-level passes), and a row of its own starts at
+    0 (as ``_Batch.bases`` has it); one array the rows share (the simulator's) is tested
+    once."""
     if min(bases) < 0:
         return False
     first = values[0]
@@ -1008,7 +1055,7 @@ def _rows_of_64_bits(values: list[Sequence[int]], bases: list[int], width: int) 
 
 class _Same:
     """A poll whose every port was a plain row of ``block`` (on ``index``), read at
-    ``monotonic``: its ports' ``keys`` and ``ports`` in order, for ``Tracker._update_same``.
+    ``monotonic``: its ports' ``keys`` and ``ports`` in order, for ``Tracker._repeat``.
     Any change to the tracker's ports but a poll (``forget``, ``load``) drops it."""
 
     __slots__ = ("block", "index", "keys", "monotonic", "ports")
@@ -1069,11 +1116,18 @@ def _placed(st: _Port, block: Block, row: int) -> None:
 def _first_packed(counters: Mapping[str, int]) -> bool:
     """Whether a new port's first sample can go straight into the store (``_arrive``):
     packed in 64 bits, its row within its array."""
-    if type(counters) is not Totals:
-        return False
+    return (type(counters) is Totals
+            and _row_of_64_bits(counters, len(counters.index)) is not None)
+
+
+def _row_of_64_bits(counters: Totals, width: int) -> array[int] | None:
+    """The array a sample's values are a row of ``width`` 64-bit values in (an
+    ``array('Q')``, its own or one the source's ports share), which a block reads in place;
+    None when they are not."""
     packed = counters.packed
-    return (type(packed) is array and packed.typecode == "Q"
-            and counters.base + len(counters.index) <= len(packed))
+    if type(packed) is array and packed.typecode == "Q" and counters.base + width <= len(packed):
+        return packed
+    return None
 
 
 @functools.lru_cache(maxsize=256)

@@ -64,7 +64,7 @@ from pydantic import (
 )
 
 from ibmon.counters import BY_NAME
-from ibmon.events import EVENT_TYPES
+from ibmon.events import EVENT_TYPES, EventType
 from mocks.topology import SPEEDS, WIDTHS, Fabric, fabric_for_hosts, fat_tree
 from mocks.traffic import WIDE_COUNTERS, FabricModel, counter_max
 
@@ -335,11 +335,7 @@ Fault = Annotated[
 class Expected(_Strict):
     """One event a correct monitor raises, within ``window`` (simulated seconds, inclusive)."""
 
-    type: Literal[
-        "port_down", "link_degraded", "link_flapping", "high_ber", "link_integrity",
-        "receive_errors", "discards", "congestion", "counter_reset", "counter_saturated",
-        "topology_changed", "source_failed",
-    ]
+    type: EventType  # every type a detector emits, from the one list
     port: str
     status: Literal["firing", "resolved"]
     window: tuple[float, float]

@@ -6,6 +6,8 @@
   or real fixture into a failure there (``tests.syspkg``, ``tests.fixtures``), but a plain
   ``pytest.skip`` or ``skipif`` added later would still pass silently; this guard makes sure a
   CI run never reports green with a part of the suite not run.
+- Fabric paths by default: in-process tests run every poll the way a fabric-sized one runs
+  (``ibmon.sizes.OFFLOAD_PORTS`` is 1); ``@pytest.mark.node_sized`` keeps the node path.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from ibmon import sizes
+
 _SKIPPED: list[tuple[str, str]] = []  # (test id, reason) of every skip in this session
 
 
@@ -25,6 +29,17 @@ def _private_state_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
     """A daemon restores totals from its state file; tests must not share one (or touch /var)."""
     monkeypatch.setenv("IBMON_STATE__PATH", str(tmp_path / "ibmon-state.json"))
     return
+
+
+@pytest.fixture(autouse=True)
+def _fabric_paths(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every poll of an in-process test is fabric-sized (``ibmon.sizes``): a 20-port test
+    fabric runs the column store, the worker threads and the column readers a 20,000-port
+    fabric runs. Tests of the node-sized path (a node's HCAs: port by port, no numpy) say so
+    with ``@pytest.mark.node_sized`` and keep the daemon's threshold. A daemon started as a
+    subprocess keeps it too."""
+    if request.node.get_closest_marker("node_sized") is None:
+        monkeypatch.setattr(sizes, "OFFLOAD_PORTS", 1)
 
 
 @pytest.fixture(autouse=True)

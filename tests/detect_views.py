@@ -6,13 +6,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import pytest
-
-from ibmon.detect import columns
 from ibmon.model import LinkInfo, PortIdentity, PortView
 from ibmon.sources.mock import MockSource
 from ibmon.tracker import Tracker
 from mocks.scenario import ManualClock
+from tests.tracker_paths import ColumnTracker
 
 GUID = "0x0002c90300a1b2c3"
 PEER = "0x0002c90300ffff01"
@@ -44,19 +42,7 @@ def link(width: str = "4X", speed: str = "EDR", max_width: str = "4X",
                     max_speed=max_speed)
 
 
-@pytest.fixture(autouse=True, params=["each-answer", "memo"])
-def shortcut_reuse(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every detector test of a module that imports this runs twice: as a node's few ports
-    are judged (every ``needs`` answer computed each poll), and as a fabric's 512+ are
-    (``GATHER_FROM``: answers kept from poll to poll by ``columns.Memo`` and computed again
-    only where a port's inputs or the detector's state for it changed)."""
-    if request.param == "memo":
-        monkeypatch.setattr(columns, "GATHER_FROM", 1)
-    return str(request.param)
-
-
-class _ColumnTracker(Tracker):
-    columns_from = 1  # the column store for any poll
+_ColumnTracker = ColumnTracker  # the column store for any poll
 
 
 def store_views(polls: int = 3) -> list[PortView]:

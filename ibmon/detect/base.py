@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ibmon.detect.cause import SUSPECT, action, end_name, far_end, preferred
 from ibmon.detect.columns import Fresh, Memo, read_column, with_keep
+from ibmon.detect.portstate import PerPortState, key_from_json, key_to_json
 from ibmon.events import EventType, Severity, severity_rank
 from ibmon.model import PortKey, PortView
 from ibmon.rates import NO_RATE, Rates
@@ -30,6 +31,7 @@ __all__ = [
     "IncreaseWindow",
     "Keep",
     "Pairs",
+    "PerPortState",
     "PortDetector",
     "Verdict",
     "describe",
@@ -81,14 +83,14 @@ class DetectorSettings(BaseModel):
     enabled: bool = True
 
 
-class PortDetector:
+class PortDetector(PerPortState):
     """One family's rule, evaluated per port per poll.
 
     ``type`` is the event type, ``condition`` the ``ibmon_port_condition`` label (None when the
     condition has no such series), ``oneshot`` detectors report instants (a reset) rather than
     conditions: the engine emits one ``firing`` event per finding and remembers nothing.
-    ``dump``/``load`` persist internal windows; times are shifted by ``offset`` (wall minus
-    monotonic) so they survive a reboot, when the monotonic clock restarts.
+    What it remembers per port is declared once (``PerPortState``): ``forget``, ``dump`` and
+    ``load`` are the base class's.
     """
 
     type: ClassVar[EventType]
@@ -163,7 +165,9 @@ class PortDetector:
         method has not already changed the same way (a window's last value, a gauge on the
         view); a port in ``active`` (a condition it carries) is never left out. It exists for
         speed: on a healthy fabric nearly every port is left out by one short loop
-        over plain attributes, instead of a method call per port per detector. Default: all.
+        over plain attributes, instead of a method call per port per detector. A ``Memo``
+        kept as ``memo`` reuses last poll's answers on this contract alone (a port left out
+        was not changed), so no ``check`` has to say what it changed. Default: all.
         """
         return fresh
 
@@ -171,14 +175,8 @@ class PortDetector:
         """Findings about ports absent from ``views`` (vanished ports): ``(identity, finding)``."""
         return []
 
-    def forget(self, key: PortKey) -> None:
-        """Drop everything about a port that left the fabric."""
-
-    def dump(self, offset: float) -> Any:
-        return None
-
-    def load(self, data: Any, offset: float) -> None:
-        """Restore ``dump`` output; ValueError when it does not fit."""
+    def _label(self) -> str:
+        return f"{self.type}: "
 
 
 def describe(view: PortView) -> str:
@@ -199,17 +197,7 @@ def _end(view: PortView, finding: Finding | None) -> dict[str, Any]:
             "holds": finding is not None}
 
 
-def key_to_json(key: PortKey) -> list[str]:
-    return [key[0], key[1]]
-
-
-def key_from_json(raw: Any) -> PortKey:
-    if not isinstance(raw, list) or len(raw) != 2 or not all(isinstance(x, str) for x in raw):
-        raise ValueError(f"bad port key {raw!r}")
-    return (raw[0], raw[1])
-
-
-class IncreaseWindow:
+class IncreaseWindow(PerPortState):
     """Per port: how much a software-accumulated total rose within a sliding time window.
 
     Shared by the detectors that judge "N increments in T seconds" (flapping, BER). Totals come
@@ -218,16 +206,17 @@ class IncreaseWindow:
     that rises every poll; the merged increase then leaves the window up to one grain early).
     """
 
+    per_port = saved = ("_last", "_hist")
+
     def __init__(self, window: float, grain: float = 0.0) -> None:
         self.window = window
         self.grain = grain
         self._last: dict[PortKey, int] = {}
         self._hist: dict[PortKey, deque[tuple[float, int]]] = {}
-        self._memo = Memo()  # ``changes``' answers of the last poll
+        self.memo = Memo()  # ``changes``' answers of the last poll
 
     def observe(self, key: PortKey, now: float, total: int) -> int:
         """Record the port's current total; return its increase within the trailing window."""
-        self._memo.touch(key)
         prev = self._last.get(key)
         self._last[key] = total
         hist = self._hist.get(key)
@@ -257,7 +246,7 @@ class IncreaseWindow:
         recorded, no increase is left in the window, and it is not in ``keep``)."""
         last = self._last
         hist = self._hist
-        reuse = self._memo.redo(fresh, totals)
+        reuse = self.memo.redo(fresh, totals)
         if reuse is None:
             answers = bytearray([total is None or key in hist or last.get(key) != total
                                  for (key, _), total in zip(fresh, totals, strict=True)])
@@ -266,33 +255,18 @@ class IncreaseWindow:
             for i in redo:
                 key, total = fresh[i][0], totals[i]
                 answers[i] = total is None or key in hist or last.get(key) != total
-        self._memo.keep(answers)
+        self.memo.keep(answers)
         return with_keep(fresh, answers, keep)
 
-    def forget(self, key: PortKey) -> None:
-        self._memo.touch(key)
-        self._last.pop(key, None)
-        self._hist.pop(key, None)
+    def encode(self, name: str, value: Any, offset: float) -> list[Any]:
+        if name == "_hist":  # (monotonic time, increase) pairs
+            return [[[t + offset, n] for t, n in value]]
+        return [value]
 
-    def dump(self, offset: float) -> dict[str, Any]:
-        """JSON state with wall-clock times (``offset`` = wall - monotonic) to survive reboots."""
-        return {
-            "last": [[*key_to_json(k), v] for k, v in self._last.items()],
-            "hist": [
-                [*key_to_json(k), [[t + offset, n] for t, n in h]] for k, h in self._hist.items()
-            ],
-        }
-
-    def load(self, data: Any, offset: float) -> None:
-        if not isinstance(data, dict):
-            raise ValueError("expected an object")
-        last = {key_from_json(r[:2]): int(r[2]) for r in data.get("last", [])}
-        hist = {
-            key_from_json(r[:2]): deque((float(t) - offset, int(n)) for t, n in r[2])
-            for r in data.get("hist", [])
-        }
-        self._last, self._hist = last, hist
-        self._memo.clear()
+    def decode(self, name: str, fields: list[Any], offset: float) -> Any:
+        if name == "_hist":
+            return deque((float(t) - offset, int(n)) for t, n in fields[0])
+        return int(fields[0])
 
 
 def totals_column(fresh: Pairs, name: str, default: int | None = None) -> list[int | None]:

@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from typing import Final, Literal, get_args
 
 from ibmon.detect.columns import Fresh, Memo
+from ibmon.detect.portstate import PerPortState
 from ibmon.model import PortIdentity, PortKey, PortState, PortView
 from ibmon.totals import Totals
 
@@ -258,7 +259,7 @@ def peer_summary(peer: PortView | None) -> dict[str, object] | None:
     }
 
 
-class DetailWindow:
+class DetailWindow(PerPortState):
     """Per port: how an aggregate counter and its detail counters grew over a sliding window.
 
     Read from software totals, so it works whether or not this poll's sample carried the
@@ -268,8 +269,9 @@ class DetailWindow:
     costs one dict lookup and one comparison per poll, and one small tuple of memory.
     """
 
-    __slots__ = ("_absent", "_details", "_hist", "_last", "_memo", "_shared", "_zeros",
-                 "aggregate", "window")
+    __slots__ = ("_absent", "_details", "_hist", "_last", "_shared", "_zeros", "aggregate",
+                 "memo", "window")
+    per_port = ("_last", "_hist")  # not saved: a restart starts the windows afresh
 
     def __init__(self, aggregate: str, details: tuple[str, ...], window: float) -> None:
         self.aggregate = aggregate
@@ -287,10 +289,9 @@ class DetailWindow:
         # same totals): at first sight a fabric's ports all record the same baseline, and an
         # equal tuple per port was 5 MB at 36,720 ports.
         self._shared: tuple[float, int, int, tuple[int, ...]] | None = None
-        self._memo = Memo()  # ``moves``' answers of the last poll
+        self.memo = Memo()  # ``moves``' answers of the last poll
 
     def observe(self, key: PortKey, now: float, totals: Mapping[str, int]) -> None:
-        self._memo.touch(key)
         agg = totals.get(self.aggregate)
         if agg is None:
             return
@@ -331,7 +332,7 @@ class DetailWindow:
         sizes = (fresh.sizes(Totals) if type(fresh) is Fresh else
                  [len(t.index) if type(t := view.totals) is Totals else len(t)
                   for _, view in fresh])
-        reuse = self._memo.redo(fresh, aggregates, sizes)
+        reuse = self.memo.redo(fresh, aggregates, sizes)
         if reuse is None:
             answers = bytearray([
                 agg is not None and (
@@ -346,7 +347,7 @@ class DetailWindow:
                 answers[i] = agg is not None and (
                     (rec := last.get(key)) is None or rec[1] != agg or key in hist
                     or size != rec[2])
-        self._memo.keep(answers)
+        self.memo.keep(answers)
         return answers
 
     def increase(self, key: PortKey, now: float) -> tuple[int, dict[str, int]]:
@@ -396,7 +397,3 @@ class DetailWindow:
             ref = rec
         return ref, hist[-1]
 
-    def forget(self, key: PortKey) -> None:
-        self._memo.touch(key)
-        self._last.pop(key, None)
-        self._hist.pop(key, None)

@@ -6,12 +6,12 @@ a poll. Read port by port that is a Python step per port per column (about 5 ms 
 36,720 ports). The tracker's column store (``ibmon.trackcolumns``) keeps nearly every port's
 totals as rows of one array, so a column is one strided gather of that array; only ports
 outside it (their own arrays: a reset, a silent port, a total past 64 bits) are read one by one.
-The gather uses numpy only when the tracker already loaded it: a node-local daemon never does.
+The gather uses numpy only when the tracker made its column store with it
+(``ibmon.rowview.columns_numpy``): a node-local daemon never does.
 """
 
 from __future__ import annotations
 
-import sys
 from array import array
 from collections.abc import Collection, Container, Mapping, Sequence
 from operator import attrgetter, is_, itemgetter
@@ -19,14 +19,11 @@ from typing import Any
 
 from ibmon.model import PortKey, PortView
 from ibmon.rates import Rates
-from ibmon.rowview import Layout, RowView, packed
+from ibmon.rowview import Layout, RowView, columns_numpy, packed, store_numpy
 from ibmon.totals import Totals
 
-__all__ = ["DIFF_STRETCH", "GATHER_FROM", "Fresh", "Memo", "PortOrder", "attribute", "differences",
+__all__ = ["DIFF_STRETCH", "Fresh", "Memo", "PortOrder", "attribute", "differences",
            "read_column", "with_keep"]
-
-#: Below this many ports a column is read port by port: the gather's setup costs more.
-GATHER_FROM = 512
 
 _DTYPES = {"Q": "uint64", "d": "float64"}
 _VIEW = itemgetter(1)
@@ -128,8 +125,7 @@ class Fresh(list[tuple[PortKey, PortView]]):
         readers; else None."""
         layout = self.layout
         if self._laid is None:
-            self._laid = (layout is not None and len(self) >= GATHER_FROM
-                          and len(layout.views) == len(self)
+            self._laid = (layout is not None and len(layout.views) == len(self)
                           and all(map(is_, layout.views, self.views())))
         return layout if self._laid else None
 
@@ -138,7 +134,7 @@ class Fresh(list[tuple[PortKey, PortView]]):
         as a float64 numpy array, NaN where the view has none (``None``), when the tracker
         laid the poll out (the store's own array: row ``i`` is port ``i``); else None."""
         layout = self.laid_out()
-        np = sys.modules.get("numpy")
+        np = columns_numpy()
         if layout is None or np is None:
             return None
         values = getattr(layout.store, name)
@@ -173,60 +169,59 @@ class Fresh(list[tuple[PortKey, PortView]]):
 
 
 class Memo:
-    """A detector's per-port answers of the last poll (does ``needs`` pick the port?), reused
-    this poll for every port whose inputs compare equal and whose state nothing touched.
+    """A ``needs`` pass's per-port answers of the last poll (is the port picked?), reused this
+    poll for every port whose inputs compare equal and whose answer was "no".
 
-    Why: a ``needs`` pass looked every port up in the detector's dicts
-    (a tuple key hashed per port per detector, 8-20 ms a detector at 36,720 ports), though on
-    a fabric nearly every port's inputs (its error totals, its identity and link) are the ones
-    of the previous poll. Correct when each answer is a function of the port's key, its inputs
-    (equal inputs: the same answer) and what the detector keeps about that key alone, and
-    every change to the latter is reported with ``touch`` (or ``clear`` for all). Used from
-    ``GATHER_FROM`` answered ports, with a ``Fresh``; otherwise every answer is computed.
+    Why: a ``needs`` pass looked every port up in the detector's dicts (a tuple key hashed per
+    port per detector, 8-20 ms a detector at 36,720 ports), though on a fabric nearly every
+    port's inputs (its error totals, its identity and link) are the ones of the previous poll.
+
+    Correct without being told what ``check`` changed, from ``needs``' contract: a port it
+    leaves out is one ``check`` would leave as it is, so what the detector keeps about a port
+    answered "no" last poll is still what that answer was computed from, and a port answered
+    "yes" (which ``check`` may have changed) is computed again. What changes the detector's
+    state outside a poll empties the memo (``clear``: the base class's ``load`` and
+    ``forget``). A port the detector drops while the poll does not include it (a vanished
+    port) changes the poll's order when it comes back, which computes every answer again.
+    Used with a ``Fresh`` (every poll the engine runs, whatever its size); with a plain list
+    (a caller other than the engine) every answer is computed.
     """
 
-    __slots__ = ("_answers", "_inputs", "_order", "_touched")
+    __slots__ = ("_answers", "_inputs", "_order")
 
     def __init__(self) -> None:
         self._order: PortOrder | None = None
         self._inputs: tuple[Sequence[object], ...] = ()
         self._answers = bytearray()  # 1 where ``needs`` picked the port
-        self._touched: set[PortKey] = set()
-
-    def touch(self, key: PortKey) -> None:
-        """The detector changed what it keeps about ``key``: compute its answer again."""
-        self._touched.add(key)
 
     def clear(self) -> None:
-        """The detector's state was replaced (``load``): compute every answer again."""
+        """The detector's state changed outside a poll: compute every answer again."""
         self._order = None
         self._inputs = ()
         self._answers = bytearray()
-        self._touched.clear()
 
     def redo(self, fresh: Sequence[tuple[PortKey, PortView]], *inputs: Sequence[object]
              ) -> tuple[bytearray, list[int]] | None:
         """A copy of last poll's answers and the positions whose answer must be computed
-        again, or None when every answer must be. Either way the caller then ``keep``s this
-        poll's answers."""
-        order = fresh.order() if type(fresh) is Fresh and len(fresh) >= GATHER_FROM else None
+        again (inputs that changed, answers that were "yes"), or None when every answer
+        must be. Either way the caller then ``keep``s this poll's answers."""
+        order = fresh.order() if type(fresh) is Fresh else None
         old = self._inputs
         same = order is not None and order is self._order and len(old) == len(inputs)
         self._order = order
         self._inputs = inputs if order is not None else ()
-        touched = self._touched
         if not same:
-            touched.clear()
             return None
-        assert order is not None
         redo: set[int] = set()
         for new, prev in zip(inputs, old, strict=True):
             if new != prev:  # in C, identity first; else find where
                 redo.update(differences(new, prev))
-        if touched:
-            redo.update(order.positions(touched))
-            touched.clear()
-        return self._answers.copy(), list(redo)
+        answers = self._answers
+        at = answers.find(1)
+        while at >= 0:  # memchr: as fast as the "yes" answers are few
+            redo.add(at)
+            at = answers.find(1, at + 1)
+        return answers.copy(), list(redo)
 
     def keep(self, answers: bytearray) -> None:
         """This poll's answers (before ``with_keep``), for the next poll."""
@@ -338,12 +333,12 @@ class _Reader:
         self._bases: Any = None
         self._odd: list[int] = []
         self._sizes: list[int] | None = None
-        np = sys.modules.get("numpy")
+        np = columns_numpy()
         rows = [r for v in (views[0], views[len(views) // 2], views[-1])
                 if (r := packed(v, kind)) is not None and r[0]] if views else []
         self._index: Mapping[str, int] = rows[0][0] if rows else next(
             (m.index for m in self.maps() if type(m) is kind and m.index), {})
-        if np is None or len(views) < GATHER_FROM or not self._index:
+        if np is None or not self._index:
             return
         if self._laid_out(fresh.laid_out(), np):
             return
@@ -428,7 +423,7 @@ class _Reader:
         pos = self._index.get(name)
         if shared is None or self._odd or pos is None:
             return None
-        np = sys.modules["numpy"]
+        np = store_numpy()  # ``_shared`` is set only where it is in use
         return np.frombuffer(shared, dtype=_DTYPES[shared.typecode])[self._bases + pos]
 
     def column(self, name: str, default: Any) -> list[Any]:
@@ -441,7 +436,7 @@ class _Reader:
         if pos is None:  # not a counter of the shared rows: only odd ports may have it
             values = [default] * len(self._views)
         else:
-            np = sys.modules["numpy"]
+            np = store_numpy()  # ``_shared`` is set only where it is in use
             # A view of the array only while gathering: an exported buffer would stop the
             # tracker from growing it.
             values = np.frombuffer(shared, dtype=_DTYPES[shared.typecode])[

@@ -25,8 +25,6 @@ from ibmon.detect.base import (
     PortDetector,
     Verdict,
     describe,
-    key_from_json,
-    key_to_json,
 )
 from ibmon.detect.cause import (
     HOTSPOT_ACTION,
@@ -74,6 +72,7 @@ class Congestion(PortDetector):
     type = "congestion"
     condition = "congestion"
     settings_model = CongestionSettings
+    per_port = saved = ("_runs",)
 
     def __init__(self, settings: DetectorSettings) -> None:
         super().__init__(settings)
@@ -198,22 +197,11 @@ class Congestion(PortDetector):
             },
         )
 
-    def forget(self, key: PortKey) -> None:
-        self._runs.pop(key, None)
-
-    def dump(self, offset: float) -> Any:
-        return [[*key_to_json(k), r] for k, r in self._runs.items()]
-
-    def load(self, data: Any, offset: float) -> None:
-        if not isinstance(data, list):
-            raise ValueError("congestion: expected a list")
-        runs: dict[PortKey, list[int]] = {}
-        for r in data:
-            vals = [int(x) for x in r[2]]
-            if len(vals) != 3:
-                raise ValueError("congestion: bad run counters")
-            runs[key_from_json(r[:2])] = vals
-        self._runs = runs
+    def decode(self, name: str, fields: list[Any], offset: float) -> Any:
+        runs = [int(x) for x in fields[0]]
+        if len(runs) != 3:
+            raise ValueError("bad run counters")
+        return runs
 
 
 _SPEED_RANK = {name: i for i, name in enumerate(SPEED_ORDER)}

@@ -18,8 +18,6 @@ from ibmon.detect.base import (
     PortDetector,
     Verdict,
     describe,
-    key_from_json,
-    key_to_json,
 )
 from ibmon.detect.columns import attribute, with_keep
 from ibmon.events import Severity
@@ -36,6 +34,7 @@ class CounterReset(PortDetector):
     type = "counter_reset"
     oneshot = True
     settings_model = CounterResetSettings
+    per_port = saved = ("_seen",)
 
     def __init__(self, settings: DetectorSettings) -> None:
         super().__init__(settings)
@@ -67,16 +66,8 @@ class CounterReset(PortDetector):
             {"counters": names, "counter": ",".join(names)},
         )
 
-    def forget(self, key: PortKey) -> None:
-        self._seen.pop(key, None)
-
-    def dump(self, offset: float) -> Any:
-        return [[*key_to_json(k), v] for k, v in self._seen.items()]
-
-    def load(self, data: Any, offset: float) -> None:
-        if not isinstance(data, list):
-            raise ValueError("counter_reset: expected a list")
-        self._seen = {key_from_json(r[:2]): {str(n): int(c) for n, c in r[2].items()} for r in data}
+    def decode(self, name: str, fields: list[Any], offset: float) -> Any:
+        return {str(n): int(c) for n, c in fields[0].items()}
 
 
 class CounterSaturatedSettings(DetectorSettings):

@@ -9,7 +9,6 @@ costs one integer and an erroring one at most a few hundred tuples.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Container
 from itertools import compress
 from typing import Any
@@ -25,8 +24,6 @@ from ibmon.detect.base import (
     PortDetector,
     Verdict,
     describe,
-    key_from_json,
-    key_to_json,
     rate_column,
     totals_column,
 )
@@ -46,6 +43,7 @@ from ibmon.detect.columns import Fresh, Memo, with_keep
 from ibmon.events import Severity
 from ibmon.model import PortKey, PortState, PortView
 from ibmon.rates import Rates
+from ibmon.rowview import store_numpy
 
 __all__ = ["Discards", "HighBer", "LinkIntegrity", "ReceiveErrors"]
 
@@ -70,6 +68,7 @@ class HighBer(PortDetector):
     type = "high_ber"
     condition = "high_ber"
     settings_model = HighBerSettings
+    per_port = saved = ("_window",)
 
     def __init__(self, settings: DetectorSettings) -> None:
         super().__init__(settings)
@@ -128,17 +127,6 @@ class HighBer(PortDetector):
              "action": action("physical", view), "peer_shows": peer_summary(peer)},
         )
 
-    def forget(self, key: PortKey) -> None:
-        self._window.forget(key)
-
-    def dump(self, offset: float) -> Any:
-        return self._window.dump(offset)
-
-    def load(self, data: Any, offset: float) -> None:
-        try:
-            self._window.load(data, offset)
-        except (TypeError, IndexError, ValueError) as exc:
-            raise ValueError(f"high_ber: {exc}") from None
 
 
 class LinkIntegritySettings(DetectorSettings):
@@ -161,6 +149,7 @@ class LinkIntegrity(PortDetector):
     type = "link_integrity"
     condition = "link_integrity"
     settings_model = LinkIntegritySettings
+    per_port = saved = ("_last", "_since")
 
     def __init__(self, settings: DetectorSettings) -> None:
         super().__init__(settings)
@@ -169,14 +158,14 @@ class LinkIntegrity(PortDetector):
         self._last: dict[PortKey, tuple[int, ...]] = {}
         self._since: dict[PortKey, tuple[float, dict[str, int]]] = {}
         self._zeros: tuple[int, ...] = (0,) * len(settings.counters)
-        self._memo = Memo()  # ``needs``' answers of the last poll
+        self.memo = Memo()  # ``needs``' answers of the last poll
 
     def needs(self, fresh: Pairs, now: float, active: Container[PortKey]) -> Pairs:
         # Unchanged totals and no increase within the hold: nothing to record or report.
         last = self._last
         since = self._since
         columns = [totals_column(fresh, c, -1) for c in self._s.counters]
-        reuse = self._memo.redo(fresh, *columns)
+        reuse = self.memo.redo(fresh, *columns)
         if reuse is None:
             answers = bytearray([
                 last.get(key) != values or key in since
@@ -187,11 +176,10 @@ class LinkIntegrity(PortDetector):
             for i in redo:
                 key = fresh[i][0]
                 answers[i] = last.get(key) != tuple(c[i] for c in columns) or key in since
-        self._memo.keep(answers)
+        self.memo.keep(answers)
         return list(compress(fresh, with_keep(fresh, answers, active)))
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
-        self._memo.touch(key)
         totals = view.totals
         values = tuple(totals.get(c, -1) for c in self._s.counters)
         prev = self._last.get(key)
@@ -231,28 +219,15 @@ class LinkIntegrity(PortDetector):
              "action": action(cause, view), "peer_shows": peer_summary(peer)},
         )
 
-    def forget(self, key: PortKey) -> None:
-        self._memo.touch(key)
-        self._last.pop(key, None)
-        self._since.pop(key, None)
+    def encode(self, name: str, value: Any, offset: float) -> list[Any]:
+        if name == "_since":  # (monotonic time of the last increase, counts)
+            return [value[0] + offset, value[1]]
+        return [list(value)]
 
-    def dump(self, offset: float) -> Any:
-        return {
-            "last": [[*key_to_json(k), list(v)] for k, v in self._last.items()],
-            "since": [[*key_to_json(k), t + offset, c] for k, (t, c) in self._since.items()],
-        }
-
-    def load(self, data: Any, offset: float) -> None:
-        if not isinstance(data, dict):
-            raise ValueError("link_integrity: expected an object")
-        self._last = {
-            key_from_json(r[:2]): tuple(int(x) for x in r[2]) for r in data.get("last", [])
-        }
-        self._since = {
-            key_from_json(r[:2]): (float(r[2]) - offset, {str(k): int(v) for k, v in r[3].items()})
-            for r in data.get("since", [])
-        }
-        self._memo.clear()
+    def decode(self, name: str, fields: list[Any], offset: float) -> Any:
+        if name == "_since":
+            return (float(fields[0]) - offset, {str(k): int(v) for k, v in fields[1].items()})
+        return tuple(int(x) for x in fields[0])
 
 
 #: How several detail counters of one cause read in a sentence.
@@ -293,6 +268,8 @@ class _RateDetector(PortDetector):
     counter: str
     label: str
     details: dict[str, Cause]
+    per_port = ("_quiet", "_held", "_window")
+    saved = ("_quiet",)
 
     def __init__(self, settings: DetectorSettings) -> None:
         super().__init__(settings)
@@ -314,7 +291,7 @@ class _RateDetector(PortDetector):
             picks = bytearray([moved or rate > threshold
                                for moved, rate in zip(moves, rates, strict=True)])
         else:  # the same, in numpy (NaN > threshold is False): no float object a port
-            np = sys.modules["numpy"]
+            np = store_numpy()  # ``over`` is gathered from the column store
             picks = bytearray((np.frombuffer(moves, dtype=np.uint8) | (over > threshold))
                               .tobytes())
         return list(compress(fresh, with_keep(fresh, picks, active)))
@@ -378,18 +355,8 @@ class _RateDetector(PortDetector):
              "peer_shows": peer_summary(peer)},
         )
 
-    def forget(self, key: PortKey) -> None:
-        self._quiet.pop(key, None)
-        self._held.pop(key, None)
-        self._window.forget(key)
-
-    def dump(self, offset: float) -> Any:
-        return [[*key_to_json(k), n] for k, n in self._quiet.items()]
-
-    def load(self, data: Any, offset: float) -> None:
-        if not isinstance(data, list):
-            raise ValueError(f"{self.type}: expected a list")
-        self._quiet = {key_from_json(r[:2]): int(r[2]) for r in data}
+    def decode(self, name: str, fields: list[Any], offset: float) -> Any:
+        return int(fields[0])
 
 
 class ReceiveErrors(_RateDetector):

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Container, Mapping
 from itertools import compress
-from typing import Any
 
 from pydantic import Field
 
@@ -24,8 +23,6 @@ from ibmon.detect.base import (
     PortDetector,
     Verdict,
     describe,
-    key_from_json,
-    key_to_json,
     totals_column,
 )
 from ibmon.detect.columns import Memo, attribute, with_keep
@@ -57,18 +54,19 @@ class PortDown(PortDetector):
     condition = "down"
     link_scoped = True
     settings_model = PortDownSettings
+    per_port = saved = ("_was_active",)
 
     def __init__(self, settings: DetectorSettings) -> None:
         super().__init__(settings)
         assert isinstance(settings, PortDownSettings)
         self._severity: Severity = settings.severity
         self._was_active: set[PortKey] = set()
-        self._memo = Memo()  # ``needs``' answers of the last poll
+        self.memo = Memo()  # ``needs``' answers of the last poll
 
     def needs(self, fresh: Pairs, now: float, active: Container[PortKey]) -> Pairs:
         up = _ACTIVE
         states = attribute(fresh, "state")
-        reuse = self._memo.redo(fresh, states)
+        reuse = self.memo.redo(fresh, states)
         if reuse is None:
             self._was_active.update(
                 [key for (key, _), s in zip(fresh, states, strict=True) if s == up])
@@ -79,7 +77,7 @@ class PortDown(PortDetector):
                 answers[i] = states[i] != up
                 if states[i] == up:
                     self._was_active.add(fresh[i][0])
-        self._memo.keep(answers)
+        self.memo.keep(answers)
         return list(compress(fresh, with_keep(fresh, answers, active)))
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
@@ -99,19 +97,6 @@ class PortDown(PortDetector):
              "breakdown": {}},
         )
 
-    def forget(self, key: PortKey) -> None:
-        self._memo.touch(key)
-        self._was_active.discard(key)
-
-    def dump(self, offset: float) -> Any:
-        return [key_to_json(k) for k in self._was_active]
-
-    def load(self, data: Any, offset: float) -> None:
-        if not isinstance(data, list):
-            raise ValueError("port_down: expected a list")
-        self._was_active = {key_from_json(k) for k in data}
-        self._memo.clear()
-
 
 class LinkFlappingSettings(DetectorSettings):
     window: float = Field(default=600.0, gt=0, description="seconds")
@@ -126,6 +111,7 @@ class LinkFlapping(PortDetector):
     condition = "flapping"
     link_scoped = True
     settings_model = LinkFlappingSettings
+    per_port = saved = ("_window",)
 
     def __init__(self, settings: DetectorSettings) -> None:
         super().__init__(settings)
@@ -162,18 +148,6 @@ class LinkFlapping(PortDetector):
              "breakdown": {"link_downed": n}},
         )
 
-    def forget(self, key: PortKey) -> None:
-        self._window.forget(key)
-
-    def dump(self, offset: float) -> Any:
-        return self._window.dump(offset)
-
-    def load(self, data: Any, offset: float) -> None:
-        try:
-            self._window.load(data, offset)
-        except (TypeError, IndexError, ValueError) as exc:
-            raise ValueError(f"link_flapping: {exc}") from None
-
 
 class LinkDegradedSettings(DetectorSettings):
     severity: Severity = "warning"
@@ -201,7 +175,7 @@ class LinkDegraded(PortDetector):
         #: (active width, active speed, max width, max speed) -> whether a link running so
         #: is fine (``_grade`` is True): a handful of combinations on any fabric.
         self._fine: dict[tuple[str, str, str, str], bool] = {}
-        self._memo = Memo()  # ``needs``' answers of the last poll (a function of its inputs)
+        self.memo = Memo()  # ``needs``' answers of the last poll (a function of its inputs)
 
     def begin(self, now: float, views: Mapping[PortKey, PortView]) -> None:
         super().begin(now, views)
@@ -242,14 +216,14 @@ class LinkDegraded(PortDetector):
 
         states = attribute(fresh, "state")
         links = attribute(fresh, "link")
-        reuse = self._memo.redo(fresh, states, links)
+        reuse = self.memo.redo(fresh, states, links)
         if reuse is None:
             answers = bytearray(map(picked, states, links))
         else:
             answers, redo = reuse
             for i in redo:
                 answers[i] = picked(states[i], links[i])
-        self._memo.keep(answers)
+        self.memo.keep(answers)
         return list(compress(fresh, with_keep(fresh, answers, active)))
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:

@@ -20,8 +20,6 @@ from ibmon.detect.base import (
     PortDetector,
     Verdict,
     describe,
-    key_from_json,
-    key_to_json,
 )
 from ibmon.detect.columns import Memo, attribute
 from ibmon.events import Severity
@@ -45,6 +43,8 @@ class TopologyChanged(PortDetector):
     type = "topology_changed"
     oneshot = True
     settings_model = TopologyChangedSettings
+    per_port = ("_peers", "_idents", "_absent")
+    saved = ("_peers",)
 
     def __init__(self, settings: DetectorSettings) -> None:
         super().__init__(settings)
@@ -55,7 +55,7 @@ class TopologyChanged(PortDetector):
         self._absent: dict[PortKey, int] = {}
         self._baseline = True
         self._first = True
-        self._memo = Memo()  # ``needs``' answers of the last poll
+        self.memo = Memo()  # ``needs``' answers of the last poll
         #: The ports of the latest poll that every recorded port was among (``vanished``).
         self._present: list[PortKey] | None = None
 
@@ -78,18 +78,17 @@ class TopologyChanged(PortDetector):
                 link is not None and link.remote_guid and old is not link
                 and (old is None or _far(old) != (link.remote_guid, link.remote_port)))
 
-        reuse = self._memo.redo(fresh, attribute(fresh, "identity"), attribute(fresh, "link"))
+        reuse = self.memo.redo(fresh, attribute(fresh, "identity"), attribute(fresh, "link"))
         if reuse is None:
             answers = bytearray([picked(key, view) for key, view in fresh])
         else:
             answers, redo = reuse
             for i in redo:
                 answers[i] = picked(*fresh[i])
-        self._memo.keep(answers)
+        self.memo.keep(answers)
         return list(compress(fresh, answers))
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
-        self._memo.touch(key)
         link = view.link
         peer: _Peer = link if link and link.remote_guid else None
         self._idents[key] = view.identity
@@ -143,8 +142,7 @@ class TopologyChanged(PortDetector):
                 self._absent[key] = n
                 continue
             self._absent.pop(key, None)
-            self._peers.pop(key, None)
-            self._memo.touch(key)
+            self._peers.pop(key, None)  # absent from the poll: its ``needs`` answer is too
             ident = self._idents.pop(key, None) or PortIdentity(guid=key[0], port=key[1])
             name = ident.node_desc or ident.device or ident.guid
             out.append(
@@ -161,27 +159,17 @@ class TopologyChanged(PortDetector):
             )
         return out
 
-    def forget(self, key: PortKey) -> None:
-        self._memo.touch(key)
-        self._peers.pop(key, None)
-        self._idents.pop(key, None)
-        self._absent.pop(key, None)
+    def encode(self, name: str, value: Any, offset: float) -> list[Any]:
+        far = _far(value)
+        return [list(far) if far else None]
 
-    def dump(self, offset: float) -> Any:
-        return [[*key_to_json(k), list(far) if (far := _far(p)) else None]
-                for k, p in self._peers.items()]
+    def decode(self, name: str, fields: list[Any], offset: float) -> Any:
+        far = fields[0]
+        return (str(far[0]), str(far[1])) if far else None
 
-    def load(self, data: Any, offset: float) -> None:
-        if not isinstance(data, list):
-            raise ValueError("topology_changed: expected a list")
-        peers: dict[PortKey, _Peer] = {}
-        for r in data:
-            p = r[2]
-            peers[key_from_json(r[:2])] = (str(p[0]), str(p[1])) if p else None
-        self._peers = peers
+    def loaded(self) -> None:
         self._present = None
-        self._baseline = not peers
-        self._memo.clear()
+        self._baseline = not self._peers
 
 
 def _far(peer: _Peer) -> tuple[str, str] | None:

@@ -27,14 +27,13 @@ from ibmon.bulkwork import run_bulk
 from ibmon.config import Duration, SourceConfigBase
 from ibmon.gcpause import paused_gc
 from ibmon.model import Snapshot, Topology
+from ibmon.sizes import fabric_sized
 
 if TYPE_CHECKING:  # the simulator (and YAML) load only when a mock source is built
     from mocks.scenario import ManualClock, ScenarioPlayer, SimClock
     from mocks.traffic import FabricModel
 
 _T = TypeVar("_T")
-#: Simulated fabrics with at least this many ports step in a worker thread.
-THREAD_PORTS = 200
 
 __all__ = ["Config", "ManualClock", "MockSource", "MockSourceConfig", "SimClock", "build"]
 
@@ -132,9 +131,9 @@ class MockSource:
     async def _run(self, step: Callable[[], _T]) -> _T:
         """A large simulated fabric steps in a worker thread, like a real fabric's sweep in
         its MAD worker, so the simulator does not hold the event loop (``ibmon demo`` at
-        100,000 ports), and with the cyclic GC paused (``ibmon.gcpause``); a small one
-        inline."""
-        if len(self.model.keys) < THREAD_PORTS:
+        100,000 ports), and with the cyclic GC paused (``ibmon.gcpause``); a node-sized one
+        (``ibmon.sizes``) inline."""
+        if not fabric_sized(len(self.model.keys)):
             return step()
 
         def paused() -> _T:

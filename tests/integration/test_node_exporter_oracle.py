@@ -27,7 +27,7 @@ from tests.fixtures import real_fixture
 from tests.node_exporter import http_get, running_node_exporter
 from tests.sysfs_tree import FULL_COUNTERS, write_device, write_port
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.node_sized]  # a node's HCAs, port by port
 
 #: Real sysfs captures under ../shared/real-fixtures (tests.fixtures finds them).
 REAL_TREES = {

@@ -28,6 +28,8 @@ from mocks.sysfs import SysfsRenderer
 from mocks.topology import Fabric, Link, Node
 from mocks.traffic import FabricModel
 
+pytestmark = pytest.mark.node_sized  # a node's HCAs: the per-port path a node daemon runs
+
 LEAF = "0x0002c90100000010"
 #: (HCA GUID, device ID, hca_type, link speed, the unit ibmon must decide, stall fraction)
 HCAS = [

@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from detect_views import shortcut_reuse, view  # noqa: F401 - the fixture
+from detect_views import view
 
 from ibmon.detect.cause import (
     CAUSES,

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from ibmon import rowview
 from ibmon.counters import CATALOGUE
 from ibmon.detect import columns
 from ibmon.detect.base import rate_column, totals_column
@@ -56,9 +57,13 @@ def _views() -> list[PortView]:
     return views
 
 
-@pytest.mark.parametrize("gather_from", [1, 10**9])
-def test_columns_read_what_get_reads(gather_from: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(columns, "GATHER_FROM", gather_from)
+@pytest.mark.parametrize("gathered", [True, False])
+def test_columns_read_what_get_reads(gathered: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gathered from the store's rows, and port by port (a process whose column store
+    never loaded numpy: ``rowview.columns_numpy`` is None)."""
+    store_views(polls=1)  # the column store is in use
+    if not gathered:
+        monkeypatch.setattr(rowview, "_numpy", None)
     views = _views()
     fresh = _fresh(views)
     for spec in CATALOGUE:
@@ -70,8 +75,8 @@ def test_columns_read_what_get_reads(gather_from: int, monkeypatch: pytest.Monke
         assert [repr(x) for x in got] == [repr(x) for x in want], spec.name
     reader = fresh._readers[Totals]
     # the store's rows are gathered; only the ports read another way go one by one
-    assert (reader._shared is not None) == (gather_from == 1)
-    if gather_from == 1:
+    assert (reader._shared is not None) == gathered
+    if gathered:
         assert reader._odd == [3, 5, 7, 9]
         assert fresh._readers[Rates]._odd == [11]
         # the tracker's views are read in place: no mapping made for every port
@@ -84,7 +89,6 @@ def test_a_poll_of_one_store_is_gathered_whole(mixed: bool,
     """Every port a row of the one ``Rows`` of a poll (a fabric's steady state): the rows'
     starts come from the views' row numbers at once; a single port of another ``Rows`` (a
     second tracker's poll) sends the reader back to telling them apart one by one."""
-    monkeypatch.setattr(columns, "GATHER_FROM", 1)
     whole: list[bool] = []  # per reader: were the rows' starts found at once?
     one_store = columns._one_store_bases
 
@@ -112,7 +116,6 @@ def test_a_poll_of_one_store_is_gathered_whole(mixed: bool,
 def test_a_gather_leaves_the_store_free_to_grow(monkeypatch: pytest.MonkeyPatch) -> None:
     """The gather reads the store's array through a buffer view only while it copies: an
     exported buffer would make the tracker's next growth fail (BufferError)."""
-    monkeypatch.setattr(columns, "GATHER_FROM", 1)
     views = _views()
     fresh = _fresh(views)
     totals_column(fresh, CATALOGUE[0].name)
@@ -135,7 +138,6 @@ def test_the_tracker_lays_out_a_poll_and_the_readers_take_it_only_for_its_views(
     that are not those very ones, in that order (one swapped for another poll's view of the
     same port, equal or not), send them back to reading the views. Either way every column is
     what ``get`` reads."""
-    monkeypatch.setattr(columns, "GATHER_FROM", 1)
     read_views: list[bool] = []
     one_store = columns._one_store_bases
 
@@ -182,7 +184,6 @@ def test_congestion_picks_from_a_laid_out_poll_what_it_picks_from_the_views(
     """``congestion`` reads a laid-out poll's ratios from the store's array, and looks up only
     the ports it holds something on: it must pick exactly the ports the view-by-view way
     picks: a ratio at ``clear`` and above, a run under way, a condition, a RoCE port."""
-    monkeypatch.setattr(columns, "GATHER_FROM", 1)
     views, layout = _laid_out_poll()
     assert layout is not None
     det = Congestion(CongestionSettings())
@@ -209,7 +210,6 @@ def test_rate_detectors_pick_from_a_laid_out_poll_what_they_pick_from_the_views(
     as one numpy column: they must pick exactly the ports the view-by-view way picks: a rate
     above the threshold (not one at it), no rate (NaN), a total the window would record, a
     condition held."""
-    monkeypatch.setattr(columns, "GATHER_FROM", 1)
     views, layout = _laid_out_poll()
     assert layout is not None
     det = (ReceiveErrors(ReceiveErrorsSettings(threshold=5.0)) if kind == "receive_errors"

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from detect_views import shortcut_reuse, view  # noqa: F401 - the fixture
+from detect_views import view
 
 from ibmon.config import ConfigError, load_settings
 from ibmon.detect.base import Finding, PortDetector, Verdict

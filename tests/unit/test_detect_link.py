@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from detect_views import GUID, PEER, link, shortcut_reuse, view  # noqa: F401 - the fixture
+from detect_views import GUID, PEER, link, view
 
 from ibmon.detect.engine import Engine
 from ibmon.events import Event

@@ -2,11 +2,15 @@
 
 Each detector skips the ports it can judge without ``check`` (nearly all of a healthy fabric's)
 and must apply the same side effects ``check`` would have (window values, the BER gauge). The
-attack: every shipped scenario played through two pipelines on the same clock, one with the
-shortcuts and one where every detector checks every port, compared on every poll: the events,
-each port's conditions, causes and BER, and at the end every detector's persisted state.
-Some scenarios are played again with ports that do not answer now and then (stale views: no
-vote, no verdict), where link faults are judged from one end.
+attack: scenarios played through two pipelines on the same clock, one with the shortcuts and
+one where every detector checks every port, compared on every poll: the events, each port's
+conditions, causes and BER, and at the end every detector's persisted state. Four scenarios
+raise every fault kind the detectors judge: ``demo`` (hotspot, BER warning then critical, a
+flap, a degraded link, backpressure, receive errors, a counter reset), ``link-errors`` (a BER
+ramp, discards, integrity errors), ``flap`` (flaps and a link down for minutes) and
+``saturation``; the first three with ports that do not answer now and then (stale views: no
+vote, no verdict), where link faults are judged from one end. The other shipped scenarios
+repeat these fault kinds (a test below keeps it so).
 """
 
 from __future__ import annotations
@@ -17,13 +21,12 @@ from typing import Any
 
 import pytest
 
-from ibmon.detect import columns
+from ibmon import sizes
 from ibmon.detect.base import Pairs
 from ibmon.model import PortKey, Snapshot, SourceError
 from ibmon.pipeline import Pipeline
 from ibmon.selfmetrics import SelfMetrics
 from ibmon.sources.mock import MockSource, MockSourceConfig
-from ibmon.tracker import Tracker
 from mocks.scenario import ManualClock, list_scenarios, load_scenario
 
 #: Simulated seconds played at 2 s polls (every shipped scenario's faults start and end
@@ -71,17 +74,14 @@ def _judged(pipeline: Pipeline) -> dict[PortKey, tuple[Any, ...]]:
     }
 
 
-CASES = [(n, False) for n in list_scenarios() if n != "scale"] + [
-    (n, True) for n in ("flap", "link-errors", "degraded")]
+CASES = [("demo", True), ("link-errors", True), ("flap", True), ("saturation", False)]
 
 
 @pytest.fixture(params=["per-port", "column-store"])
 def store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Both ways the shortcuts read counters: port by port, and (as on a fabric of 512+
     ports) gathered from the tracker's column store (``ibmon.detect.columns``)."""
-    if request.param == "column-store":
-        monkeypatch.setattr(Tracker, "columns_from", 1)
-        monkeypatch.setattr(columns, "GATHER_FROM", 1)
+    monkeypatch.setattr(sizes, "OFFLOAD_PORTS", 1 if request.param == "column-store" else 1 << 62)
     return str(request.param)
 
 
@@ -120,6 +120,21 @@ def test_detectors_judge_alike_with_and_without_their_shortcuts(
     assert json.dumps(dumped[0], sort_keys=True) == json.dumps(dumped[1], sort_keys=True)
     assert events >= len(sc.expect)  # the faults happened: there was something to judge
     assert (stale > 0) == silent
+
+
+def test_the_cases_raise_every_fault_and_event_kind_of_the_shipped_scenarios() -> None:
+    """A shipped scenario with a new fault or event kind joins ``CASES`` (else the shortcuts
+    of its detector go unchecked here)."""
+
+    def kinds(names: list[str]) -> tuple[set[str], set[str]]:
+        scenarios = [load_scenario(n) for n in names]
+        return ({e.fault for sc in scenarios for e in sc.timeline},
+                {x.type for sc in scenarios for x in sc.expect})
+
+    shipped = kinds(list_scenarios())
+    played = kinds(sorted({name for name, _silent in CASES}))
+    assert played[0] >= shipped[0], f"faults not played: {shipped[0] - played[0]}"
+    assert played[1] >= shipped[1], f"events not played: {shipped[1] - played[1]}"
 
 
 def test_the_shortcuts_leave_out_the_ports_of_a_healthy_fabric() -> None:

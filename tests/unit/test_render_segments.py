@@ -79,7 +79,6 @@ def test_cached_segments_inflate_to_a_full_render(
     """Also with a block's lines compressed a few at a time (``SLICE_LINES``): non-finite
     floats and escaped labels read the same across the slices' seams."""
     monkeypatch.setattr(render, "SEGMENT_PORTS", 4)
-    monkeypatch.setattr(render, "CACHE_MIN_PORTS", 0)
     monkeypatch.setattr(render, "SLICE_LINES", slice_lines)
     rng = random.Random(seed)
     views = [_view(i, rng, rng.choice(("leaf01", '"}\\x'))) for i in range(23)]
@@ -109,7 +108,6 @@ def test_packed_plain_and_partial_totals_read_the_same(
     block with a plain mapping, another index, a total past 64 bits or a port that lacks a
     counter takes a general path. Every one must read like a render of plain dicts."""
     monkeypatch.setattr(render, "SEGMENT_PORTS", 5)
-    monkeypatch.setattr(render, "CACHE_MIN_PORTS", 0)
     rng = random.Random(seed)
     names = [c.name for c in CATALOGUE]
     whole = {n: i for i, n in enumerate(names)}
@@ -142,7 +140,6 @@ def test_a_block_whose_values_did_not_change_is_not_rendered_again(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(render, "SEGMENT_PORTS", 2)
-    monkeypatch.setattr(render, "CACHE_MIN_PORTS", 0)
     views = [
         PortView(identity=PortIdentity(guid=f"0x{i:016x}", port="1"),
                  totals={"transmit_data": i, "symbol_errors": 0})
@@ -161,14 +158,23 @@ def test_a_block_whose_values_did_not_change_is_not_rendered_again(
     assert b'port="1"} 40\n' in _inflate(second)
 
 
-def test_a_small_fabric_is_compressed_whole_and_reads_the_same() -> None:
+def test_a_node_s_ports_are_rendered_in_cached_blocks_too() -> None:
+    """One way to render at every size: a node's 16 HCAs are one cached block a family, read
+    as a full render does, and a poll that moved only the data counters renders and
+    compresses again only the families those are in."""
     rng = random.Random(7)
-    views = [_view(i, rng, "node") for i in range(render.CACHE_MIN_PORTS - 1)]
+    views = [_view(i, rng, "node") for i in range(16)]
     renderer = PortRenderer(keep_descriptive=False)
     renderer.prepare(views)
-    body = renderer.series_deflated(views, 1)
-    assert len(body.parts) == 1
-    assert _inflate(body) == _full_render(views)
+    first = renderer.series_deflated(views, 1)
+    assert _inflate(first) == _full_render(views)
+    moved = [replace(v, totals={**v.totals, "transmit_data": v.totals["transmit_data"] + 1})
+             for v in views]
+    renderer.prepare(moved)
+    second = renderer.series_deflated(moved, 1)
+    assert _inflate(second) == _full_render(moved)
+    reused = set(map(id, first.parts)) & set(map(id, second.parts))
+    assert reused  # the families without transmit_data kept their compressed blocks
 
 
 def _linked(i: int, width: str, node_desc: str = "host") -> PortView:
@@ -192,7 +198,6 @@ def test_descriptive_segments_inflate_to_a_full_render(
     """Link widths change, a port is renamed, a link goes, two ports swap places, ports come
     and go: the cached ``_info`` blocks always read like a render from scratch."""
     monkeypatch.setattr(render, "SEGMENT_PORTS", 4)
-    monkeypatch.setattr(render, "CACHE_MIN_PORTS", 0)
     monkeypatch.setattr(render, "SLICE_LINES", slice_lines)
     views = [_linked(i, "4X") for i in range(17)]
     renderer = PortRenderer(keep_descriptive=False)
@@ -216,7 +221,6 @@ def test_a_changed_link_costs_its_block_of_the_link_family(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(render, "SEGMENT_PORTS", 4)
-    monkeypatch.setattr(render, "CACHE_MIN_PORTS", 0)
     views = [_linked(i, "4X") for i in range(12)]
     renderer = PortRenderer(keep_descriptive=False)
     renderer.prepare(views)
@@ -239,7 +243,6 @@ def test_what_the_cache_keeps_is_not_a_copy_of_every_value(
     ports differ (one port with a condition) keeps its values, and the answer is right when
     they move (a uniform block turns mixed and back, a column moves and returns)."""
     monkeypatch.setattr(render, "SEGMENT_PORTS", 64)
-    monkeypatch.setattr(render, "CACHE_MIN_PORTS", 0)
     # the shared zero columns of this test's block length only (earlier tests' lengths fill
     # the small cache, which then starts afresh between two of this test's polls)
     monkeypatch.setattr(render, "_ZEROS", {})

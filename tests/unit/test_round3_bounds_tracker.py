@@ -8,10 +8,9 @@ silences the rate and the BER of a healthy port.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
+from ibmon import sizes
 from ibmon.counters import CATALOGUE, CounterSpec
 from ibmon.model import PortIdentity, PortSample, PortView, Snapshot
 from ibmon.tracker import Tracker
@@ -20,13 +19,12 @@ NARROW = [c for c in CATALOGUE if c.bits < 64]
 GUID = "0x0002c90300a1b2c3"
 
 
-@pytest.fixture(autouse=True, scope="module", params=["per-port", "columns"])
-def _accounting(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Both ways of accounting a poll (``Tracker.columns_from``)."""
-    default = Tracker.columns_from
-    Tracker.columns_from = 1 if request.param == "columns" else default
-    yield
-    Tracker.columns_from = default
+@pytest.fixture(autouse=True, params=["per-port", "columns"])
+def _accounting(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
+                _fabric_paths: None) -> None:
+    """Both ways of accounting a poll: a node's (port by port) and a fabric's (the column
+    store), chosen by the one size threshold (``ibmon.sizes``)."""
+    monkeypatch.setattr(sizes, "OFFLOAD_PORTS", 1 if request.param == "columns" else 1 << 62)
 
 
 def sample(counters: dict[str, int], *, wide: frozenset[str]) -> PortSample:

@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from detect_views import shortcut_reuse, view  # noqa: F401 - the fixture
+from detect_views import view
 from test_detect_cause import host_view, leaf_view, receive_errors, step
 
 from ibmon.detect.cause import Cause, dominant, preferred

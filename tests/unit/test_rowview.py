@@ -9,8 +9,10 @@ import copy
 import gc
 import math
 import pickle
+import subprocess
 import sys
 from array import array
+from pathlib import Path
 
 import pytest
 
@@ -19,9 +21,9 @@ from ibmon.rates import NO_RATE, Rates
 from ibmon.rowview import Rows, RowView
 from ibmon.sources.mock import MockSource
 from ibmon.totals import Totals
-from ibmon.tracker import Tracker
 from mocks.scenario import ManualClock
 from tests.detect_views import store_views
+from tests.tracker_paths import ColumnTracker
 
 INDEX = {"transmit_data": 0, "symbol_errors": 1}
 
@@ -110,8 +112,7 @@ def test_copies_and_pickles_are_plain_views_of_the_same_values() -> None:
         assert type(twin) is PortView and twin == view
 
 
-class _Columns(Tracker):
-    columns_from = 1
+_Columns = ColumnTracker
 
 
 def test_a_poll_makes_no_mapping_object_per_port() -> None:
@@ -182,5 +183,21 @@ def test_ratio_arrays_are_the_ratio_columns_with_nan_for_none(
             assert [None if math.isnan(x) else x for x in got.tolist()] == want
     assert math.isnan(ratio_arrays([odd, *views])[0][0])  # type: ignore[index]
     assert ratio_arrays([*views[:5], replaced(views[5], xmit_wait_ratio=math.nan)]) is None
-    monkeypatch.setitem(sys.modules, "numpy", None)  # a process that never loaded numpy
+    monkeypatch.setattr(rowview, "_numpy", None)  # a process without a column store
     assert ratio_arrays(views) is None
+
+
+def test_column_readers_take_numpy_from_the_tracker_s_store_alone() -> None:
+    """The detectors' and the renderer's column readers reach numpy through one accessor of
+    ibmon's: None until the tracker's column store loads (numpy imported by anything else, a
+    library or a plugin, does not switch them to arrays), the store's numpy from then on."""
+    program = (
+        "import numpy\n"
+        "import exporters.render, ibmon.detect.engine\n"
+        "from ibmon.rowview import columns_numpy\n"
+        "assert columns_numpy() is None\n"
+        "import ibmon.trackcolumns\n"
+        "assert columns_numpy() is numpy\n"
+    )
+    subprocess.run([sys.executable, "-c", program], check=True, timeout=60,
+                   cwd=Path(__file__).resolve().parents[2])

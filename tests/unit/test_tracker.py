@@ -9,9 +9,9 @@ down, rates are exact whenever the interval is usable, and a restart changes not
 model's counter widths and the x4 rule are written from the IBA tables, not read from the
 catalogue under test.
 
-Every test runs twice: with the per-port rules alone, and with every poll going through the
-column store first (``ibmon.trackcolumns``, which large polls use), which must not change a
-single result.
+Every test runs twice: with the per-port path alone (a node's), and with every poll going
+through the column store first (``ibmon.trackcolumns``, a fabric's: ``ibmon.sizes``), which
+must not change a single result.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ibmon import sizes
 from ibmon.counters import BY_NAME, CATALOGUE
 from ibmon.model import LinkInfo, PortIdentity, PortKey, PortSample, PortView, Snapshot
 from ibmon.totals import Totals
@@ -41,13 +42,12 @@ WALL0 = 1_700_000_000.0  # wall = WALL0 + monotonic: one consistent clock pair (
 DATA_WIDE = frozenset({"transmit_data", "receive_data", "transmit_packets", "receive_packets"})
 
 
-@pytest.fixture(autouse=True, scope="module", params=["per-port", "columns"])
-def _accounting(request: pytest.FixtureRequest) -> Any:
-    """Both ways of accounting a poll (``Tracker.columns_from``)."""
-    default = Tracker.columns_from
-    Tracker.columns_from = 1 if request.param == "columns" else default
-    yield
-    Tracker.columns_from = default
+@pytest.fixture(autouse=True, params=["per-port", "columns"])
+def _accounting(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
+                _fabric_paths: None) -> None:
+    """Both ways of accounting a poll: a node's (port by port) and a fabric's (the column
+    store), chosen by the one size threshold (``ibmon.sizes``)."""
+    monkeypatch.setattr(sizes, "OFFLOAD_PORTS", 1 if request.param == "columns" else 1 << 62)
 
 
 def sample(

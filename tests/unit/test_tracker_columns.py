@@ -1,8 +1,9 @@
-"""The column store (``ibmon.trackcolumns``) accounts exactly as the per-port rules (issue 12).
+"""The column store (``ibmon.trackcolumns``) accounts exactly as the per-port path.
 
-A poll of many ports takes the plain ones through numpy a block at a time and hands every
-other port, and any row a block refuses (a reset, a counter reaching its narrow maximum, a
-total past 64 bits), to the per-port rules. The attack: every shipped scenario played through
+A fabric-sized poll (``ibmon.sizes``) takes the plain ports through numpy a block at a time
+(the tracker's rule functions on columns) and hands every other port, and any row a block
+refuses (a reset, a counter reaching its narrow maximum, a total past 64 bits), to the
+per-port path. The attack: every shipped scenario played through
 two trackers on the same samples, one always per port and one always in columns, with ports
 that do not answer now and then and a restart from the persisted state half-way, compared on
 every poll (each view, field by field) and at the end (the persisted state and the counts of
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 
 from ibmon import trackcolumns
-from ibmon.detect.columns import GATHER_FROM, Fresh
+from ibmon.detect.columns import Fresh
 from ibmon.model import PortIdentity, PortSample, PortState, Snapshot, replaced
 from ibmon.rates import Rates
 from ibmon.rowview import RowView
@@ -29,6 +30,7 @@ from ibmon.totals import Totals
 from ibmon.tracker import Tracker
 from mocks.scenario import ManualClock, list_scenarios, load_scenario
 from tests.detect_views import store_views
+from tests.tracker_paths import ColumnTracker, PerPortTracker
 
 
 @pytest.fixture(autouse=True)
@@ -38,19 +40,18 @@ def _small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(trackcolumns, "_CHUNK", 37)
 
 
-class _PerPort(Tracker):
-    columns_from = 1 << 62
+_PerPort = PerPortTracker
 
 
-class _Columns(Tracker):
-    columns_from = 1
-    #: Polls accounted by ``_update_same`` (a poll of the last poll's ports), by class.
+class _Columns(ColumnTracker):
+    #: Polls that repeated the last one (``Tracker._repeat``: no dispatch), by class.
     same_polls = 0
 
-    def _update_same(self, *args: Any) -> Any:
-        views = super()._update_same(*args)
-        type(self).same_polls += views is not None
-        return views
+    @staticmethod
+    def _repeat(*args: Any) -> Any:
+        batch = ColumnTracker._repeat(*args)
+        _Columns.same_polls += batch is not None
+        return batch
 
 
 def _in_store(totals: object) -> bool:
@@ -121,7 +122,7 @@ def test_columns_account_exactly_as_the_per_port_rules(
 def test_a_poll_of_the_last_polls_ports_accounts_as_the_dispatch_would(
     name: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """``Tracker._update_same`` (the poll of the same ports, in the same order, as the last
+    """``Tracker._repeat`` (the poll of the same ports, in the same order, as the last
     one, all plain rows) against the per-port rules, poll after poll, across what ends that
     state between polls: a port forgotten while it still answers, state loaded into the same
     tracker, a poll with no time passed, a counter reset, a link going down and up, samples
@@ -323,9 +324,8 @@ def test_rates_keep_only_the_columns_that_moved_and_read_as_the_per_port_rules()
     moved: a column that starts moving in the poll's last chunk and one that stops moving
     must both end up as if the poll had been laid out at once."""
     names = ("transmit_data", "receive_data", "symbol_errors", "link_downed", "receive_errors")
-    # enough ports for the detectors' gather from the shared rows (GATHER_FROM), and for
-    # several chunks (``_small_chunks``)
-    keys = [(f"0x{p:016x}", "1") for p in range(1, max(GATHER_FROM, 4 * 37) + 2)]
+    # enough ports for several chunks (``_small_chunks``), the last one partly filled
+    keys = [(f"0x{p:016x}", "1") for p in range(1, 4 * 37 + 2)]
     middle, last = len(keys) // 2, len(keys) - 1
     a, b = _PerPort(), _Columns()
 
