@@ -6,25 +6,28 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 
 # One stamp per install level, inside the venv so that deleting .venv resets them. Each depends on
-# pyproject.toml (changed dependencies reinstall) and on the C modules' sources (the editable
-# install builds exporters/_lines.c and ibmon/sources/_madloop.c in place; optional: without a
-# compiler ibmon renders and loops over MADs in Python). Installing the test extra also satisfies
-# the runtime stamp; a venv made by `make demo` gets the test extra the first time `make test` runs.
+# pyproject.toml (changed dependencies reinstall). Installing the test extra also satisfies the
+# runtime stamp; a venv made by `make demo` gets the test extra the first time `make test` runs.
 PY       = $(BIN)/python
 RUNTIME  = $(VENV)/.installed-runtime
 TESTDEPS = $(VENV)/.installed-test
-C_MODULES = exporters/_lines.c ibmon/sources/_madloop.c
+# pytest-xdist workers for `make test` (0 runs in one process). Each worker takes whole test files
+# (--dist loadfile: a module's simulator or broker is started once) in collection order, so the
+# long end-to-end and fault files start first instead of last. One worker per core: the fault
+# tests' deadlines (a poll overdue after 3 intervals) assume the daemon under test gets a core.
+# `--durations` keeps the slowest tests in sight.
+TEST_WORKERS ?= 2
 
 .PHONY: demo test lint bench venv system-deps clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(RUNTIME): pyproject.toml $(C_MODULES) | $(PY)
+$(RUNTIME): pyproject.toml | $(PY)
 	$(BIN)/pip install --quiet -e .
 	touch $@
 
-$(TESTDEPS): pyproject.toml $(C_MODULES) | $(PY)
+$(TESTDEPS): pyproject.toml | $(PY)
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@ $(RUNTIME)
 
@@ -40,7 +43,7 @@ system-deps:
 
 ## Everything CI runs: system packages when missing, venv, lint, type check, full test suite.
 test: system-deps $(TESTDEPS) lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 
 lint: $(TESTDEPS)
 	$(BIN)/ruff check .
@@ -50,4 +53,4 @@ bench: $(TESTDEPS)
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info exporters/*.so ibmon/sources/*.so
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -1,8 +1,8 @@
 """End to end: `ibmon demo` -> real Prometheus (shipped rules) -> real Alertmanager -> webhook.
 
-The demo scenario plays at 10x simulated speed (one poll per simulated second), so its faults
-happen within the first 90 real seconds: BER on host042's cable from 2 s to about 74 s, and the
-leaf02 port 3 / host021 link flapping from 28 s to about 80 s (10-minute windows, 600 simulated
+The demo scenario plays at 20x simulated speed (one poll per simulated second), so its faults
+happen within the first 45 real seconds: BER on host042's cable from 1 s to about 37 s, and the
+leaf02 port 3 / host021 link flapping from 14 s to about 40 s (10-minute windows, 600 simulated
 seconds). The shipped alert rules are loaded unchanged except for their ``for:`` durations, which
 are in Prometheus' real time and are shortened to 2 s; the shipped Alertmanager routing and
 inhibitions are loaded with the receivers pointed at this test's webhook and the group timers
@@ -52,13 +52,13 @@ pytestmark = pytest.mark.system
 
 AM_CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 IBMON = Path(sys.executable).with_name("ibmon")
-SPEED = 10.0
+SPEED = 20.0
 RATE_INTERVAL = "5s"  # Grafana's $__rate_interval at a 1 s scrape interval: at least 4 scrapes
 #: Alerts the demo's faults may raise (BER, flap, hotspot/backpressure, degraded uplink, receive
 #: errors, the short link-downs of the flap); anything else is a false alarm.
 DEMO_FAULT_ALERTS = {"IBLinkHighBER", "IBLinkFlapping", "IBPortCongestion", "IBLinkDegraded",
                      "IBPortReceiveErrors", "IBPortDown"}
-DEADLINE = 160.0  # real seconds for the whole scenario part; the demo loop is 90 s
+DEADLINE = 100.0  # real seconds for the whole scenario part; the demo loop is 45 s
 
 
 # --- processes ------------------------------------------------------------------------------
@@ -333,7 +333,7 @@ def test_scenario_alerts_reach_alertmanager_and_every_query_returns_data(
         assert "leaf02 port 3" in flap["annotations"]["action"]
         assert "host021" in flap["annotations"]["action"]
 
-        # 3. And resolve once the faults end (before the demo loop starts again at 90 s).
+        # 3. And resolve once the faults end (before the demo loop starts again at 45 s).
         wait_until("resolved notifications at the webhook",
                    lambda: bool(hook.alerts("IBLinkHighBER", "resolved")
                                 and hook.alerts("IBLinkFlapping", "resolved")),

@@ -154,17 +154,17 @@ class SimDaemon:
 
 
 def start_apart(a: SimDaemon, b: SimDaemon, interval: float) -> float:
-    """Start ``a``, then ``b`` so that their polls are 0.3 to 0.7 of an interval apart, as two
+    """Start ``a``, then ``b`` so that their polls are 0.2 to 0.8 of an interval apart, as two
     daemons started independently may be (a start lands wherever the machine's load puts it:
     try again until it is so). Returns the gap."""
     a.start()
     pa = a.poll_phase(interval)
-    for _ in range(6):
+    for _ in range(10):
         b.start()
         b.until("a first successful poll", lambda s: s.value("ibmon_source_up") == 1)
         pb = b.poll_phase(interval)
         gap = circular_gap(pb, pa, interval)
-        if 0.3 * interval <= gap <= 0.7 * interval:
+        if 0.2 * interval <= gap <= 0.8 * interval:
             return gap
         b.stop()
         # a start takes about as long each time: starting later by as much as the phase is

@@ -1,6 +1,6 @@
 """The sharded test fabric: three switches, a host on each, and host ``dual`` on two switches.
 
-The same fabric as tests/integration/test_round3_shards.py (kept here too, so the HA and
+The same fabric as tests/integration/test_ibsim_shards.py (kept here too, so the HA and
 hand-off tests do not depend on another test module): GUIDs chosen so that every assignment
 rule matters, the shard of each node for N = 2 written out (not computed by
 ``ibmon.sources.shard``). ``dual`` is cabled to sw-b (shard 0) and sw-c (shard 1) and goes

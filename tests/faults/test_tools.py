@@ -569,7 +569,7 @@ def test_a_failed_discovery_keeps_the_last_good_topology(
     """Item 5: half an output and exit 1, 10 MB of garbage, a cut-short output and a hang:
     each discovery is rejected whole, the previous topology stays and every port is polled,
     one discovery_rejected error and one log line per discovery."""
-    d = daemon(topology_interval='"2s"')
+    d = daemon(topology_interval='"1s"')
     d.until_polls(3, healthy)
     causes = {"half_exit1": "failed", "garbage": "parse_error", "truncated": "incomplete",
               "hang": "timeout"}
@@ -597,7 +597,7 @@ def test_a_failed_discovery_keeps_the_last_good_topology(
     for s in d.scrapes:
         healthy(s)
     d.stop()
-    # a discovery every 2 s: the first one after the fault is rejected
+    # a discovery every second: the first one after the fault is rejected
     assert max(detected.values()) <= 4, detected
     record("failed discovery", detected_within_polls=detected, rejected=len(lines),
            scrapes_checked=d.watch.scrapes)

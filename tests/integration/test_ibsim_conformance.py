@@ -50,7 +50,7 @@ from tests.ibsim_fixtures import require_ibsim
 pytestmark = pytest.mark.system
 
 EPOCH = 1_700_000_000.0
-FINE_BEFORE, FINE_AFTER, COARSE = 20.0, 5.0, 10.0
+FINE_BEFORE, FINE_AFTER, COARSE = 0.0, 2.0, 10.0
 
 
 def unreachable_ca_ports(sc: Scenario, fabric: Fabric) -> set[tuple[str, int]]:
@@ -122,7 +122,10 @@ def transitions(sc: Scenario, key: list[Expected]) -> list[float]:
 
 
 def poll_times(sc: Scenario, key: list[Expected]) -> list[float]:
-    """Every ``poll_interval`` near a transition or window edge, every COARSE s elsewhere."""
+    """Every ``poll_interval`` near a transition or window edge (from FINE_BEFORE s before the
+    coarse step that would reach it, so no coarse step jumps over one, to FINE_AFTER s after
+    it), every COARSE s elsewhere: the counters are totals, so the quiet stretches lose nothing
+    to the coarse steps, and every window edge of the key is polled at ``poll_interval``."""
     marks = transitions(sc, key)
     step = sc.poll_interval
     out: list[float] = []
