@@ -4,7 +4,7 @@
         [--window 30] [--mode first|walk|all]
 
 Starts ``python -m ibmon run`` as its own process with one ``mock`` source (``hosts`` 3000 gives
-17,424 ports, the fabric of issue 14) polled every second, waits for it to settle, then for each
+17,424 ports) polled every second, waits for it to settle, then for each
 client count runs that many threads fetching ``/api/v1/ports`` in a loop for ``--window`` seconds
 and reports the daemon's polls per second (``ibmon_source_poll_duration_seconds_count`` at both
 ends, over the time between those two scrapes, which a starved daemon stretches), its peak RSS

@@ -18,13 +18,13 @@ Measures, on one simulator:
 - a naive perfquery-per-port loop (timed on ``--loop-sample`` ports, median extrapolated to the
   fabric; said so).
 
-- ``--only cold``: just ``ibqueryerrors`` against ``mad`` cold and every poll (issue 12, target
-  6), with the MADs of each phase, the machine's load average, every run, and ``ibqueryerrors``
+- ``--only cold``: just ``ibqueryerrors`` against ``mad`` cold and every poll, with the MADs
+  of each phase, the machine's load average, every run, and ``ibqueryerrors``
   once more with ibsim pinned to one CPU and the tool on that CPU or the other one: under ibsim
   a tool is 3-4x faster when it shares ibsim's CPU (no cross-CPU wake-up per MAD), and which
   one the scheduler picks decides a best-of-N ``ibqueryerrors`` figure.
 
-- the cost of the error and discard details (issue 11): the steady ``mad`` poll with detail
+- the cost of the error and discard details: the steady ``mad`` poll with detail
   reads on and off, on the healthy fabric, and with ``--erroring`` of the ports' PortRcvErrors
   moving before every poll (their PortLocalPhysicalErrors with them, as a real PMA does).
 
@@ -80,7 +80,7 @@ def _spread(xs: list[float]) -> str:
 
 
 def cold_start(sim: IbSim, repeat: int, before: str | None = None) -> bool:
-    """Target 6: ``mad`` discovery + first sweep, and the per-poll sweep, against
+    """``mad`` discovery + first sweep (a cold start), and the per-poll sweep, against
     ``ibqueryerrors``, interleaved; then ``ibqueryerrors`` with ibsim pinned (see the module
     docstring). ``before``: a directory holding another tree's ``ibmon`` (e.g. ``git archive
     main``), run interleaved the same way. Returns whether the per-poll sweep is within 1.0x."""
@@ -213,7 +213,8 @@ def main() -> None:
     ap.add_argument("--loop-sample", type=int, default=40)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--only", choices=["details", "cold"], default=None,
-                    help="run only this part (details: the detail reads' cost; cold: target 6)")
+                    help="run only this part (details: the detail reads' cost; cold: mad's cold "
+                         "start and sweep against ibqueryerrors)")
     ap.add_argument("--before", default=None,
                     help="with --only cold: also run the ibmon found in this directory")
     ap.add_argument("--erroring", type=float, default=0.05,

@@ -5,7 +5,7 @@
 The ``mad`` and ``diags`` sources decode each port's counters into a ``PortCounterValues``
 (``merge_counters``) and make its ``PortSample`` from it (``ibmon.sources.fabric.make_sample``);
 a poll's values and samples are all alive until the snapshot is handed on, so their bytes per
-port times the fabric's ports is what a poll adds to the daemon's peak (issue 12, target 3).
+port times the fabric's ports is what a poll adds to the daemon's peak.
 The ports' counters are the real perfquery captures in ``../shared/real-fixtures`` (a
 ConnectX HCA and switch ports with CapMask2 0x2: 22 counters read from 64-bit fields), parsed
 by the ``diags`` path, cycled over ``--ports`` ports. Measured with ``tracemalloc`` (the
