@@ -22,10 +22,10 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 
-from ibmon import events as events_mod
 from ibmon.detect import engine as engine_mod
+from ibmon.detect import events as events_mod
 from ibmon.detect.engine import Engine
-from ibmon.events import Event, PortRef, new_event_id
+from ibmon.detect.events import Event, PortRef, new_event_id
 from ibmon.model import LinkInfo, PortIdentity, PortKey, PortView
 
 LINK = LinkInfo(remote_guid="0x0002c90300000001", remote_port="1", max_width="4X",

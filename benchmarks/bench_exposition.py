@@ -31,9 +31,9 @@ from prometheus_client.registry import Collector
 from exporters.http import deflate_chunks
 from exporters.prometheus import GZIP_LEVEL, PrometheusExporter
 from exporters.render import PortRenderer
-from ibmon.counters import CATALOGUE
+from ibmon.infiniband.counters import CATALOGUE
 from ibmon.model import LinkInfo, PortIdentity, PortKey, PortView
-from ibmon.selfmetrics import SelfMetrics
+from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.state import FabricState
 
 REQUIRED_RATIO = 10.0

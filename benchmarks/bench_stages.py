@@ -41,9 +41,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from exporters.prometheus import PrometheusExporter  # noqa: E402
-from ibmon.gcpause import paused_gc  # noqa: E402
-from ibmon.pipeline import Pipeline, build_state  # noqa: E402
-from ibmon.selfmetrics import SelfMetrics  # noqa: E402
+from ibmon.runtime.gcpause import paused_gc  # noqa: E402
+from ibmon.runtime.pipeline import Pipeline, build_state  # noqa: E402
+from ibmon.runtime.selfmetrics import SelfMetrics  # noqa: E402
 from ibmon.sources.mock import MockSource, MockSourceConfig  # noqa: E402
 from mocks.scenario import ManualClock  # noqa: E402
 

@@ -22,9 +22,9 @@ import statistics
 import sys
 import time
 
-from ibmon.counters import CATALOGUE
+from ibmon.infiniband.counters import CATALOGUE
 from ibmon.model import PortIdentity, PortSample, Snapshot
-from ibmon.tracker import Tracker
+from ibmon.track.tracker import Tracker
 
 WIDE = frozenset(c.name for c in CATALOGUE if c.sysfs_ext or c.bits == 64)
 TRAFFIC = WIDE | {"transmit_wait"}

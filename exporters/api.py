@@ -41,10 +41,10 @@ from typing import Any, TypeVar, get_args
 from exporters.ports import port_detail_json, port_json
 from exporters.server import HttpError, Request, Response, Route
 from ibmon.detect.engine import DETECTORS, ActiveCondition
-from ibmon.events import Event, EventType, severity_rank
+from ibmon.detect.events import Event, EventType, severity_rank
 from ibmon.model import PortKey, PortView, normalize_guid
 from ibmon.state import FabricState
-from ibmon.topology import node_rows
+from ibmon.state.topology import node_rows
 
 __all__ = [
     "API_SHARE",
@@ -81,7 +81,7 @@ JSON = "application/json"
 CONDITIONS = tuple(sorted(DETECTORS))
 #: What ``/api/v1/events?type=`` may name.
 EVENT_TYPES = tuple(sorted(get_args(EventType)))
-#: An event id (``ibmon.events.event_id``): 32 lowercase hex digits.
+#: An event id (``ibmon.detect.events.event_id``): 32 lowercase hex digits.
 _EVENT_ID = re.compile(r"[0-9a-f]{32}")
 #: The one thing a refused cursor says: how it came about is the server's business, and a
 #: decoder's words ("Incorrect padding", "Expecting value: line 1 column 1") help no client.

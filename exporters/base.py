@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol, runtime_checkable
 
-from ibmon.events import Subscription
+from ibmon.detect.events import Subscription
 from ibmon.state import FabricState
 
 __all__ = ["EventConsumer", "Exporter"]

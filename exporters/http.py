@@ -31,8 +31,8 @@ import structlog
 from exporters.deflate import compressobj
 from exporters.server import HttpConnection, peer_address
 from ibmon.config import parse_listen  # the one listen-address rule, shared with config checks
-from ibmon.metrics import Counter, Registry
-from ibmon.sslgate import enable_tls
+from ibmon.runtime.metrics import Counter, Registry
+from ibmon.runtime.sslgate import enable_tls
 
 if TYPE_CHECKING:
     import ssl

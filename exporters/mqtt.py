@@ -50,9 +50,9 @@ import aiomqtt
 import structlog
 
 from ibmon.config import MqttConfig, MqttTlsConfig
-from ibmon.events import EVENT_TYPES, Event, EventBus, Subscription
+from ibmon.detect.events import EVENT_TYPES, Event, EventBus, Subscription
 from ibmon.model import GUID_RE, PhysState, PortKey, PortState, PortView
-from ibmon.selfmetrics import MqttMetrics, SelfMetrics
+from ibmon.runtime.selfmetrics import MqttMetrics, SelfMetrics
 from ibmon.state import FabricState
 
 __all__ = [
@@ -65,7 +65,7 @@ __all__ = [
 
 log = structlog.get_logger("ibmon.mqtt")
 
-#: Event types that may become a topic level are ``ibmon.events.EVENT_TYPES``; anything else
+#: Event types that may become a topic level are ``ibmon.detect.events.EVENT_TYPES``; anything else
 #: goes to ``events/other``, so an unexpected type can never inject topic syntax.
 OTHER_EVENT_TYPE = "other"
 

@@ -14,10 +14,10 @@ from typing import Any
 
 from ibmon.detect.cause import DISCARD_DETAILS, RECEIVE_DETAILS
 from ibmon.detect.engine import ActiveCondition
-from ibmon.events import Event
+from ibmon.detect.events import Event
 from ibmon.model import PhysState, PortKey, PortState, PortView
 from ibmon.state import FabricState
-from ibmon.topology import link_json
+from ibmon.state.topology import link_json
 
 __all__ = [
     "EVENTS_PER_PORT",

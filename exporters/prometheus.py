@@ -51,14 +51,14 @@ from exporters.http import (
 )
 from exporters.render import PortRenderer
 from exporters.server import HttpApp, HttpConnection, HttpError, Request, Response, Route
-from ibmon.bulkwork import run_bulk, submit_bulk
-from ibmon.gcpause import paused_gc
 from ibmon.model import PortView
-from ibmon.rowview import Span
-from ibmon.selfmetrics import SelfMetrics
-from ibmon.sizes import fabric_sized
+from ibmon.runtime.bulkwork import run_bulk, submit_bulk
+from ibmon.runtime.gcpause import paused_gc
+from ibmon.runtime.selfmetrics import SelfMetrics
+from ibmon.runtime.sizes import fabric_sized
+from ibmon.runtime.tuning import release_free_memory
 from ibmon.state import FabricState, PortSorter, in_port_order
-from ibmon.tuning import release_free_memory
+from ibmon.track.rowview import Span
 
 __all__ = ["CONTENT_TYPE", "PrometheusExporter", "exposition"]
 
@@ -223,7 +223,7 @@ class PrometheusExporter:
 
     async def publish(self, state: FabricState) -> None:
         """Like ``publish_now``, rendering in a worker thread while the loop keeps running;
-        a node-sized state (``ibmon.sizes``) renders inline (``publish_now``): a compute
+        a node-sized state (``ibmon.runtime.sizes``) renders inline (``publish_now``): a compute
         node's 16 HCAs take 0.3 ms, less than handing the work to a thread and back (two loop
         wake-ups, 0.3-0.4 ms of CPU on a VM)."""
         if state is self._state:
@@ -239,7 +239,7 @@ class PrometheusExporter:
 
     def _render_paused(self, state: FabricState) -> Deflated:
         """``_render`` of a large state (a worker thread) with the cyclic GC paused: its label
-        lists and fingerprints live until the next render (``ibmon.gcpause``)."""
+        lists and fingerprints live until the next render (``ibmon.runtime.gcpause``)."""
         with paused_gc():
             return self._render(state, wait=True)
 

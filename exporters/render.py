@@ -42,9 +42,9 @@ from exporters.valuetext import (
     float_texts,
     int_texts,
 )
-from ibmon.counters import CATALOGUE
+from ibmon.infiniband.counters import CATALOGUE
 from ibmon.model import LinkInfo, PortIdentity, PortKey, PortView
-from ibmon.rowview import (
+from ibmon.track.rowview import (
     RowView,
     Span,
     as_run,
@@ -54,7 +54,7 @@ from ibmon.rowview import (
     span_ratio_arrays,
     store_numpy,
 )
-from ibmon.totals import Totals
+from ibmon.track.totals import Totals
 
 if TYPE_CHECKING:
     from exporters.http import Deflated
@@ -563,7 +563,7 @@ class _Block:
 
     The 32 counter families all read ``totals``, and a pass per family read every port's
     totals 32 times a poll, bound by cache misses (155 ms at 36,720 ports). The tracker's
-    views share one name index per counter set (``ibmon.totals.Totals``): their packed
+    views share one name index per counter set (``ibmon.track.totals.Totals``): their packed
     totals are then laid end to end and each family's column is a strided slice, in C
     (about 2 ms a block of 8,192 ports). Other blocks read each port's mapping once for all
     families (``itemgetter``, 60 ms at 36,720 ports).

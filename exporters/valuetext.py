@@ -26,7 +26,7 @@ from math import isfinite
 from operator import is_not
 from typing import Any
 
-from ibmon.rowview import columns_numpy
+from ibmon.track.rowview import columns_numpy
 
 __all__ = ["MIN_VALUES", "NO_TEXT", "array_json", "array_texts", "float_texts", "int_texts"]
 

@@ -1,5 +1,6 @@
-"""``python -m ibmon``: the same entry point as the ``ibmon`` console script (``ibmon.entry``)."""
+"""``python -m ibmon``: the same entry point as the ``ibmon`` console script
+(``ibmon.cli.entry``)."""
 
-from ibmon.entry import main
+from ibmon.cli.entry import main
 
 main()

@@ -14,8 +14,8 @@ from enum import IntEnum
 from operator import attrgetter
 from typing import Any
 
-from ibmon.terminal import printable
-from ibmon.xmitwait import DEFAULT_UNIT, WaitUnit
+from ibmon.cli.terminal import printable
+from ibmon.infiniband.xmitwait import DEFAULT_UNIT, WaitUnit
 
 __all__ = [
     "GUID_RE",
@@ -98,12 +98,13 @@ class PortIdentity:
     hca_type: str = ""
     board_id: str = ""
     sm_lid: int | None = None
-    #: What one PortXmitWait count stands for on this port (``ibmon.xmitwait``), decided by
+    #: What one PortXmitWait count stands for on this port (``ibmon.infiniband.xmitwait``), decided
+    # by
     #: the source at discovery.
     xmit_wait: WaitUnit = DEFAULT_UNIT
 
     def __post_init__(self) -> None:
-        # One printable form from ingest on (``ibmon.terminal.printable``): a control byte in
+        # One printable form from ingest on (``ibmon.cli.terminal.printable``): a control byte in
         # a description a host's administrator or firmware set reaches no output as itself.
         for name in _UNTRUSTED:
             text = getattr(self, name)
@@ -146,7 +147,7 @@ class PortSample:
     """Raw values of one port at one instant, exactly as the hardware reported them.
 
     ``counters`` maps catalogue names to raw values (data counters still in 4-octet words):
-    a dict, or an ``ibmon.totals.Totals`` over an ``array('Q')`` from a source that keeps its
+    a dict, or an ``ibmon.track.totals.Totals`` over an ``array('Q')`` from a source that keeps its
     values packed (the simulator), which the tracker reads without an int object per value.
     ``wide`` names the counters that were read from a 64-bit field; all others are taken to
     have the catalogue's narrow width and to saturate there. ``hw_counters`` are driver counts
@@ -249,7 +250,7 @@ class PortView:
 
     def __eq__(self, other: object) -> bool:
         # Field by field, as the dataclass's would, but across subclasses: a view whose rows
-        # stay in the tracker's store (``ibmon.rowview.RowView``) equals a plain one.
+        # stay in the tracker's store (``ibmon.track.rowview.RowView``) equals a plain one.
         if not isinstance(other, PortView):
             return NotImplemented
         return view_values(self) == view_values(other)  # a tuple's: identical values are equal
@@ -264,7 +265,7 @@ view_values = attrgetter(*_VIEW_FIELDS)
 
 
 def replaced(view: PortView, **changes: Any) -> PortView:
-    """``dataclasses.replace`` for any view, one of a subclass too (``ibmon.rowview.RowView``,
+    """``dataclasses.replace`` for any view, one of a subclass too (``ibmon.track.rowview.RowView``,
     whose constructor takes rows): a plain ``PortView`` with ``view``'s values but ``changes``."""
     values = dict(zip(_VIEW_FIELDS, view_values(view), strict=True))
     values.update(changes)

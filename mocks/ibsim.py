@@ -34,8 +34,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 
-from ibmon.counters import CATALOGUE
-from ibmon.persist import pid_alive
+from ibmon.infiniband.counters import CATALOGUE
+from ibmon.state.persist import pid_alive
 
 __all__ = [
     "MAX_CLIENTS",

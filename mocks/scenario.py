@@ -63,8 +63,8 @@ from pydantic import (
     model_validator,
 )
 
-from ibmon.counters import BY_NAME
-from ibmon.events import EVENT_TYPES, EventType
+from ibmon.detect.events import EVENT_TYPES, EventType
+from ibmon.infiniband.counters import BY_NAME
 from mocks.topology import SPEEDS, WIDTHS, Fabric, fabric_for_hosts, fat_tree
 from mocks.traffic import WIDE_COUNTERS, FabricModel, counter_max
 
@@ -86,7 +86,7 @@ __all__ = [
     "resolve_port",
 ]
 
-# The answer key speaks the daemon's event vocabulary: one list, in ibmon.events.
+# The answer key speaks the daemon's event vocabulary: one list, in ibmon.detect.events.
 
 _PORT_REF = re.compile(r"^(?P<desc>.+?)\s*\[(?P<port>\d+)\]$")
 _NUMBERED = re.compile(r"^(?P<pre>\D*?)(?P<num>\d+)(?P<post>.*)$")

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ibmon.counters import BY_NAME
+from ibmon.infiniband.counters import BY_NAME
 from ibmon.model import PhysState, PortState
 from mocks.scenario import ScenarioPlayer, SimClock, build_fabric, load_scenario
 from mocks.traffic import (

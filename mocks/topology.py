@@ -6,7 +6,7 @@ GUIDs follow the layout ibsim uses for HCAs (port GUID = node GUID + port number
 written here yields the same GUIDs inside ibsim.
 
 Every generated node also has a PCI device ID (NodeInfo.DeviceID), which decides what one of its
-PortXmitWait counts means (``ibmon.xmitwait.FAMILIES``). It follows the node's role, so a
+PortXmitWait counts means (``ibmon.infiniband.xmitwait.FAMILIES``). It follows the node's role, so a
 fat tree holds both documented rules: HCAs are ConnectX-6 (0x101b) and leaves Quantum (0xd2f0),
 8 bytes per count per port; spines are Switch-IB 2 (0xcf08), 32 bytes per count per lane; cores
 are Quantum-2 (0xd2f2), 8 bytes per port.
@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ibmon.linkspeed import LANE_EFFECTIVE_GBPS, WIDTH_LANES
+from ibmon.infiniband.linkspeed import LANE_EFFECTIVE_GBPS, WIDTH_LANES
 
 __all__ = [
     "DEVICE_IDS",
@@ -37,7 +37,7 @@ __all__ = [
     "to_ibsim_netfile",
 ]
 
-# Lane rates and widths come from ibmon.linkspeed, the one table the daemon also uses.
+# Lane rates and widths come from ibmon.infiniband.linkspeed, the one table the daemon also uses.
 _LANE_GBPS = LANE_EFFECTIVE_GBPS
 SPEEDS: tuple[str, ...] = tuple(_LANE_GBPS)
 _WIDTH_LANES = WIDTH_LANES
@@ -90,7 +90,7 @@ class Node:
     nports: int
     lid: int  # switches: the switch LID (port 0); CAs: LID of port 1
     #: PCI device ID (NodeInfo.DeviceID; sysfs ``hca_type`` MT<decimal>), 0 when unknown: what
-    #: one PortXmitWait count means on the node's ports (``ibmon.xmitwait.family_of``).
+    #: one PortXmitWait count means on the node's ports (``ibmon.infiniband.xmitwait.family_of``).
     device_id: int = 0
 
 

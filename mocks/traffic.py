@@ -14,10 +14,10 @@ Physics the tests rely on:
 - packets follow bytes: each port has an average packet size between 256 bytes and the 4096-byte
   MTU plus headers; multicast is a fixed small share of packets;
 - PortXmitWait rises with load on healthy links (a tiny baseline) and by the fault's ratio under
-  congestion, in the unit of the port's device family (``ibmon.xmitwait``): a port stalled a
-  fraction f of dt seconds gains ``xmitwait.counts_for(f, bytes_per_count, rate_bytes, dt)``
-  counts, so ``xmitwait.stall_fraction`` of them gives f back. Counts are 8 bytes of the port's
-  data rate on the Quantum-class switches and ConnectX HCAs of ``mocks.topology.DEVICE_IDS``
+  congestion, in the unit of the port's device family (``ibmon.infiniband.xmitwait``): a port
+  stalled a fraction f of dt seconds gains ``xmitwait.counts_for(f, bytes_per_count, rate_bytes,
+  dt)`` counts, so ``xmitwait.stall_fraction`` of them gives f back. Counts are 8 bytes of the
+  port's data rate on the Quantum-class switches and ConnectX HCAs of ``mocks.topology.DEVICE_IDS``
   and 32 bytes per lane on its Switch-IB 2 spines. The model keeps PortXmitWait as the 64-bit
   PortCountersExtended copy current devices have (a congested 4X EDR port at 8 bytes a count
   fills 32 bits in seconds), except on a port ``narrow_wait`` gives the 32-bit PortCounters
@@ -41,10 +41,10 @@ import random
 from array import array
 from dataclasses import dataclass
 
-from ibmon.counters import CATALOGUE, DETAILS, EXTENDED
+from ibmon.infiniband.counters import CATALOGUE, DETAILS, EXTENDED
+from ibmon.infiniband.xmitwait import DEFAULT_UNIT, WaitUnit, counts_for, family_of
 from ibmon.model import LinkInfo, PhysState, PortIdentity, PortSample, PortState
-from ibmon.totals import Totals
-from ibmon.xmitwait import DEFAULT_UNIT, WaitUnit, counts_for, family_of
+from ibmon.track.totals import Totals
 from mocks.topology import SPEEDS, WIDTHS, Fabric, Link, link_rate_bps
 
 __all__ = [
@@ -117,7 +117,7 @@ def hca_type(device_id: int) -> str:
 
 def wait_unit_of(device_id: int) -> WaitUnit:
     """What one PortXmitWait count means on a simulated node: its family's unit, else the
-    default a monitor falls back to (``ibmon.xmitwait.DEFAULT_UNIT``)."""
+    default a monitor falls back to (``ibmon.infiniband.xmitwait.DEFAULT_UNIT``)."""
     return family_of(device_id) or DEFAULT_UNIT
 
 
@@ -396,7 +396,7 @@ class FabricModel:
 
     def wait_counts_per_second(self, i: int, fraction: float) -> float:
         """PortXmitWait counts a second port ``i`` reports while stalled ``fraction`` of the
-        time, at its link's current rate (``ibmon.xmitwait.counts_for``)."""
+        time, at its link's current rate (``ibmon.infiniband.xmitwait.counts_for``)."""
         return counts_for(fraction, self.bytes_per_count(i), self.rate_bps(i) / 8.0, 1.0)
 
     def _wait_rates(self, li: int) -> None:
@@ -681,7 +681,7 @@ class FabricModel:
         append = out.append
         # Packed, as the PMA sends them, and every port's row in one array for the poll (one
         # copy of the model's rows): the tracker reads them without a dict, an int object or
-        # an array per port (``ibmon.trackcolumns._raw``), and the poll's values are one
+        # an array per port (``ibmon.track.columns._raw``), and the poll's values are one
         # block of memory, returned to the system when the poll is done.
         flat = self.flat[:]
         step = _WIDTH

@@ -7,7 +7,7 @@
   ``pytest.skip`` or ``skipif`` added later would still pass silently; this guard makes sure a
   CI run never reports green with a part of the suite not run.
 - Fabric paths by default: in-process tests run every poll the way a fabric-sized one runs
-  (``ibmon.sizes.OFFLOAD_PORTS`` is 1); ``@pytest.mark.node_sized`` keeps the node path.
+  (``ibmon.runtime.sizes.OFFLOAD_PORTS`` is 1); ``@pytest.mark.node_sized`` keeps the node path.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ibmon import sizes
+from ibmon.runtime import sizes
 
 _SKIPPED: list[tuple[str, str]] = []  # (test id, reason) of every skip in this session
 
@@ -33,7 +33,7 @@ def _private_state_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
 
 @pytest.fixture(autouse=True)
 def _fabric_paths(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every poll of an in-process test is fabric-sized (``ibmon.sizes``): a 20-port test
+    """Every poll of an in-process test is fabric-sized (``ibmon.runtime.sizes``): a 20-port test
     fabric runs the column store, the worker threads and the column readers a 20,000-port
     fabric runs. Tests of the node-sized path (a node's HCAs: port by port, no numpy) say so
     with ``@pytest.mark.node_sized`` and keep the daemon's threshold. A daemon started as a
@@ -46,8 +46,9 @@ def _fabric_paths(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
 def _process_wide_defaults() -> Iterator[None]:
     """Leave the GC as the test found it."""
     yield
-    # A large poll's work freezes every object of the process when it ends (``ibmon.gcpause``,
-    # as the daemon's first poll does): a cycle some test left would then never be collected.
+    # A large poll's work freezes every object of the process when it ends
+    # (``ibmon.runtime.gcpause``, as the daemon's first poll does): a cycle some test left would
+    # then never be collected.
     gc.unfreeze()
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from ibmon.model import LinkInfo, PortIdentity, PortView
 from ibmon.sources.mock import MockSource
-from ibmon.tracker import Tracker
+from ibmon.track.tracker import Tracker
 from mocks.scenario import ManualClock
 from tests.tracker_paths import ColumnTracker
 

@@ -13,7 +13,7 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ibmon.linkspeed import EXT_SPEED_BITS, SPEED_BITS, WIDTH_BITS
+from ibmon.infiniband.linkspeed import EXT_SPEED_BITS, SPEED_BITS, WIDTH_BITS
 from ibmon.sources.parse import DiscoveredPort
 
 __all__ = ["CacheNodeSpec", "CachePortSpec", "cache_bytes", "cache_from_ports", "port_info_bytes"]

@@ -158,7 +158,7 @@ def topology_json(t: Any) -> dict[str, Any]:
 def snapshot_json(s: Any) -> dict[str, Any]:
     return {
         "ports": {
-            # counters: a packed mapping (``ibmon.totals.packed_counters``), as a dict
+            # counters: a packed mapping (``ibmon.track.totals.packed_counters``), as a dict
             f"{g}/{p}": {**asdict(v), "counters": dict(v.counters.items()),
                          "wide": sorted(v.wide)} for (g, p), v in s.ports.items()
         },

@@ -1,7 +1,8 @@
-"""prometheus_client as the oracle for ``ibmon.metrics``: the same families, the same operations.
+"""prometheus_client as the oracle for ``ibmon.runtime.metrics``: the same families, the same
+operations.
 
-ibmon renders its self metrics with its own types (``ibmon.metrics``) and promises the exact bytes
-``prometheus_client.generate_latest`` writes for the same metrics (with ``_created`` series
+ibmon renders its self metrics with its own types (``ibmon.runtime.metrics``) and promises the exact
+bytes ``prometheus_client.generate_latest`` writes for the same metrics (with ``_created`` series
 disabled). ``Oracle`` holds a prometheus_client registry beside an ibmon registry: it copies the
 family definitions (type, name, help, label names, buckets) and the series that already exist,
 then ``apply`` performs each operation on both, so a test compares ``ours.render()`` with
@@ -16,7 +17,7 @@ from typing import Any
 import prometheus_client
 from prometheus_client import CollectorRegistry, generate_latest
 
-from ibmon import metrics
+from ibmon.runtime import metrics
 
 # ibmon never writes ``_created`` series; the oracle must not either.
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -29,7 +30,7 @@ _TYPES: dict[str, Any] = {
 
 
 class Oracle:
-    """A prometheus_client twin of an ``ibmon.metrics.Registry``."""
+    """A prometheus_client twin of an ``ibmon.runtime.metrics.Registry``."""
 
     def __init__(self, ours: metrics.Registry) -> None:
         self.ours = ours

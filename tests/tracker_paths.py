@@ -1,6 +1,6 @@
 """Trackers that take one path whatever the size of a poll, to compare the two.
 
-``ibmon.sizes.OFFLOAD_PORTS`` decides per poll whether the tracker accounts in columns (a
+``ibmon.runtime.sizes.OFFLOAD_PORTS`` decides per poll whether the tracker accounts in columns (a
 fabric) or port by port (a node); these set it around each of their own polls only, so two of
 them side by side account the same samples each its own way.
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ibmon import sizes
 from ibmon.model import PortKey, PortView, Snapshot
-from ibmon.tracker import Tracker
+from ibmon.runtime import sizes
+from ibmon.track.tracker import Tracker
 
 __all__ = ["ColumnTracker", "PerPortTracker"]
 

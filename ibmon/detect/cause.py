@@ -37,7 +37,7 @@ from typing import Final, Literal, get_args
 from ibmon.detect.columns import Fresh, Memo
 from ibmon.detect.portstate import PerPortState
 from ibmon.model import PortIdentity, PortKey, PortState, PortView
-from ibmon.totals import Totals
+from ibmon.track.totals import Totals
 
 __all__ = [
     "ACTIONS",

@@ -3,11 +3,11 @@
 Why: the detectors' ``needs`` passes each read a counter or a rate of every
 answered port (symbol errors, link downs, the integrity and discard counters), about ten columns
 a poll. Read port by port that is a Python step per port per column (about 5 ms a column at
-36,720 ports). The tracker's column store (``ibmon.trackcolumns``) keeps nearly every port's
+36,720 ports). The tracker's column store (``ibmon.track.columns``) keeps nearly every port's
 totals as rows of one array, so a column is one strided gather of that array; only ports
 outside it (their own arrays: a reset, a silent port, a total past 64 bits) are read one by one.
 The gather uses numpy only when the tracker made its column store with it
-(``ibmon.rowview.columns_numpy``): a node-local daemon never does.
+(``ibmon.track.rowview.columns_numpy``): a node-local daemon never does.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from operator import attrgetter, is_, itemgetter
 from typing import Any
 
 from ibmon.model import PortKey, PortView
-from ibmon.rates import Rates
-from ibmon.rowview import Layout, RowView, columns_numpy, packed, store_numpy
-from ibmon.totals import Totals
+from ibmon.track.rates import Rates
+from ibmon.track.rowview import Layout, RowView, columns_numpy, packed, store_numpy
+from ibmon.track.totals import Totals
 
 __all__ = ["DIFF_STRETCH", "Fresh", "Memo", "PortOrder", "attribute", "differences",
            "read_column", "with_keep"]
@@ -90,7 +90,7 @@ class Fresh(list[tuple[PortKey, PortView]]):
         self._previous = previous
         self._order: PortOrder | None = None
         self._views: list[PortView] | None = None
-        #: Where the tracker put the poll's views, if it says (``ibmon.rowview.Layout``).
+        #: Where the tracker put the poll's views, if it says (``ibmon.track.rowview.Layout``).
         self.layout = layout
         self._laid: bool | None = None  # whether ``layout`` lays out these views
 
@@ -130,7 +130,7 @@ class Fresh(list[tuple[PortKey, PortView]]):
         return layout if self._laid else None
 
     def ratios(self, name: str) -> Any | None:
-        """Every port's ``util_tx``, ``util_rx`` or ``wait_ratio`` (``ibmon.rowview.Rows``)
+        """Every port's ``util_tx``, ``util_rx`` or ``wait_ratio`` (``ibmon.track.rowview.Rows``)
         as a float64 numpy array, NaN where the view has none (``None``), when the tracker
         laid the poll out (the store's own array: row ``i`` is port ``i``); else None."""
         layout = self.laid_out()
@@ -315,7 +315,7 @@ def _one_store_bases(views: list[PortView], shared: array[Any], index: Mapping[s
 class _Reader:
     """Columns of one kind of mapping of a ``Fresh``: gathered from the array most of its ports
     share (``_shared``), the other ports read one by one (``_odd``). The tracker's views keep
-    their rows in that array (``ibmon.rowview.RowView``): those are read in place, no mapping
+    their rows in that array (``ibmon.track.rowview.RowView``): those are read in place, no mapping
     is made for them."""
 
     __slots__ = ("_attr", "_bases", "_index", "_kind", "_maps", "_odd", "_shared", "_sizes",

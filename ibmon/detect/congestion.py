@@ -36,8 +36,8 @@ from ibmon.detect.cause import (
     peer_summary,
 )
 from ibmon.detect.columns import Fresh
-from ibmon.events import Severity
-from ibmon.linkspeed import SPEED_ORDER, WIDTH_LANES
+from ibmon.detect.events import Severity
+from ibmon.infiniband.linkspeed import SPEED_ORDER, WIDTH_LANES
 from ibmon.model import PortKey, PortView
 
 __all__ = ["Congestion", "CongestionSettings"]

@@ -20,7 +20,7 @@ from ibmon.detect.base import (
     describe,
 )
 from ibmon.detect.columns import attribute, with_keep
-from ibmon.events import Severity
+from ibmon.detect.events import Severity
 from ibmon.model import PortKey, PortView
 
 __all__ = ["CounterReset", "CounterSaturated"]

@@ -35,10 +35,7 @@ from ibmon.detect.columns import Fresh, PortOrder
 from ibmon.detect.congestion import Congestion
 from ibmon.detect.counters import CounterReset, CounterSaturated
 from ibmon.detect.errors import Discards, HighBer, LinkIntegrity, ReceiveErrors
-from ibmon.detect.link import LinkDegraded, LinkFlapping, PortDown
-from ibmon.detect.source import SourceFailed, SourceFailedSettings
-from ibmon.detect.topology import TopologyChanged
-from ibmon.events import (
+from ibmon.detect.events import (
     EVENT_TYPES,
     SEVERITIES,
     Event,
@@ -50,8 +47,11 @@ from ibmon.events import (
     port_ref,
     severity_rank,
 )
+from ibmon.detect.link import LinkDegraded, LinkFlapping, PortDown
+from ibmon.detect.source import SourceFailed, SourceFailedSettings
+from ibmon.detect.topology import TopologyChanged
 from ibmon.model import LinkInfo, PortIdentity, PortKey, PortView
-from ibmon.rowview import Layout
+from ibmon.track.rowview import Layout
 
 __all__ = [
     "DETECTORS",
@@ -471,7 +471,7 @@ class Engine:
         )
 
     def _event_id(self, kind: str, status: str, severity: str, guid: str, port: str) -> str:
-        """Deterministic (``ibmon.events.event_id``) and never repeated by this engine.
+        """Deterministic (``ibmon.detect.events.event_id``) and never repeated by this engine.
 
         A firing starts the next episode of (type, port) unless one is open (then it is an
         escalation, or a condition fired again after its port was forgotten unresolved); a

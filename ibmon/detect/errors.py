@@ -40,10 +40,10 @@ from ibmon.detect.cause import (
     peer_summary,
 )
 from ibmon.detect.columns import Fresh, Memo, with_keep
-from ibmon.events import Severity
+from ibmon.detect.events import Severity
 from ibmon.model import PortKey, PortState, PortView
-from ibmon.rates import Rates
-from ibmon.rowview import store_numpy
+from ibmon.track.rates import Rates
+from ibmon.track.rowview import store_numpy
 
 __all__ = ["Discards", "HighBer", "LinkIntegrity", "ReceiveErrors"]
 

@@ -26,8 +26,8 @@ from ibmon.detect.base import (
     totals_column,
 )
 from ibmon.detect.columns import Memo, attribute, with_keep
-from ibmon.events import Severity
-from ibmon.linkspeed import SPEED_ORDER, WIDTH_LANES
+from ibmon.detect.events import Severity
+from ibmon.infiniband.linkspeed import SPEED_ORDER, WIDTH_LANES
 from ibmon.model import LinkInfo, PortKey, PortState, PortView
 
 __all__ = ["LinkDegraded", "LinkFlapping", "PortDown"]

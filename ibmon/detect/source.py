@@ -10,7 +10,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from ibmon.detect.base import DetectorSettings, Finding
-from ibmon.events import EventType, Severity
+from ibmon.detect.events import EventType, Severity
 
 __all__ = ["SourceFailed", "SourceFailedSettings"]
 

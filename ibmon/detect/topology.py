@@ -22,7 +22,7 @@ from ibmon.detect.base import (
     describe,
 )
 from ibmon.detect.columns import Memo, attribute
-from ibmon.events import Severity
+from ibmon.detect.events import Severity
 from ibmon.model import LinkInfo, PortIdentity, PortKey, PortView
 
 __all__ = ["TopologyChanged"]

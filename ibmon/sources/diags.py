@@ -21,8 +21,8 @@ or prints garbage costs that node's counters for that poll, reported as SourceEr
 sweep: output is parsed strictly (``ibmon.sources.parse``) and refused whole when it is not
 exactly what the tool prints.
 
-Timeouts come from the poll's own limit (``ibmon.polltime``, P = max(5 x interval, 10 s)), so
-one hung command is cut off before the poll is: a perfquery may take ``command_timeout``
+Timeouts come from the poll's own limit (``ibmon.runtime.polltime``, P = max(5 x interval, 10 s)),
+so one hung command is cut off before the poll is: a perfquery may take ``command_timeout``
 (default P/4), a discovery or state refresh ``max(P/4, 3P/4 - command_timeout)`` (default P/2).
 A poll with a discovery and one hung node then ends within P/2 + P/4 plus the sweep. The first
 discovery, with no topology to keep polling, may take 0.9 P; a fabric whose discovery needs more
@@ -95,7 +95,7 @@ from pydantic import field_validator, model_validator
 
 from ibmon.config import Duration
 from ibmon.model import PortKey, Snapshot, SourceError, Topology
-from ibmon.polltime import poll_timeout
+from ibmon.runtime.polltime import poll_timeout
 from ibmon.sources.fabric import (
     DETAIL_BASELINES_PER_POLL,
     DetailRead,

@@ -47,8 +47,9 @@ import structlog
 from pydantic import Field, field_validator
 
 from ibmon.config import Duration, SourceConfigBase
-from ibmon.counters import BY_NAME, DETAIL_ATTRIBUTES
-from ibmon.linkspeed import active_speed, active_width, effective_rate_bps, max_common
+from ibmon.infiniband.counters import BY_NAME, DETAIL_ATTRIBUTES
+from ibmon.infiniband.linkspeed import active_speed, active_width, effective_rate_bps, max_common
+from ibmon.infiniband.xmitwait import DEFAULT_UNIT, WaitUnit, family_of, unit_for
 from ibmon.model import (
     LinkInfo,
     PortIdentity,
@@ -61,8 +62,7 @@ from ibmon.model import (
 )
 from ibmon.sources.parse import PortCounterValues, PortInfo, load_node_name_map
 from ibmon.sources.shard import filter_topology, parse_shard
-from ibmon.totals import packed_counters
-from ibmon.xmitwait import DEFAULT_UNIT, WaitUnit, family_of, unit_for
+from ibmon.track.totals import packed_counters
 
 __all__ = [
     "DETAIL_BASELINES_PER_POLL",
@@ -494,7 +494,7 @@ TickOutcome = int | tuple[str, str]
 class WaitUnits:
     """Each port's PortXmitWait unit, decided at every discovery (module docstring).
 
-    The rule is ``ibmon.xmitwait.unit_for``: a documented ASIC family decides, and such a
+    The rule is ``ibmon.infiniband.xmitwait.unit_for``: a documented ASIC family decides, and such a
     node's Tick is never asked (it could not change the answer; on a fabric of current
     hardware that is every node, so the rule costs nothing). For any other node the Tick its
     port reported decides; where a read gets no Tick this discovery, the Tick the port last

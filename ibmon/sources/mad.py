@@ -76,8 +76,8 @@ from typing import Literal
 import structlog
 from pydantic import Field
 
-from ibmon.gcpause import paused_gc
 from ibmon.model import PortKey, Snapshot, SourceError, Topology
+from ibmon.runtime.gcpause import paused_gc
 from ibmon.sources.fabric import (
     DETAIL_BASELINES_PER_POLL,
     DISCOVERY_STATE_FRESH,

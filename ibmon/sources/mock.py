@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from pydantic import Field
 
-from ibmon.bulkwork import run_bulk
 from ibmon.config import Duration, SourceConfigBase
-from ibmon.gcpause import paused_gc
 from ibmon.model import Snapshot, Topology
-from ibmon.sizes import fabric_sized
+from ibmon.runtime.bulkwork import run_bulk
+from ibmon.runtime.gcpause import paused_gc
+from ibmon.runtime.sizes import fabric_sized
 
 if TYPE_CHECKING:  # the simulator (and YAML) load only when a mock source is built
     from mocks.scenario import ManualClock, ScenarioPlayer, SimClock
@@ -131,8 +131,8 @@ class MockSource:
     async def _run(self, step: Callable[[], _T]) -> _T:
         """A large simulated fabric steps in a worker thread, like a real fabric's sweep in
         its MAD worker, so the simulator does not hold the event loop (``ibmon demo`` at
-        100,000 ports), and with the cyclic GC paused (``ibmon.gcpause``); a node-sized one
-        (``ibmon.sizes``) inline."""
+        100,000 ports), and with the cyclic GC paused (``ibmon.runtime.gcpause``); a node-sized one
+        (``ibmon.runtime.sizes``) inline."""
         if not fabric_sized(len(self.model.keys)):
             return step()
 

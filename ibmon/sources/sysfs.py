@@ -39,9 +39,10 @@ Decisions a user can rely on:
   is unreadable the ``counters/`` value is kept.
 - ``hw_counters/`` of each port are read generically (name -> int). Entries that are settings or
   levels rather than counts (``lifespan``, the kernel's cache lifetime in milliseconds, and
-  driver levels such as bnxt_re's ``active_*``/``watermark_*``: ``ibmon.counters.is_hw_gauge``)
-  go to ``PortSample.hw_gauges``, the rest to ``hw_counters``. Device-level ``hw_counters/``
-  are not read yet (``PortSample`` has no place for them).
+  driver levels such as bnxt_re's ``active_*``/``watermark_*``:
+  ``ibmon.infiniband.counters.is_hw_gauge``) go to ``PortSample.hw_gauges``, the rest to
+  ``hw_counters``. Device-level ``hw_counters/`` are not read yet (``PortSample`` has no place for
+  them).
 - Files read on every poll are kept open and re-read with one ``pread`` at offset 0 (sysfs
   regenerates an attribute's text on a read from the start; ``Documentation/filesystems/sysfs.rst``
   tells readers to seek to 0 and re-read), instead of open + read + close: a third of the system
@@ -93,9 +94,18 @@ from typing import ClassVar, Literal
 import structlog
 from pydantic import Field, field_validator
 
+from ibmon.cli.terminal import printable
 from ibmon.config import Duration, SourceConfigBase
-from ibmon.counters import BY_NAME, BY_SYSFS, BY_SYSFS_EXT, EXTENDED, is_hw_gauge
-from ibmon.linkspeed import LANE_SIGNAL_GBPS, WIDTH_LANES, port_rate_bps
+from ibmon.infiniband.counters import BY_NAME, BY_SYSFS, BY_SYSFS_EXT, EXTENDED, is_hw_gauge
+from ibmon.infiniband.linkspeed import LANE_SIGNAL_GBPS, WIDTH_LANES, port_rate_bps
+from ibmon.infiniband.xmitwait import (
+    DEFAULT_UNIT,
+    WaitUnit,
+    configured_unit,
+    device_id_of_hca_type,
+    family_of,
+    parse_unit,
+)
 from ibmon.model import (
     PortIdentity,
     PortKey,
@@ -106,15 +116,6 @@ from ibmon.model import (
     normalize_guid,
 )
 from ibmon.sources.parse.sysfs_values import parse_counter, parse_lid_value
-from ibmon.terminal import printable
-from ibmon.xmitwait import (
-    DEFAULT_UNIT,
-    WaitUnit,
-    configured_unit,
-    device_id_of_hca_type,
-    family_of,
-    parse_unit,
-)
 
 __all__ = [
     "Config",
@@ -466,7 +467,7 @@ class SysfsSourceConfig(SourceConfigBase):
     keep_open: bool | None = None
     #: What one ``port_xmit_wait`` count stands for, by device name glob (first match wins):
     #: ``{"mlx4_*" = "32/lane"}``. Without one, the device family (``hca_type``) decides,
-    #: else the default of 8 bytes per port (``ibmon.xmitwait``).
+    #: else the default of 8 bytes per port (``ibmon.infiniband.xmitwait``).
     xmit_wait_units: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("xmit_wait_units")

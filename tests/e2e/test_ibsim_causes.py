@@ -42,10 +42,10 @@ from typing import Any
 import pytest
 
 from ibmon.config import load_settings
-from ibmon.counters import BY_PMA
-from ibmon.daemon import Daemon
+from ibmon.infiniband.counters import BY_PMA
+from ibmon.infiniband.xmitwait import counts_for
+from ibmon.runtime.daemon import Daemon
 from ibmon.sources.diags import DiagsSource, SubprocessRunner
-from ibmon.xmitwait import counts_for
 from mocks.ibsim import IbSim
 from mocks.topology import Fabric, fat_tree, to_ibsim_netfile
 from tests.e2e.test_prometheus_alertmanager import (

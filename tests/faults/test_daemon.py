@@ -134,7 +134,7 @@ def test_a_reload_on_the_same_address_hands_the_listening_socket_over(
     """Turning TLS on with the same ``listen`` opens the new listener before the old closes:
     on ``127.0.0.1:0`` the port stays the same (a close-then-bind would get another one), and a
     client connecting throughout the reload is never refused. The daemon started without TLS,
-    so without OpenSSL (``ibmon.sslgate``): the reload loads it and hands it to asyncio."""
+    so without OpenSSL (``ibmon.runtime.sslgate``): the reload loads it and hands it to asyncio."""
     require_binary("openssl")
     tls = make_tls(tmp_path / "tls")
     cfg = write_config(tmp_path / "ibmon.toml", tree)

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from ibmon.config import load_settings
-from ibmon.daemon import Daemon
+from ibmon.runtime.daemon import Daemon
 from ibmon.sources.diags import DiagsSource, SubprocessRunner
 from mocks.ibsim import IbSim
 from tests.ibsim_fixtures import sim_for

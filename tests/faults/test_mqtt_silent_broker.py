@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 import exporters.mqtt
 from exporters.mqtt import MqttPublisher
 from ibmon.config import MqttConfig
-from ibmon.selfmetrics import SelfMetrics
+from ibmon.runtime.selfmetrics import SelfMetrics
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """A host whose shard changes is handed off at once: never stale or unreachable on its old shard.
 
 Two sharded daemons (``0/2`` and ``1/2``, real ``ibmon run`` processes) poll one ibsim fabric
-(tests/faults/shard_fabric.py, where the assignment is written out):
+(tests/shard_fabric.py, where the assignment is written out):
 host ``dual`` is cabled to sw-b (shard 0) and sw-c (shard 1) and goes with the lower-GUID
 switch, sw-b. When its link to sw-b is taken away (ibsim Unlink), the next discovery of either
 shard finds it behind sw-c only, so it now belongs to shard 1. It is still in the whole
@@ -22,8 +22,8 @@ import pytest
 from mocks.ibsim import IbSim
 from tests.faults.ha_daemons import SimDaemon, wait_for
 from tests.faults.promise import Scrape
-from tests.faults.shard_fabric import DUAL, NETFILE, SW_B
 from tests.ibsim_fixtures import require_ibsim
+from tests.shard_fabric import DUAL, NETFILE, SW_B
 
 pytestmark = pytest.mark.system
 

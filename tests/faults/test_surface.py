@@ -498,7 +498,7 @@ async def test_tls_to_a_plain_broker_says_so_and_a_missing_ca_file_is_named(
 
     from exporters.mqtt import MqttPublisher
     from ibmon.config import MqttConfig, MqttTlsConfig
-    from ibmon.selfmetrics import SelfMetrics
+    from ibmon.runtime.selfmetrics import SelfMetrics
 
     broker = Mosquitto(require_binary("mosquitto"), tmp_path / "broker")  # plain MQTT
     broker.start()

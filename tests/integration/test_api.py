@@ -11,11 +11,11 @@ from typing import Any
 
 from rich.console import Console
 
+from ibmon.cli.top import ApiReader, render
 from ibmon.config import Settings, SourceConfig, load_settings
-from ibmon.daemon import Daemon
 from ibmon.model import LinkInfo, PortIdentity, PortSample, Snapshot, Topology
+from ibmon.runtime.daemon import Daemon
 from ibmon.sources.sysfs import SysfsSourceConfig
-from ibmon.top import ApiReader, render
 
 GUID = "0x0002c90300a1b2c3"
 T0 = time.monotonic()

@@ -18,7 +18,7 @@ import yaml
 
 import exporters.server
 from exporters.prometheus import PrometheusExporter
-from ibmon.selfmetrics import SelfMetrics
+from ibmon.runtime.selfmetrics import SelfMetrics
 from tests.e2e.test_prometheus_alertmanager import Proc, query, wait_until
 from tests.integration.test_prometheus_server import _ports_body, _state, _views, self_signed
 from tests.mqtt_broker import free_port

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from ibmon.config import Settings, SourceConfig, load_settings
-from ibmon.daemon import Daemon
 from ibmon.model import PortIdentity, PortSample, Snapshot, Topology
+from ibmon.runtime.daemon import Daemon
 from ibmon.sources import Source
 from ibmon.sources.sysfs import SysfsSourceConfig
 
@@ -214,7 +214,7 @@ async def test_loop_lag_probe_wakes_as_often_as_the_port_count_needs(ports: int)
     """Issue 12, target 1: each wake-up of the loop costs CPU, so a compute node's daemon
     (a few HCAs) probes its loop once a second; one that tracks enough ports to stall it
     probes every 0.1 s. The probe keeps measuring either way."""
-    from ibmon.looplag import IDLE_PERIOD, PERIOD
+    from ibmon.runtime.looplag import IDLE_PERIOD, PERIOD
 
     daemon = Daemon(settings(SysfsSourceConfig(name="w", interval=0.05)),
                     source_factory=lambda cfg: WideSource(cfg.label, ports))

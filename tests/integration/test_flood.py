@@ -13,7 +13,7 @@ import time
 import tracemalloc
 
 from ibmon.detect.engine import Engine
-from ibmon.events import EventBus
+from ibmon.detect.events import EventBus
 from ibmon.model import LinkInfo, PortIdentity, PortKey, PortView
 
 PORTS = 20_000

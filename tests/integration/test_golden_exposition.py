@@ -30,10 +30,11 @@ from pathlib import Path
 import pytest
 
 from exporters.prometheus import exposition
-from ibmon import __version__, sizes
+from ibmon import __version__
 from ibmon.model import Snapshot, Topology
-from ibmon.pipeline import Pipeline, build_state
-from ibmon.selfmetrics import SelfMetrics
+from ibmon.runtime import sizes
+from ibmon.runtime.pipeline import Pipeline, build_state
+from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.sources.sysfs import SysfsSource, SysfsSourceConfig
 from tests.sysfs_tree import FULL_COUNTERS, class_dir, write_device, write_port
 from tests.syspkg import require_binary
@@ -195,8 +196,8 @@ class _FixedClock:
 async def two_polls_exposition(root: Path, change: Callable[[Path], None]) -> bytes:
     """Poll the sysfs tree, apply ``change``, poll again: the ``/metrics`` body after that.
 
-    Through ``ibmon.pipeline`` exactly as the daemon and ``ibmon scan`` poll, on a fixed clock
-    (``INTERVAL`` seconds between polls) so rates are reproducible.
+    Through ``ibmon.runtime.pipeline`` exactly as the daemon and ``ibmon scan`` poll, on a fixed
+    clock (``INTERVAL`` seconds between polls) so rates are reproducible.
     """
     cfg = SysfsSourceConfig(root=root)
     metrics = SelfMetrics()
@@ -268,7 +269,7 @@ def busy_ten_seconds(root: Path) -> None:
 async def test_second_poll_matches_golden(
     tmp_path: Path, fabric_sized: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The same body whichever way the poll is done (``ibmon.sizes``): a fabric's (columns,
+    """The same body whichever way the poll is done (``ibmon.runtime.sizes``): a fabric's (columns,
     worker threads) or a node's (port by port, on the loop)."""
     monkeypatch.setattr(sizes, "OFFLOAD_PORTS", 1 if fabric_sized else 1 << 62)
     build_busy_tree(tmp_path)

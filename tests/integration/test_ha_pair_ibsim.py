@@ -1,6 +1,6 @@
 """An HA pair on a real fabric: two ``ibmon run`` daemons, one ibsim fabric, one Mosquitto.
 
-Both replicas run shard 0 of 2 of the fabric of tests/faults/shard_fabric.py (its
+Both replicas run shard 0 of 2 of the fabric of tests/shard_fabric.py (its
 assignment written out there: sw-b, h2 and dual are shard 0) with the ``mad`` source, started so
 that they poll at different moments of each interval, and publish to one broker. The test does
 to the fabric what an operator's day does: a host link goes down and comes back (ibsim Unlink,
@@ -35,9 +35,9 @@ import yaml
 from mocks.ibsim import IbSim
 from tests.faults.ha_daemons import SimDaemon, start_apart, wait_for
 from tests.faults.promise import Scrape
-from tests.faults.shard_fabric import DUAL, H2, NETFILE, SW_A, SW_B
 from tests.ibsim_fixtures import REPO, require_ibsim
 from tests.mqtt_broker import Collector, Mosquitto
+from tests.shard_fabric import DUAL, H2, NETFILE, SW_A, SW_B
 from tests.syspkg import require_binary
 
 pytestmark = pytest.mark.system

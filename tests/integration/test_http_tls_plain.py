@@ -13,7 +13,7 @@ from pathlib import Path
 import structlog
 
 from exporters.prometheus import PrometheusExporter
-from ibmon.selfmetrics import SelfMetrics
+from ibmon.runtime.selfmetrics import SelfMetrics
 from tests.integration.test_prometheus_server import self_signed
 
 __all__ = ["self_signed"]  # the fixture

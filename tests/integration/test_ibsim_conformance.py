@@ -40,7 +40,7 @@ from typing import Any
 import pytest
 
 from ibmon.detect.engine import Engine
-from ibmon.tracker import Tracker
+from ibmon.track.tracker import Tracker
 from mocks.ibsim_driver import IbSimDriver, MadSourceProcess
 from mocks.scenario import Expected, Flap, Integrity, Scenario, load_scenario, resolve_port
 from mocks.topology import Fabric

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from ibmon.counters import DETAIL_ATTRIBUTES, DETAILS
+from ibmon.infiniband.counters import DETAIL_ATTRIBUTES, DETAILS
 from ibmon.sources.diags import CommandResult, DiagsSource, SubprocessRunner
 from ibmon.sources.fabric import DETAIL_BASELINES_PER_POLL, DETAIL_MISSES_TO_GIVE_UP
 from mocks.ibsim import IbSim

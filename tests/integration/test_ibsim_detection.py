@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from ibmon.detect.engine import Engine
-from ibmon.events import Event
+from ibmon.detect.events import Event
+from ibmon.infiniband.xmitwait import WaitUnit, counts_for
 from ibmon.model import Snapshot
-from ibmon.tracker import Tracker
-from ibmon.xmitwait import WaitUnit, counts_for
+from ibmon.track.tracker import Tracker
 from mocks.ibsim import IbSim
 from mocks.topology import Fabric, fat_tree, to_ibsim_netfile
 from tests.ibsim_fixtures import require_ibsim

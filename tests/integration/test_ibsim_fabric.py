@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ibmon.tracker import Tracker
+from ibmon.track.tracker import Tracker
 from mocks.ibsim import IbSim
 from mocks.ibsim_driver import ibsim_node_id
 from mocks.topology import Fabric, fabric_for_ports, to_ibsim_netfile

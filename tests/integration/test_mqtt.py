@@ -22,14 +22,14 @@ import pytest
 from structlog.testing import capture_logs
 
 from exporters.mqtt import MqttPublisher
+from ibmon.cli.terminal import printable
 from ibmon.config import MqttConfig, MqttTlsConfig, load_settings
-from ibmon.daemon import Daemon
-from ibmon.events import Event, EventBus, PortRef
+from ibmon.detect.events import Event, EventBus, PortRef
 from ibmon.model import LinkInfo, PortIdentity, PortView
-from ibmon.selfmetrics import SelfMetrics
+from ibmon.runtime.daemon import Daemon
+from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.sources.sysfs import SysfsSourceConfig
 from ibmon.state import FabricState
-from ibmon.terminal import printable
 from tests.integration.test_mqtt_daemon import TickingSource, scrape
 from tests.mqtt_broker import Collector, Mosquitto, make_tls, write_passwd
 from tests.sysfs_tree import write_device, write_port

@@ -12,8 +12,8 @@ import time
 import urllib.request
 
 from ibmon.config import Settings, SourceConfig, load_settings
-from ibmon.daemon import Daemon
 from ibmon.model import PortIdentity, PortSample, Snapshot, Topology
+from ibmon.runtime.daemon import Daemon
 from ibmon.sources import Source
 from ibmon.sources.sysfs import SysfsSourceConfig
 

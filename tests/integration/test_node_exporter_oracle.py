@@ -22,7 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ibmon.sources.sysfs import SysfsSource
-from ibmon.tracker import Tracker
+from ibmon.track.tracker import Tracker
 from tests.fixtures import real_fixture
 from tests.node_exporter import http_get, running_node_exporter
 from tests.sysfs_tree import FULL_COUNTERS, write_device, write_port

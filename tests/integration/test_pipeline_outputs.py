@@ -14,10 +14,10 @@ from typing import Any
 from structlog.testing import capture_logs
 
 from exporters.prometheus import PrometheusExporter
+from ibmon.cli.scan import run_scan
 from ibmon.config import SourceConfig, load_settings
-from ibmon.daemon import Daemon
 from ibmon.model import PortIdentity, PortSample, Snapshot, Topology
-from ibmon.scan import run_scan
+from ibmon.runtime.daemon import Daemon
 from ibmon.sources.sysfs import SysfsSourceConfig
 from tests.sysfs_tree import write_device, write_port
 

@@ -22,9 +22,9 @@ from exporters.http import hash_password
 from exporters.prometheus import CONTENT_TYPE, PrometheusExporter
 from exporters.render import render_ports
 from exporters.server import Request, Response, Route
-from ibmon.counters import CATALOGUE
+from ibmon.infiniband.counters import CATALOGUE
 from ibmon.model import LinkInfo, PortIdentity, PortView
-from ibmon.selfmetrics import SelfMetrics
+from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.state import FabricState
 from tests.syspkg import require_binary
 
@@ -180,7 +180,7 @@ async def test_a_large_state_renders_in_a_thread_without_collections(
         await exporter.publish(_state(views))  # labels and lines by the ten thousand
     finally:
         gc.callbacks.remove(seen)
-    assert in_worker == []  # the GC paused while the worker rendered (``ibmon.gcpause``)
+    assert in_worker == []  # the GC paused while the worker rendered (``ibmon.runtime.gcpause``)
     assert gc.isenabled()
     async with aiohttp.ClientSession() as session, session.get(_url(exporter)) as resp:
         assert await resp.read() == metrics.render() + _ports_body(views)

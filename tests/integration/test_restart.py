@@ -220,7 +220,7 @@ async def test_corrupt_state_file_is_reported_replaced_and_not_fatal(tmp_path: P
     import asyncio
 
     from ibmon.config import load_settings
-    from ibmon.daemon import Daemon
+    from ibmon.runtime.daemon import Daemon
     from ibmon.sources.sysfs import SysfsSourceConfig
 
     state = tmp_path / "state.json"

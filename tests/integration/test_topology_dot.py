@@ -17,8 +17,8 @@ import pytest
 
 from ibmon.model import PortKey, PortView, Snapshot
 from ibmon.state import FabricState
-from ibmon.topology import dot_quote, node_rows, to_dot
-from ibmon.tracker import Tracker
+from ibmon.state.topology import dot_quote, node_rows, to_dot
+from ibmon.track.tracker import Tracker
 from mocks.topology import fabric_for_ports
 from mocks.traffic import FabricModel
 from tests.syspkg import require_binary

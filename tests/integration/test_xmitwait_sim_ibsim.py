@@ -25,9 +25,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from ibmon.infiniband.xmitwait import WaitUnit, counts_for
 from ibmon.model import Snapshot
-from ibmon.tracker import Tracker
-from ibmon.xmitwait import WaitUnit, counts_for
+from ibmon.track.tracker import Tracker
 from mocks.ibsim import IbSim
 from mocks.ibsim_driver import IbSimDriver, MadSourceProcess
 from mocks.topology import Fabric, fat_tree, to_ibsim_netfile

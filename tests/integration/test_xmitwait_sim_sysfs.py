@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from ibmon.infiniband.xmitwait import WaitUnit, counts_for
 from ibmon.model import Snapshot
 from ibmon.sources.sysfs import SysfsSource
-from ibmon.tracker import Tracker
-from ibmon.xmitwait import WaitUnit, counts_for
+from ibmon.track.tracker import Tracker
 from mocks.sysfs import SysfsRenderer
 from mocks.topology import Fabric, Link, Node
 from mocks.traffic import FabricModel

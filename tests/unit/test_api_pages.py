@@ -29,7 +29,7 @@ from exporters.server import HttpError
 from ibmon.detect.base import Finding
 from ibmon.detect.engine import ActiveCondition
 from ibmon.model import PortIdentity, PortView
-from ibmon.selfmetrics import SelfMetrics
+from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.state import FabricState
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ibmon.atomicfile import write_atomic
+from ibmon.state.atomicfile import write_atomic
 
 
 def test_the_new_content_arrives_whole_with_mode_0644_whatever_the_umask(tmp_path: Path) -> None:

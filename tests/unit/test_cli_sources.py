@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ibmon.cli import CliUsageError, _source_config
+from ibmon.cli.app import CliUsageError, _source_config
 from ibmon.sources.registry import SOURCES
 from ibmon.sources.sysfs import SysfsSourceConfig
 

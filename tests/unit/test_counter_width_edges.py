@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from ibmon import sizes
-from ibmon.counters import CATALOGUE, CounterSpec
+from ibmon.infiniband.counters import CATALOGUE, CounterSpec
 from ibmon.model import PortIdentity, PortSample, PortView, Snapshot
-from ibmon.tracker import Tracker
+from ibmon.runtime import sizes
+from ibmon.track.tracker import Tracker
 
 NARROW = [c for c in CATALOGUE if c.bits < 64]
 GUID = "0x0002c90300a1b2c3"
@@ -23,7 +23,7 @@ GUID = "0x0002c90300a1b2c3"
 def _accounting(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
                 _fabric_paths: None) -> None:
     """Both ways of accounting a poll: a node's (port by port) and a fabric's (the column
-    store), chosen by the one size threshold (``ibmon.sizes``)."""
+    store), chosen by the one size threshold (``ibmon.runtime.sizes``)."""
     monkeypatch.setattr(sizes, "OFFLOAD_PORTS", 1 if request.param == "columns" else 1 << 62)
 
 

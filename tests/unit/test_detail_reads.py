@@ -14,7 +14,7 @@ import struct
 import time
 from collections.abc import Iterator, Sequence
 
-from ibmon.counters import DETAIL_ATTRIBUTES, DETAILS
+from ibmon.infiniband.counters import DETAIL_ATTRIBUTES, DETAILS
 from ibmon.model import PortIdentity, PortKey, PortSample, Snapshot
 from ibmon.sources.diags import CommandResult, DiagsSource
 from ibmon.sources.fabric import DETAIL_MISSES_TO_GIVE_UP, DetailReads, FabricView
@@ -28,7 +28,7 @@ from ibmon.sources.libibmad import (
 )
 from ibmon.sources.mad import MadSource
 from ibmon.sources.parse import PortCounterValues
-from ibmon.tracker import Tracker
+from ibmon.track.tracker import Tracker
 from tests.unit.test_diags_runner import (
     TOPO,
     _narrow,

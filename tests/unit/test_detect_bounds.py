@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from detect_views import view
 
 from ibmon.detect.engine import Engine
-from ibmon.events import Event
+from ibmon.detect.events import Event
 from ibmon.model import LinkInfo, PortIdentity, PortView
 
 #: A switch whose GUID sorts above its host's: the carrier must still be the switch.

@@ -25,7 +25,7 @@ from ibmon.detect.cause import (
     dominant,
 )
 from ibmon.detect.engine import Engine
-from ibmon.events import Event
+from ibmon.detect.events import Event
 from ibmon.model import LinkInfo, PortIdentity, PortView
 
 LEAF = "0x0002c90100000010"

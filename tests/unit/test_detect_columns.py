@@ -13,18 +13,18 @@ from typing import Any
 
 import pytest
 
-from ibmon import rowview
-from ibmon.counters import CATALOGUE
 from ibmon.detect import columns
 from ibmon.detect.base import rate_column, totals_column
 from ibmon.detect.columns import Fresh
 from ibmon.detect.congestion import Congestion, CongestionSettings
 from ibmon.detect.errors import Discards, DiscardsSettings, ReceiveErrors, ReceiveErrorsSettings
+from ibmon.infiniband.counters import CATALOGUE
 from ibmon.model import PortView, replaced
-from ibmon.rates import NO_RATE, Rates
-from ibmon.rowview import RowView
 from ibmon.sources.mock import MockSource
-from ibmon.totals import Totals
+from ibmon.track import rowview
+from ibmon.track.rates import NO_RATE, Rates
+from ibmon.track.rowview import RowView
+from ibmon.track.totals import Totals
 from mocks.scenario import ManualClock
 from tests.detect_views import _ColumnTracker, store_poll, store_views
 

@@ -17,8 +17,8 @@ from detect_views import view
 from ibmon.config import ConfigError, load_settings
 from ibmon.detect.base import Finding, PortDetector, Verdict
 from ibmon.detect.engine import DETECTORS, Engine
+from ibmon.detect.events import EVENT_TYPES, SEVERITIES, Event, severity_rank
 from ibmon.detect.source import SourceFailed
-from ibmon.events import EVENT_TYPES, SEVERITIES, Event, severity_rank
 from ibmon.model import PortKey, PortView
 
 

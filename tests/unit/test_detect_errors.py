@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from detect_views import view
 
 from ibmon.detect.engine import Engine
-from ibmon.events import Event
+from ibmon.detect.events import Event
 from ibmon.model import PortView
 from tests.detect_settings import TABLE_IDS, TABLES, above, below, settings_for
 

@@ -11,7 +11,7 @@ import pytest
 
 from ibmon.detect.engine import Engine
 from ibmon.sources.mock import MockSource
-from ibmon.tracker import Tracker
+from ibmon.track.tracker import Tracker
 from mocks.scenario import ManualClock
 from mocks.topology import fat_tree
 from mocks.traffic import FabricModel

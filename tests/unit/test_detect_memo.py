@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from ibmon import sizes
 from ibmon.detect import columns
 from ibmon.detect.base import Pairs
 from ibmon.detect.columns import Fresh, Memo, PortOrder, with_keep
 from ibmon.model import PortIdentity, PortKey, PortView
-from ibmon.pipeline import Pipeline
-from ibmon.selfmetrics import SelfMetrics
+from ibmon.runtime import sizes
+from ibmon.runtime.pipeline import Pipeline
+from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.sources.mock import MockSource, MockSourceConfig
 from mocks.scenario import ManualClock, load_scenario
 

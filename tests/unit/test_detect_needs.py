@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from ibmon import sizes
 from ibmon.detect.base import Pairs
 from ibmon.model import PortKey, Snapshot, SourceError
-from ibmon.pipeline import Pipeline
-from ibmon.selfmetrics import SelfMetrics
+from ibmon.runtime import sizes
+from ibmon.runtime.pipeline import Pipeline
+from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.sources.mock import MockSource, MockSourceConfig
 from mocks.scenario import ManualClock, list_scenarios, load_scenario
 

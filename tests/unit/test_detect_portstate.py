@@ -20,8 +20,8 @@ from ibmon.detect.base import IncreaseWindow, PortDetector
 from ibmon.detect.cause import DetailWindow
 from ibmon.detect.engine import DETECTORS
 from ibmon.detect.portstate import PerPortState
-from ibmon.pipeline import Pipeline
-from ibmon.selfmetrics import SelfMetrics
+from ibmon.runtime.pipeline import Pipeline
+from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.sources.mock import MockSource, MockSourceConfig
 from mocks.scenario import ManualClock, load_scenario
 

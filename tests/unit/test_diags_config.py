@@ -11,8 +11,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from ibmon.config import ConfigError, load_settings
-from ibmon.pipeline import Pipeline
-from ibmon.selfmetrics import SelfMetrics
+from ibmon.runtime.pipeline import Pipeline
+from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.sources.diags import DiagsSource, DiagsSourceConfig, budget_for
 from tests.ibsim_fixtures import REPO
 

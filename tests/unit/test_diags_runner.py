@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ibmon.counters import DETAIL_ATTRIBUTES
+from ibmon.infiniband.counters import DETAIL_ATTRIBUTES
 from ibmon.sources.diags import (
     CommandResult,
     DiagsSource,

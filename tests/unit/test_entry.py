@@ -1,6 +1,6 @@
 """The console script's fast path for ``ibmon run``: it takes only what typer reads the same way.
 
-``ibmon.entry`` skips building the typer app for a plain ``run`` (memory on every compute node),
+``ibmon.cli.entry`` skips building the typer app for a plain ``run`` (memory on every compute node),
 so it must never decide anything a user could see differently: every command line it does not
 take goes to typer, and a mistake it does take is reported exactly as the typer command reports
 it.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ibmon.entry import RunArgs, parse_run
+from ibmon.cli.entry import RunArgs, parse_run
 
 
 @pytest.mark.parametrize(
@@ -49,8 +49,8 @@ def test_everything_else_goes_to_typer(argv: list[str]) -> None:
 
 def ibmon(*args: str, via_typer: bool) -> subprocess.CompletedProcess[str]:
     """``ibmon ARGS`` through the console script's entry, or straight into the typer app."""
-    code = ("from ibmon.cli import main; main(sys.argv[1:])" if via_typer
-            else "from ibmon.entry import main; main(sys.argv[1:])")
+    code = ("from ibmon.cli.app import main; main(sys.argv[1:])" if via_typer
+            else "from ibmon.cli.entry import main; main(sys.argv[1:])")
     env = {k: v for k, v in os.environ.items() if not k.startswith("IBMON_")}
     return subprocess.run([sys.executable, "-c", f"import sys; {code}", *args],
                           capture_output=True, text=True, timeout=60, env=env, check=False)

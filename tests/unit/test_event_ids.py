@@ -16,7 +16,7 @@ import pytest
 from detect_views import view
 
 from ibmon.detect.engine import Engine
-from ibmon.events import Event, event_id
+from ibmon.detect.events import Event, event_id
 
 T0 = 1_800_000_000.0
 

@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 import structlog
 
-from ibmon.events import Event, EventBus, EventFileWriter, PortRef, log_events, read_event_file
+from ibmon.detect.events import (
+    Event,
+    EventBus,
+    EventFileWriter,
+    PortRef,
+    log_events,
+    read_event_file,
+)
 
 
 def ev(n: int = 0, *, kind: str = "congestion", status: str = "firing") -> Event:

@@ -12,7 +12,7 @@ import tracemalloc
 from ibmon.model import PortIdentity
 from ibmon.sources.fabric import FabricPort, make_sample
 from ibmon.sources.parse import merge_counters, parse_perfquery
-from ibmon.totals import Totals, packed_counters
+from ibmon.track.totals import Totals, packed_counters
 from tests.fixtures import real_fixtures
 
 #: Real perfquery output (a ConnectX HCA and switch ports), as the ``diags`` path reads it.

@@ -1,4 +1,4 @@
-"""The cyclic GC paused around a large poll's work in worker threads (``ibmon.gcpause``): no
+"""The cyclic GC paused around a large poll's work in worker threads (``ibmon.runtime.gcpause``): no
 collection while any window is open, the windows' objects kept out of later collections, and
 what that hides from the GC (a reference cycle already garbage) freed by the next sweep."""
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from ibmon import gcpause
-from ibmon.gcpause import SWEEP_SECONDS, paused_gc
+from ibmon.runtime import gcpause
+from ibmon.runtime.gcpause import SWEEP_SECONDS, paused_gc
 
 
 @pytest.fixture(autouse=True)

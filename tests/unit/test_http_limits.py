@@ -26,7 +26,7 @@ from exporters.http import (
 )
 from exporters.prometheus import PrometheusExporter
 from exporters.server import Request, Response, Route
-from ibmon.selfmetrics import SelfMetrics
+from ibmon.runtime.selfmetrics import SelfMetrics
 
 UNIT = Path(__file__).resolve().parents[2] / "deploy" / "systemd" / "ibmon.service"
 

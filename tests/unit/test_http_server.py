@@ -17,7 +17,7 @@ import pytest
 import exporters.prometheus
 from exporters.prometheus import CONTENT_TYPE, PrometheusExporter
 from exporters.server import Request, Response, Route
-from ibmon.selfmetrics import SelfMetrics
+from ibmon.runtime.selfmetrics import SelfMetrics
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Importing ibmon changes nothing process-wide: a library user, a test or ``ibmon scan`` keeps
-CPython's and glibc's defaults; only a daemon tunes its own process (``ibmon.tuning``)."""
+CPython's and glibc's defaults; only a daemon tunes its own process (``ibmon.runtime.tuning``)."""
 
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ started with a sysfs-only config must not import the CLI's typer/rich machinery,
 simulator (``mocks``), the MAD ctypes bindings, numpy (the tracker's column store, for fabric
 polls), orjson (the renderer's numbers of large blocks), MQTT or prometheus_client (its
 exposition module imports ``ssl``, which maps OpenSSL; ibmon's own types are
-``ibmon.metrics``). The daemon runs for real, as ``python -m ibmon run`` in a subprocess, until
-it has completed a poll and served a scrape; then it is stopped with SIGTERM and, as the
+``ibmon.runtime.metrics``). The daemon runs for real, as ``python -m ibmon run`` in a subprocess,
+until it has completed a poll and served a scrape; then it is stopped with SIGTERM and, as the
 interpreter exits, an ``atexit`` hook writes the names in ``sys.modules`` (every module
 imported during the whole run, whichever way: ``-X importtime`` would miss those loaded with
 ``importlib.import_module``, as the source registry loads sources). A control run
@@ -31,12 +31,13 @@ from tests.sysfs_tree import write_device, write_port
 FORBIDDEN = (
     "typer", "click", "rich", "yaml", "mocks", "aiomqtt", "paho", "exporters.mqtt",
     "ibmon.sources.libibmad", "ibmon.sources.madworker", "ibmon.sources.mad",
-    "ibmon.sources.diags", "ibmon.sources.procscope", "ibmon.sources.mock", "ibmon.cli", "ctypes",
+    "ibmon.sources.diags", "ibmon.sources.procscope", "ibmon.sources.mock", "ibmon.cli.app",
+    "ctypes",
     "pydantic_settings", "aiohttp", "yarl", "multidict", "prometheus_client",
-    # OpenSSL (4.5 MB) on a config without TLS: ``ibmon.sslgate``.
+    # OpenSSL (4.5 MB) on a config without TLS: ``ibmon.runtime.sslgate``.
     "ssl", "_ssl", "_hashlib",
     # the tracker's column store, for polls of hundreds of ports (17 MB with numpy)
-    "numpy", "ibmon.trackcolumns",
+    "numpy", "ibmon.track.columns",
     # the renderer's numbers in C, for blocks of many ports (``exporters.valuetext``)
     "orjson",
 )
@@ -129,7 +130,8 @@ def run_until_polled(cfg: Path, tmp_path: Path) -> set[str]:
 
 def test_sysfs_only_run_imports_nothing_a_node_never_uses(tmp_path: Path) -> None:
     modules = run_until_polled(sysfs_only(tmp_path), tmp_path)
-    assert {"ibmon.daemon", "ibmon.sources.sysfs", "exporters.http"} <= modules  # it did run
+    # it did run
+    assert {"ibmon.runtime.daemon", "ibmon.sources.sysfs", "exporters.http"} <= modules
     assert banned(modules) == []
 
 
@@ -140,4 +142,4 @@ def test_the_report_sees_what_the_typer_app_imports(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=120, env=env(), check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert {"typer", "ibmon.cli", "rich"} <= set(banned(imported(modules)))
+    assert {"typer", "ibmon.cli.app", "rich"} <= set(banned(imported(modules)))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ibmon.linkspeed import (
+from ibmon.infiniband.linkspeed import (
     LANE_EFFECTIVE_GBPS,
     SPEED_ORDER,
     WIDTH_LANES,

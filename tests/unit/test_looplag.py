@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from ibmon.looplag import LoopLagProbe
-from ibmon.metrics import Registry
+from ibmon.runtime.looplag import LoopLagProbe
+from ibmon.runtime.metrics import Registry
 
 
 def _samples(registry: Registry) -> dict[str, float]:

@@ -15,10 +15,10 @@ import yaml
 
 from exporters.prometheus import exposition
 from ibmon.config import Settings
-from ibmon.counters import CATALOGUE
-from ibmon.daemon import Daemon
+from ibmon.infiniband.counters import CATALOGUE
 from ibmon.model import LinkInfo, PortIdentity, PortView
-from ibmon.selfmetrics import SelfMetrics
+from ibmon.runtime.daemon import Daemon
+from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.sources.mad import MadSourceConfig
 from ibmon.state import FabricState
 from tests.promql_sources import (

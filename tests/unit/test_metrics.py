@@ -1,5 +1,5 @@
-"""``ibmon.metrics`` behaves and renders exactly as prometheus_client does, and counts exactly
-under threads.
+"""``ibmon.runtime.metrics`` behaves and renders exactly as prometheus_client does, and counts
+exactly under threads.
 
 The self metrics are scraped by Prometheus and read by ibmon's alert rules and dashboards, which
 were written against prometheus_client's output; ibmon dropped the dependency from its runtime
@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.utils import floatToGoString
 
-from ibmon.metrics import Counter, Gauge, Histogram, Registry, go_float
+from ibmon.runtime.metrics import Counter, Gauge, Histogram, Registry, go_float
 from tests.metrics_oracle import Oracle
 
 #: Label names out of alphabetical order, one sorting on each side of a histogram's ``le``.

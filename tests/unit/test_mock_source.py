@@ -11,7 +11,7 @@ import pytest
 from ibmon.sources import Source
 from ibmon.sources.mock import ManualClock, MockSource, SimClock
 from ibmon.sources.sysfs import SysfsSource
-from ibmon.tracker import Tracker
+from ibmon.track.tracker import Tracker
 from mocks.scenario import ScenarioError, resolve_port
 from mocks.sysfs import run_sysfs
 

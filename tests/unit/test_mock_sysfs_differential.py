@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from ibmon.counters import CATALOGUE
+from ibmon.infiniband.counters import CATALOGUE
 from ibmon.model import PortView
 from ibmon.sources.mock import ManualClock, MockSource
 from ibmon.sources.sysfs import SysfsSource
-from ibmon.tracker import Tracker
+from ibmon.track.tracker import Tracker
 from mocks.scenario import Scenario, list_scenarios, load_scenario, resolve_port
 from mocks.sysfs import SysfsRenderer
 

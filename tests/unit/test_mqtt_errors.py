@@ -11,8 +11,8 @@ import pytest
 
 from exporters.mqtt import MqttPublisher, TlsFileError, describe_connect_error, tls_context
 from ibmon.config import MqttConfig, MqttTlsConfig
-from ibmon.events import EventBus
-from ibmon.selfmetrics import SelfMetrics
+from ibmon.detect.events import EventBus
+from ibmon.runtime.selfmetrics import SelfMetrics
 from tests.integration.test_mqtt import event
 
 

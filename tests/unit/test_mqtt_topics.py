@@ -8,9 +8,9 @@ import pytest
 
 from exporters.mqtt import MqttPublisher, Topics, port_state_payload
 from ibmon.config import ConfigError, MqttConfig, load_settings
-from ibmon.events import EVENT_TYPES, Event
+from ibmon.detect.events import EVENT_TYPES, Event
 from ibmon.model import PortIdentity, PortView
-from ibmon.selfmetrics import SelfMetrics
+from ibmon.runtime.selfmetrics import SelfMetrics
 
 GUID = "0x0002c90300a1b2c3"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ibmon.counters import DETAIL_ATTRIBUTES, DETAILS
-from ibmon.linkspeed import effective_rate_bps, is_degraded, max_common
+from ibmon.infiniband.counters import DETAIL_ATTRIBUTES, DETAILS
+from ibmon.infiniband.linkspeed import effective_rate_bps, is_degraded, max_common
 from ibmon.model import Topology
 from ibmon.sources.parse import (
     ParseError,

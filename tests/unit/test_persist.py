@@ -10,8 +10,8 @@ import pytest
 
 from ibmon.detect.engine import Engine
 from ibmon.model import PortIdentity, PortSample, Snapshot
-from ibmon.persist import StateFile
-from ibmon.tracker import Tracker
+from ibmon.state.persist import StateFile
+from ibmon.track.tracker import Tracker
 
 
 def test_round_trip_of_tracker_and_engine(tmp_path: Path) -> None:
@@ -100,9 +100,9 @@ def test_deeply_nested_json_is_corrupt_and_moved_aside(tmp_path: Path) -> None:
 def test_a_file_larger_than_any_state_is_corrupt(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import ibmon.persist
+    import ibmon.state.persist
 
-    monkeypatch.setattr(ibmon.persist, "MAX_STATE_BYTES", 1000)
+    monkeypatch.setattr(ibmon.state.persist, "MAX_STATE_BYTES", 1000)
     path = tmp_path / "state.json"
     path.write_bytes(b" " * 1001)
     result = StateFile(path).load()

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from ibmon.model import PortIdentity, PortSample, Snapshot, Topology
-from ibmon.pipeline import Pipeline, build_state
-from ibmon.selfmetrics import SelfMetrics
+from ibmon.runtime.pipeline import Pipeline, build_state
+from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.sources.diags import DiagsSourceConfig
 from ibmon.sources.sysfs import SysfsSourceConfig
-from ibmon.tracker import Tracker
+from ibmon.track.tracker import Tracker
 
 GUID = "0x0002c90300a1b2c3"
 
@@ -134,7 +134,7 @@ async def test_a_failing_source_is_a_failed_poll_and_its_ports_stay() -> None:
 async def test_a_hung_source_times_out_but_its_own_timeout_error_is_a_failure(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("ibmon.polltime.MIN_POLL_TIMEOUT", 0.05)
+    monkeypatch.setattr("ibmon.runtime.polltime.MIN_POLL_TIMEOUT", 0.05)
     src = FakeFabric()
     p = pipeline(SysfsSourceConfig(name="src", interval=0.001))
     src.hang = True

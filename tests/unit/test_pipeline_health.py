@@ -1,7 +1,7 @@
 """Source health in the pipeline: a source that cannot see says so, and what it cannot see stays.
 
-The rules (``ibmon.pipeline``): a poll in which no port answered, or in which more than half of
-the ports that answered the last successful poll did not, is a failed poll (``ibmon_source_up``
+The rules (``ibmon.runtime.pipeline``): a poll in which no port answered, or in which more than half
+of the ports that answered the last successful poll did not, is a failed poll (``ibmon_source_up``
 0, one ``source_failed`` edge), although what did answer is still tracked. A port that did not
 answer keeps its last view, marked stale, with its totals and conditions and without rates; a
 port the source no longer asks about leaves. After a failed poll the next one rediscovers.
@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from ibmon.model import PortIdentity, PortKey, PortSample, Snapshot, SourceError, Topology
-from ibmon.pipeline import Pipeline
-from ibmon.selfmetrics import SelfMetrics
+from ibmon.runtime.pipeline import Pipeline
+from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.sources.diags import DiagsSourceConfig
 
 SRC = "fab"

@@ -13,10 +13,10 @@ from typing import TypeVar
 
 import pytest
 
-from ibmon.events import Event
+from ibmon.detect.events import Event
 from ibmon.model import PortView
-from ibmon.pipeline import OFFLOAD_PORTS, Pipeline
-from ibmon.selfmetrics import SelfMetrics
+from ibmon.runtime.pipeline import OFFLOAD_PORTS, Pipeline
+from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.sources.mock import ManualClock, MockSource, MockSourceConfig
 
 T = TypeVar("T")
@@ -54,7 +54,8 @@ def test_the_loop_runs_while_a_large_poll_is_ingested() -> None:
 def test_a_large_poll_is_sampled_and_ingested_in_bulk_threads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Below the loop's CPU priority (``ibmon.bulkwork``), so a scrape's wake-ups go first."""
+    """Below the loop's CPU priority (``ibmon.runtime.bulkwork``), so a scrape's wake-ups go
+    first."""
     pipeline, source, _ = _setup()
     threads: list[str] = []
     ingest, sample = pipeline._ingest_and_free, source._sample_sync
@@ -122,7 +123,7 @@ def test_a_large_poll_runs_without_collections_and_its_views_stay_out_of_later_o
 
 def _views_alive(source: str) -> int:
     """PortViews of ``source``'s ports alive in the process (other tests' may be, too)."""
-    gc.unfreeze()  # a large poll's objects are frozen after it (``ibmon.gcpause``): list them
+    gc.unfreeze()  # a large poll's objects are frozen after it (runtime.gcpause): list them
     return sum(1 for o in gc.get_objects()
                if isinstance(o, PortView) and o.identity.source == source)
 

@@ -26,7 +26,7 @@ from exporters.http import (
 )
 from exporters.prometheus import PrometheusExporter
 from ibmon.config import PrometheusConfig
-from ibmon.selfmetrics import SelfMetrics
+from ibmon.runtime.selfmetrics import SelfMetrics
 
 
 @pytest.mark.parametrize(

@@ -23,12 +23,12 @@ from exporters.render import (
     format_float,
     render_ports,
 )
-from ibmon.counters import BY_NAME, CATALOGUE
+from ibmon.infiniband.counters import BY_NAME, CATALOGUE
 from ibmon.model import LinkInfo, PortIdentity, PortView
-from ibmon.selfmetrics import SelfMetrics
+from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.sources.sysfs import SysfsSource
 from ibmon.state import FabricState
-from ibmon.tracker import Tracker
+from ibmon.track.tracker import Tracker
 from tests.syspkg import require_binary
 
 REPO = Path(__file__).resolve().parents[2]

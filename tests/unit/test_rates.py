@@ -1,4 +1,4 @@
-"""``Rates`` (``ibmon.rates``) must behave exactly like the dict it replaced in ``PortView``:
+"""``Rates`` (``ibmon.track.rates``) must behave exactly like the dict it replaced in ``PortView``:
 the same keys in the same order, the same values, lookups, membership and equality with the
 dict (both ways), for any counters with and without a rate."""
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ibmon.rates import NO_RATE, Rates
+from ibmon.track.rates import NO_RATE, Rates
 
 names = st.lists(st.text(min_size=1, max_size=12), unique=True, max_size=40)
 rate = st.one_of(st.none(), st.floats(allow_nan=False))

@@ -13,9 +13,9 @@ import pytest
 import exporters.render as render
 from exporters.http import Deflated
 from exporters.render import PortRenderer
-from ibmon.counters import CATALOGUE
+from ibmon.infiniband.counters import CATALOGUE
 from ibmon.model import LinkInfo, PortIdentity, PortView
-from ibmon.totals import Totals
+from ibmon.track.totals import Totals
 
 ERRORS = ("symbol_errors", "receive_errors", "link_downed")
 

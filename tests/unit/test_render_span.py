@@ -1,4 +1,4 @@
-"""The renderer reads a poll's rows where the pipeline says they are (``ibmon.rowview.Span``)
+"""The renderer reads a poll's rows where the pipeline says they are (``ibmon.track.rowview.Span``)
 instead of finding them view by view (issue 12, target 4): the same bytes, every poll of every
 fault scenario, in the source's order or in port order (the exporter's), and only for the very
 views, in the very order, the span was made for."""
@@ -16,11 +16,11 @@ import pytest
 import exporters.render as render
 from exporters.render import PortRenderer
 from ibmon.model import PortView
-from ibmon.pipeline import Pipeline, build_state
-from ibmon.rowview import Span, as_run
-from ibmon.selfmetrics import SelfMetrics
+from ibmon.runtime.pipeline import Pipeline, build_state
+from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.sources.mock import ManualClock, MockSource, MockSourceConfig
 from ibmon.state import PortSorter
+from ibmon.track.rowview import Span, as_run
 
 
 def _body(renderer: PortRenderer, views: list[PortView], span: Span | None,

@@ -1,5 +1,5 @@
-"""Views whose totals and rates stay rows of the tracker's store (``ibmon.rowview``): they read
-and compare exactly like the plain views the per-port rules make, and a poll makes no mapping
+"""Views whose totals and rates stay rows of the tracker's store (``ibmon.track.rowview``): they
+read and compare exactly like the plain views the per-port rules make, and a poll makes no mapping
 object per port (issue 12: what the cyclic GC tracks and a generation of views holds)."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from ibmon.model import PortIdentity, PortView, replaced
-from ibmon.rates import NO_RATE, Rates
-from ibmon.rowview import Rows, RowView
 from ibmon.sources.mock import MockSource
-from ibmon.totals import Totals
+from ibmon.track.rates import NO_RATE, Rates
+from ibmon.track.rowview import Rows, RowView
+from ibmon.track.totals import Totals
 from mocks.scenario import ManualClock
 from tests.detect_views import store_views
 from tests.tracker_paths import ColumnTracker
@@ -145,8 +145,8 @@ def test_ratio_columns_read_every_view_as_its_own_attributes(
     where the views are consecutive rows of one poll, view by view otherwise (ports in
     another order, plain views among them); always what each view reads. With short
     stretches a block mixes both ways."""
-    from ibmon import rowview
-    from ibmon.rowview import ratio_columns
+    from ibmon.track import rowview
+    from ibmon.track.rowview import ratio_columns
 
     monkeypatch.setattr(rowview, "_STRETCH", stretch)
     views = store_views()
@@ -168,8 +168,8 @@ def test_ratio_arrays_are_the_ratio_columns_with_nan_for_none(
     the block to the columns."""
     import numpy as np
 
-    from ibmon import rowview
-    from ibmon.rowview import ratio_arrays, ratio_columns
+    from ibmon.track import rowview
+    from ibmon.track.rowview import ratio_arrays, ratio_columns
 
     monkeypatch.setattr(rowview, "_STRETCH", stretch)
     views = store_views()
@@ -194,9 +194,9 @@ def test_column_readers_take_numpy_from_the_tracker_s_store_alone() -> None:
     program = (
         "import numpy\n"
         "import exporters.render, ibmon.detect.engine\n"
-        "from ibmon.rowview import columns_numpy\n"
+        "from ibmon.track.rowview import columns_numpy\n"
         "assert columns_numpy() is None\n"
-        "import ibmon.trackcolumns\n"
+        "import ibmon.track.columns\n"
         "assert columns_numpy() is numpy\n"
     )
     subprocess.run([sys.executable, "-c", program], check=True, timeout=60,

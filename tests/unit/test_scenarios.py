@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ibmon.model import PortKey, PortView, Snapshot
-from ibmon.tracker import Tracker
+from ibmon.track.tracker import Tracker
 from mocks.scenario import (
     Expected,
     Scenario,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ibmon import sdnotify
+from ibmon.runtime import sdnotify
 from tests.sysfs_tree import write_device, write_port
 
 IBMON = Path(sys.executable).with_name("ibmon")

@@ -1,8 +1,8 @@
 """The daemon's self metrics render exactly what prometheus_client's generate_latest writes.
 
 Alert rules and dashboards were written against prometheus_client's output; ibmon renders its
-self metrics itself (``ibmon.metrics``, which keeps prometheus_client and OpenSSL out of a node
-daemon, issue 12 target 2, and builds each series' prefix once, target 1). These tests hold the
+self metrics itself (``ibmon.runtime.metrics``, which keeps prometheus_client and OpenSSL out of a
+node daemon, issue 12 target 2, and builds each series' prefix once, target 1). These tests hold the
 daemon's real registry (every family it registers: sources, pipeline stages, events, state file,
 reloads, loop lag, HTTP listener, MQTT, shards) to prometheus_client byte for byte, through
 ``tests/metrics_oracle.py``: the same definitions, the same operations on both, before and after
@@ -18,8 +18,8 @@ from prometheus_client import generate_latest
 
 from exporters.http import http_metrics
 from ibmon.config import Settings
-from ibmon.daemon import Daemon
-from ibmon.selfmetrics import ONE_SHOT_FAMILIES, SelfMetrics
+from ibmon.runtime.daemon import Daemon
+from ibmon.runtime.selfmetrics import ONE_SHOT_FAMILIES, SelfMetrics
 from ibmon.sources.mad import MadSourceConfig
 from tests.metrics_oracle import Oracle
 

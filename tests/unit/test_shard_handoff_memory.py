@@ -12,7 +12,7 @@ from __future__ import annotations
 from ibmon.sources.fabric import FabricView, TopologyMemory
 from ibmon.sources.shard import assign_nodes
 
-#: sw-b and sw-c of tests/faults/shard_fabric.py: sha1 shards 0 and 1 of 2 there
+#: sw-b and sw-c of tests/shard_fabric.py: sha1 shards 0 and 1 of 2 there
 SW_A, SW_B = "0x0002c90000000d00", "0x0002c90000000f00"
 HOST = "0x0002c90000001000"
 

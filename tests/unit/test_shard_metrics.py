@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from ibmon.config import load_settings
-from ibmon.selfmetrics import ONE_SHOT_FAMILIES, SelfMetrics
+from ibmon.runtime.selfmetrics import ONE_SHOT_FAMILIES, SelfMetrics
 
 
 def series(metrics: SelfMetrics, name: str) -> list[tuple[dict[str, str], float]]:

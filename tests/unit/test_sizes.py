@@ -1,4 +1,4 @@
-"""One size threshold (``ibmon.sizes.OFFLOAD_PORTS``) decides how every stage does a poll.
+"""One size threshold (``ibmon.runtime.sizes.OFFLOAD_PORTS``) decides how every stage does a poll.
 
 What an operator relies on: a node's daemon (a few HCAs) never loads numpy (its 40 MB RSS
 budget), a fabric's daemon accounts in columns and works off the event loop, and both give the
@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from ibmon import looplag, sizes
 from ibmon.model import PortIdentity, PortSample, Snapshot
-from ibmon.pipeline import Pipeline
-from ibmon.rowview import RowView
-from ibmon.selfmetrics import SelfMetrics
+from ibmon.runtime import looplag, sizes
+from ibmon.runtime.pipeline import Pipeline
+from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.sources.mock import ManualClock, MockSource, MockSourceConfig
-from ibmon.totals import packed_counters
-from ibmon.tracker import Tracker
+from ibmon.track.rowview import RowView
+from ibmon.track.totals import packed_counters
+from ibmon.track.tracker import Tracker
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -99,9 +99,9 @@ def test_one_setting_moves_every_stage(monkeypatch: pytest.MonkeyPatch) -> None:
 
 _NODE_POLL = """
 import sys
-from ibmon import sizes
+from ibmon.runtime import sizes
 from tests.unit.test_sizes import _two_polls
-from ibmon.tracker import Tracker
+from ibmon.track.tracker import Tracker
 views = _two_polls(Tracker(), int(sys.argv[1]))
 print(len(views), "numpy" in sys.modules)
 """

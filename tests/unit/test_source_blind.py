@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from ibmon.pipeline import OVERDUE_INTERVALS, Pipeline
-from ibmon.selfmetrics import SelfMetrics
+from ibmon.runtime.pipeline import OVERDUE_INTERVALS, Pipeline
+from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.sources.diags import DiagsSourceConfig
 from tests.unit.test_pipeline import FakeFabric
 

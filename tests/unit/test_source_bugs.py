@@ -11,8 +11,8 @@ import logging
 import pytest
 from structlog.testing import capture_logs
 
-from ibmon.bulkwork import submit_bulk
-from ibmon.pipeline import BUG_LOG_SECONDS
+from ibmon.runtime.bulkwork import submit_bulk
+from ibmon.runtime.pipeline import BUG_LOG_SECONDS
 from tests.unit.test_pipeline import GUID, Clock, FakeFabric, metric, pipeline
 
 
@@ -34,7 +34,7 @@ async def test_a_source_bug_is_logged_with_its_traceback_once_and_counted_every_
     assert metric(p, "ibmon_source_up", source="src") == 0
     assert (GUID, "1") in p.views and p.views[(GUID, "1")].stale
     # later, the same bug is logged again (rate-limited, not silenced)
-    monkeypatch.setattr("ibmon.pipeline.time.monotonic", lambda: 1e9)
+    monkeypatch.setattr("ibmon.runtime.pipeline.time.monotonic", lambda: 1e9)
     with capture_logs() as logs:
         await p.poll(src)
     assert [e["event"] for e in logs].count("source_bug") == 1

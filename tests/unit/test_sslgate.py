@@ -1,5 +1,5 @@
 """A node daemon whose config has no TLS starts without OpenSSL, and still serves TLS if a
-reload asks for it (``ibmon.sslgate``, issue 12 target 2).
+reload asks for it (``ibmon.runtime.sslgate``, issue 12 target 2).
 
 Each case runs in a fresh interpreter (the gate only acts before asyncio is imported), and
 asserts on what the process really has mapped (``/proc/self/maps``), not on module names alone.
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 _PROBE = """
 import json, sys
 from pathlib import Path
-from ibmon.sslgate import import_without_openssl
+from ibmon.runtime.sslgate import import_without_openssl
 cfg = Path(sys.argv[1]) if sys.argv[1] else None
 deferred = import_without_openssl(cfg, json.loads(sys.argv[2]))
 import asyncio.base_events, asyncio.sslproto, hashlib, hmac
@@ -111,7 +111,7 @@ def test_an_unreadable_config_decides_nothing(tmp_path: Path) -> None:
 _TLS_SERVER = """
 import sys
 from pathlib import Path
-from ibmon.sslgate import import_without_openssl
+from ibmon.runtime.sslgate import import_without_openssl
 assert import_without_openssl(None, {})
 import asyncio, ssl
 from exporters.http import tls_context

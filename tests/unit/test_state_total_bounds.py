@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ibmon.tracker import STATE_VERSION, Tracker
+from ibmon.track.tracker import STATE_VERSION, Tracker
 
 GUID = "0x0002c90300a1b2c3"
 

@@ -9,11 +9,11 @@ from types import MappingProxyType
 import pytest
 from rich.console import Console
 
+from ibmon.cli.scan import render_table
+from ibmon.cli.terminal import printable
+from ibmon.cli.top import render
 from ibmon.model import PortIdentity, PortView
-from ibmon.scan import render_table
 from ibmon.state import FabricState
-from ibmon.terminal import printable
-from ibmon.top import render
 
 HOSTILE = "a\x1b[2J\x1b]0;t\x07b\x00c\x7fd\x9b31me\u202ef\u2066g\u2028h\ti\nj"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ibmon.top import render
+from ibmon.cli.top import render
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ model's counter widths and the x4 rule are written from the IBA tables, not read
 catalogue under test.
 
 Every test runs twice: with the per-port path alone (a node's), and with every poll going
-through the column store first (``ibmon.trackcolumns``, a fabric's: ``ibmon.sizes``), which
+through the column store first (``ibmon.track.columns``, a fabric's: ``ibmon.runtime.sizes``), which
 must not change a single result.
 """
 
@@ -30,12 +30,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ibmon import sizes
-from ibmon.counters import BY_NAME, CATALOGUE
+from ibmon.infiniband.counters import BY_NAME, CATALOGUE
+from ibmon.infiniband.xmitwait import WaitUnit
 from ibmon.model import LinkInfo, PortIdentity, PortKey, PortSample, PortView, Snapshot
-from ibmon.totals import Totals
-from ibmon.tracker import STATE_VERSION, Tracker
-from ibmon.xmitwait import WaitUnit
+from ibmon.runtime import sizes
+from ibmon.track.totals import Totals
+from ibmon.track.tracker import STATE_VERSION, Tracker
 
 GUID = "0x0002c90300a1b2c3"
 WALL0 = 1_700_000_000.0  # wall = WALL0 + monotonic: one consistent clock pair (same boot)
@@ -46,7 +46,7 @@ DATA_WIDE = frozenset({"transmit_data", "receive_data", "transmit_packets", "rec
 def _accounting(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
                 _fabric_paths: None) -> None:
     """Both ways of accounting a poll: a node's (port by port) and a fabric's (the column
-    store), chosen by the one size threshold (``ibmon.sizes``)."""
+    store), chosen by the one size threshold (``ibmon.runtime.sizes``)."""
     monkeypatch.setattr(sizes, "OFFLOAD_PORTS", 1 if request.param == "columns" else 1 << 62)
 
 
@@ -653,7 +653,7 @@ def test_load_rejects_malformed_state_and_keeps_the_current_state(change: str) -
 #
 # Counter widths and the x4 rule, written here from the InfiniBand Architecture Specification
 # (PMA PortCounters, attribute 0x12, and PortCountersExtended, 0x1D; docs/infiniband.md §1), not
-# read from ibmon.counters: the hardware model below must not inherit a mistake from the
+# read from ibmon.infiniband.counters: the hardware model below must not inherit a mistake from the
 # catalogue it checks.
 
 IBA_PORT_COUNTERS_BITS: dict[str, int] = {

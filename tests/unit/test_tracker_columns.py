@@ -1,6 +1,6 @@
-"""The column store (``ibmon.trackcolumns``) accounts exactly as the per-port path.
+"""The column store (``ibmon.track.columns``) accounts exactly as the per-port path.
 
-A fabric-sized poll (``ibmon.sizes``) takes the plain ports through numpy a block at a time
+A fabric-sized poll (``ibmon.runtime.sizes``) takes the plain ports through numpy a block at a time
 (the tracker's rule functions on columns) and hands every other port, and any row a block
 refuses (a reset, a counter reaching its narrow maximum, a total past 64 bits), to the
 per-port path. The attack: every shipped scenario played through
@@ -20,14 +20,14 @@ from typing import Any
 
 import pytest
 
-from ibmon import trackcolumns
 from ibmon.detect.columns import Fresh
 from ibmon.model import PortIdentity, PortSample, PortState, Snapshot, replaced
-from ibmon.rates import Rates
-from ibmon.rowview import RowView
 from ibmon.sources.mock import MockSource
-from ibmon.totals import Totals
-from ibmon.tracker import Tracker
+from ibmon.track import columns as trackcolumns
+from ibmon.track.rates import Rates
+from ibmon.track.rowview import RowView
+from ibmon.track.totals import Totals
+from ibmon.track.tracker import Tracker
 from mocks.scenario import ManualClock, list_scenarios, load_scenario
 from tests.detect_views import store_views
 from tests.tracker_paths import ColumnTracker, PerPortTracker

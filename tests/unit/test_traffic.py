@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ibmon.counters import BY_NAME
+from ibmon.infiniband.counters import BY_NAME
+from ibmon.infiniband.xmitwait import WaitUnit, counts_for, stall_fraction
 from ibmon.model import PhysState, PortState
-from ibmon.xmitwait import WaitUnit, counts_for, stall_fraction
 from mocks.scenario import ScenarioPlayer, load_scenario
 from mocks.topology import fat_tree
 from mocks.traffic import (

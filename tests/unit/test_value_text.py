@@ -18,10 +18,10 @@ import exporters.render as render
 import exporters.valuetext as valuetext
 from exporters.render import PortRenderer
 from exporters.valuetext import MIN_VALUES, NO_TEXT, array_texts, float_texts, int_texts
-from ibmon import rowview
-from ibmon.counters import CATALOGUE
+from ibmon.infiniband.counters import CATALOGUE
 from ibmon.model import PortView
-from ibmon.totals import Totals
+from ibmon.track import rowview
+from ibmon.track.totals import Totals
 from tests.detect_views import store_views
 from tests.unit.test_prometheus_render import _load_bench
 
@@ -51,8 +51,8 @@ def _doubles(rng: random.Random, n: int) -> list[float]:
 
 def _numpy_in_use(yes: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """A process whose tracker made a column store (numpy in use), or one that never did (a
-    node-local daemon): what ``ibmon.rowview.columns_numpy`` answers."""
-    import ibmon.trackcolumns  # noqa: F401 - hands numpy over as it loads, before the patch
+    node-local daemon): what ``ibmon.track.rowview.columns_numpy`` answers."""
+    import ibmon.track.columns  # noqa: F401 - hands numpy over as it loads, before the patch
 
     if not yes:
         monkeypatch.setattr(rowview, "_numpy", None)

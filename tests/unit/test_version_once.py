@@ -46,7 +46,7 @@ def test_an_uninstalled_tree_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_version_command_prints_it() -> None:
     from typer.testing import CliRunner
 
-    from ibmon.cli import app
+    from ibmon.cli.app import app
 
     result = CliRunner().invoke(app, ["version"])
     assert result.exit_code == 0

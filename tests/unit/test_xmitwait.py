@@ -2,8 +2,8 @@
 
 The expected values here are written from NVIDIA's ibdiagnet manual ("Congestion Assessment on
 InfiniBand Links": lost bytes per port = Counter x (Tick + 1), times the lane count on Switch-IB
-class ASICs) and the IBA lane data rates, not from ``ibmon.xmitwait``: a unit or rate bug there
-cannot make these tests agree with it.
+class ASICs) and the IBA lane data rates, not from ``ibmon.infiniband.xmitwait``: a unit or rate bug
+there cannot make these tests agree with it.
 """
 
 from __future__ import annotations
@@ -17,13 +17,19 @@ from types import SimpleNamespace
 import pytest
 
 from ibmon.detect.congestion import CongestionSettings
-from ibmon.linkspeed import SPEED_ORDER, WIDTH_LANES, effective_rate_bps
+from ibmon.infiniband.linkspeed import SPEED_ORDER, WIDTH_LANES, effective_rate_bps
+from ibmon.infiniband.xmitwait import (
+    DEFAULT_UNIT,
+    WaitUnit,
+    device_id_of_hca_type,
+    parse_unit,
+    unit_for,
+)
 from ibmon.model import PortIdentity, PortSample, Snapshot
-from ibmon.pipeline import Pipeline
-from ibmon.selfmetrics import SelfMetrics
+from ibmon.runtime.pipeline import Pipeline
+from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.sources.sysfs import SysfsSource, SysfsSourceConfig
-from ibmon.tracker import Tracker
-from ibmon.xmitwait import DEFAULT_UNIT, WaitUnit, device_id_of_hca_type, parse_unit, unit_for
+from ibmon.track.tracker import Tracker
 from tests.sysfs_tree import write_device, write_port
 
 #: IBA per-lane data rates after line encoding, Gb/s: 8b/10b up to QDR, 64b/66b after

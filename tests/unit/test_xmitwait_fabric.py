@@ -1,8 +1,8 @@
 """The fabric sources decide each port's PortXmitWait unit at discovery (``fabric.WaitUnits``).
 
-The rule is ``ibmon.xmitwait.unit_for``: a documented ASIC family (NodeInfo.DeviceID) decides
-and its nodes are never asked their Tick; any other node's PortSamplesControl.Tick decides; a
-PMA that drops or refuses the Get (ibsim's) leaves the port's last Tick, else the default, and
+The rule is ``ibmon.infiniband.xmitwait.unit_for``: a documented ASIC family (NodeInfo.DeviceID)
+decides and its nodes are never asked their Tick; any other node's PortSamplesControl.Tick decides;
+a PMA that drops or refuses the Get (ibsim's) leaves the port's last Tick, else the default, and
 is no error; a Tick without a vendor rule is an ``odd_tick`` SourceError. ibsim answers no
 PortSamplesControl, so what only a real PMA can show (a Tick, an odd one, a reply for another
 port) is answered here: MAD replies built here for ``mad``, and for ``diags`` perfquery text in
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from ibmon.infiniband.xmitwait import DEFAULT_UNIT, WaitUnit
 from ibmon.model import PortKey
 from ibmon.sources.diags import CommandResult, DiagsSource
 from ibmon.sources.fabric import FabricView, WaitUnits
@@ -40,7 +41,6 @@ from ibmon.sources.parse import (
     decode_samples_control_tick,
     parse_perfquery_tick,
 )
-from ibmon.xmitwait import DEFAULT_UNIT, WaitUnit
 from tests.ibnd_cache import CachePortSpec, port_info_bytes
 from tests.unit.test_diags_runner import TOPO, answer_discovery, answer_tick_read
 

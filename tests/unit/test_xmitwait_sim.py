@@ -1,5 +1,5 @@
 """The simulator's PortXmitWait counts are in each device family's unit, so any stall fraction
-put into it comes back from ``ibmon.xmitwait.stall_fraction`` of the counts it produced.
+put into it comes back from ``ibmon.infiniband.xmitwait.stall_fraction`` of the counts it produced.
 
 A count is bytes the port could not send, device-defined: 8 bytes per port on Quantum-class
 switches and ConnectX-6+ HCAs, 32 bytes per lane on Switch-IB / Switch-IB 2 / SwitchX. The
@@ -14,10 +14,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ibmon.linkspeed import effective_rate_bps
+from ibmon.infiniband.linkspeed import effective_rate_bps
+from ibmon.infiniband.xmitwait import FAMILIES, WaitUnit, counts_for, family_of, stall_fraction
 from ibmon.model import Snapshot
-from ibmon.tracker import Tracker
-from ibmon.xmitwait import FAMILIES, WaitUnit, counts_for, family_of, stall_fraction
+from ibmon.track.tracker import Tracker
 from mocks.topology import Fabric, Link, Node
 from mocks.traffic import FabricModel
 

@@ -25,7 +25,7 @@ import re
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
-from ibmon.counters import BY_PMA, DETAIL_ATTRIBUTES
+from ibmon.infiniband.counters import BY_PMA, DETAIL_ATTRIBUTES
 from ibmon.sources.parse.errors import ParseError, require_whole_lines
 from ibmon.sources.parse.pma import (
     CPI_CAP2_ADDL_EXT,
@@ -335,7 +335,7 @@ _SAMPLES_CONTROL_REQUIRED = ("OpCode", "PortSelect", "Tick")
 
 def parse_perfquery_tick(text: str, *, lid: int | None, port: int) -> int:
     """``perfquery -c <lid> <port>`` output -> PortSamplesControl.Tick, what one PortXmitWait
-    count of the port stands for (``ibmon.xmitwait.unit_for``).
+    count of the port stands for (``ibmon.infiniband.xmitwait.unit_for``).
 
     Strict, like every parser here: one ``# PortSamplesControl: Lid L port P`` header for the
     LID and port asked, then only PortSamplesControl fields, each once and fitting its width,

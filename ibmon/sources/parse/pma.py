@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import itemgetter
 
-from ibmon.counters import BY_PMA, DETAIL_ATTRIBUTES
+from ibmon.infiniband.counters import BY_PMA, DETAIL_ATTRIBUTES
 from ibmon.sources.parse.errors import ParseError
 
 __all__ = [
@@ -93,7 +93,8 @@ def decode_class_port_info(data: bytes) -> ClassPortInfo:
 
 def decode_samples_control_tick(data: bytes, *, port: int | None = None) -> int:
     """PortSamplesControl (0x10) payload -> its Tick (byte 2: OpCode, PortSelect, Tick), what
-    one PortXmitWait count of the port stands for (``ibmon.xmitwait.unit_for``). With ``port``,
+    one PortXmitWait count of the port stands for (``ibmon.infiniband.xmitwait.unit_for``). With
+    ``port``,
     a reply for another port raises ParseError, as for the counters."""
     if len(data) < 3:
         raise ParseError("PortSamplesControl payload shorter than 3 bytes")

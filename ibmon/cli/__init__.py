@@ -1,0 +1,1 @@
+"""The ``ibmon`` command line: run, demo, scan, top, explain, topology."""

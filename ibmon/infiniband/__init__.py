@@ -1,0 +1,1 @@
+"""InfiniBand facts: the counter catalogue, link widths and speeds, PortXmitWait units."""

@@ -1,0 +1,1 @@
+"""The running daemon: composition, poll pipelines, self metrics, logging and process setup."""
