@@ -65,8 +65,11 @@ def test_an_ha_pair_gives_each_event_the_same_id_at_any_phase(
             return all(sum(e["type"] == "counter_reset" for e in d.events()) >= n
                        for d in (a, b))
 
-        def raised(value: int, s: Scrape) -> bool:
-            return (s.value("ibmon_port_transmit_data_bytes_total", guid=HOST.guid) or 0) >= value
+        def total(s: Scrape) -> float:
+            return s.value("ibmon_port_transmit_data_bytes_total", guid=HOST.guid) or 0
+
+        def raised(floor: float, s: Scrape) -> bool:
+            return total(s) >= floor
 
         for i, port in enumerate(uplinks):
             # each change at another moment of the interval
@@ -79,9 +82,11 @@ def test_an_ha_pair_gives_each_event_the_same_id_at_any_phase(
             wait_for("both daemons to see the link up again", partial(seen, 2 * i + 2))
         host = ibsim_node_id(FAB, HOST.guid)
         for i, value in enumerate((1_000_000, 2_000_000)):
+            # the total so far already passes ``value`` after the first round: wait for this rise
+            floors = [total(d.scrape()) + value for d in (a, b)]
             sim.set_counters(host, 1, {"PortCountersExtended.PortXmitData": value})
-            for d in (a, b):  # both must have read it before it goes back to 0
-                d.until("the raised counter", partial(raised, value))
+            for d, floor in zip((a, b), floors, strict=True):  # both read it before it goes to 0
+                d.until("the raised counter", partial(raised, floor))
             time.sleep(0.23 + 0.31 * i)
             sim.set_counters(host, 1, {"PortCountersExtended.PortXmitData": 0})
             wait_for("both daemons to see the counter reset", partial(resets, i + 1))
