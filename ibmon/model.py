@@ -98,9 +98,8 @@ class PortIdentity:
     hca_type: str = ""
     board_id: str = ""
     sm_lid: int | None = None
-    #: What one PortXmitWait count stands for on this port (``ibmon.infiniband.xmitwait``), decided
-    # by
-    #: the source at discovery.
+    #: What one PortXmitWait count stands for on this port (``ibmon.infiniband.xmitwait``),
+    #: decided by the source at discovery.
     xmit_wait: WaitUnit = DEFAULT_UNIT
 
     def __post_init__(self) -> None:

@@ -59,9 +59,8 @@ def configure_logging_for(settings: Settings, level: str | None) -> None:
 def settings_for_run(config: Path | None, listen: str | None = None) -> Settings:
     """The settings ``run`` starts with, and every reload re-reads: the file, the environment,
     the flags given at start (so a SIGHUP never drops ``--listen``), the default sysfs source,
-    and every check ``ibmon.runtime.preflight`` makes. ``check-config`` calls this too. ConfigError
-    on
-    any problem."""
+    and every check ``ibmon.runtime.preflight`` makes. ``check-config`` calls this too.
+    ConfigError on any problem."""
     from ibmon.runtime.preflight import check_startable
 
     overrides: dict[str, Any] = {}

@@ -49,7 +49,7 @@ from ibmon.runtime.bulkwork import run_bulk, submit_bulk
 from ibmon.runtime.gcpause import paused_gc
 from ibmon.runtime.polltime import MIN_POLL_TIMEOUT, POLL_TIMEOUT_INTERVALS, poll_timeout
 from ibmon.runtime.selfmetrics import SelfMetrics
-from ibmon.runtime.sizes import OFFLOAD_PORTS, fabric_sized
+from ibmon.runtime.sizes import fabric_sized
 from ibmon.sources import Source
 from ibmon.state import FabricState, SourceStatus
 from ibmon.track.rowview import Span
@@ -58,7 +58,6 @@ from ibmon.track.tracker import Tracker
 
 __all__ = [
     "MIN_POLL_TIMEOUT",
-    "OFFLOAD_PORTS",
     "POLL_TIMEOUT_INTERVALS",
     "SILENT_FRACTION",
     "STAGES",

@@ -151,9 +151,8 @@ def utilization(data_rate: Any, link_bytes: Any, minimum: Any = min) -> Any:
 
 def stall_share(wait_rate: Any, bytes_per_count: Any, link_bytes: Any, minimum: Any = min,
                 maximum: Any = max) -> Any:
-    """``ibmon.infiniband.xmitwait.stall_fraction`` of one second for a known unit and link rate, in
-    its
-    operations and order (its product by 1 s is exact): the same doubles."""
+    """``ibmon.infiniband.xmitwait.stall_fraction`` of one second for a known unit and link
+    rate, in its operations and order (its product by 1 s is exact): the same doubles."""
     return minimum(1.0, maximum(0.0, wait_rate * bytes_per_count / link_bytes))
 
 

@@ -1,4 +1,4 @@
-"""Fault matrix, the daemon itself (issue 14, items 9, 10, 11): it stays up and says what is wrong.
+"""Fault matrix, the daemon itself: it stays up and says what is wrong.
 
 Reloads (SIGHUP) to configs that validate but cannot start, or do not validate, must leave the
 running config serving and say so (log line, ``ibmon_config_reloads_total{result}``); flags given

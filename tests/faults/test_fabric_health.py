@@ -1,4 +1,4 @@
-"""Fault matrix, fabric sources (issue 14, items 1, 2 and the frozen MAD worker of 14).
+"""Fault matrix, fabric sources.
 
 A real ``python -m ibmon run`` polls a real simulated fabric (ibsim + opensm) through the ``mad``
 source, and the test does to the fabric what a bad day does: kills it and brings it back, drops

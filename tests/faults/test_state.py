@@ -1,4 +1,4 @@
-"""Fault matrix, state and restarts (issue 14, items 7 and 8): never lose or invent a count.
+"""Fault matrix, state and restarts: never lose or invent a count.
 
 Each test runs real ``python -m ibmon run`` processes on a sysfs tree the test edits, kills them
 with a real ``kill -9`` where that is the fault, and checks every scrape of every run with one

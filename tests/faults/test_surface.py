@@ -1,4 +1,4 @@
-"""Fault matrix, HTTP surface, terminal and MQTT (issue 14, items 12, 13, 14).
+"""Fault matrix, HTTP surface, terminal and MQTT.
 
 Every test runs the real thing: ``python -m ibmon run`` as its own process (its own session, so
 "no process outlives it" can be checked by process group), real sockets on loopback, a real

@@ -1,4 +1,4 @@
-"""Fault matrix, tools (issue 14 items 3-6): infiniband-diags that hang, lie and die.
+"""Fault matrix, tools: infiniband-diags that hang, lie and die.
 
 Every test runs a real ``python -m ibmon run`` with the ``diags`` source against real ibsim +
 opensm, read by the real infiniband-diags. A fake tool sits on the daemon's PATH only for what

@@ -35,7 +35,7 @@ IBMON = Path(sys.executable).with_name("ibmon")
 LEAF = "0x0002c90100000070"
 HOST = "0x0002c90a00000031"
 T0 = time.monotonic()
-#: The detail counters are in the catalogue (issue 11 part 1). Until then the tracker does not
+#: The detail counters are in the catalogue. Until then the tracker does not
 #: know them, the cause comes from the symbol errors on the same port (physical all the same),
 #: and the parts of the answers that quote the details are not checked.
 DETAILS = "receive_local_physical_errors" in BY_NAME

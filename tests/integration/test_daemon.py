@@ -211,7 +211,7 @@ class WideSource(CountingSource):
 @pytest.mark.node_sized  # the daemon's own threshold: 16 ports are a node's, 250 a fabric's
 @pytest.mark.parametrize("ports", [16, 250])
 async def test_loop_lag_probe_wakes_as_often_as_the_port_count_needs(ports: int) -> None:
-    """Issue 12, target 1: each wake-up of the loop costs CPU, so a compute node's daemon
+    """Each wake-up of the loop costs CPU, so a compute node's daemon
     (a few HCAs) probes its loop once a second; one that tracks enough ports to stall it
     probes every 0.1 s. The probe keeps measuring either way."""
     from ibmon.runtime.looplag import IDLE_PERIOD, PERIOD

@@ -354,7 +354,7 @@ async def test_a_big_publish_lets_go_of_the_body_it_replaced_in_a_bulk_thread(
         exporter: PrometheusExporter, metrics: SelfMetrics,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Freeing a fabric's last body and ``malloc_trim`` held the event loop 2-3 ms every poll
-    at 36,720 ports, and a scrape arriving then waited (issue 12, target 5): a publish serves
+    at 36,720 ports, and a scrape arriving then waited: a publish serves
     the new body and leaves both to a bulk thread."""
     import exporters.prometheus
 

@@ -1,4 +1,4 @@
-"""The ``scale`` scenario (issue 12): radix-64 switches, 100,000+ ports at ``--hosts 20000``, and
+"""The ``scale`` scenario: radix-64 switches, 100,000+ ports at ``--hosts 20000``, and
 an answer key that holds on a bigger tree than its own, as ``ibmon demo --scenario scale --hosts
 N`` plays it.
 

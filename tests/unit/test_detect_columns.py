@@ -1,6 +1,6 @@
 """Detectors read a counter of every answered port once per poll (``ibmon.detect.columns``):
 gathered from the tracker's column store where ports are its rows, port by port elsewhere.
-Both ways must read exactly what ``mapping.get`` reads (issue 12: CPU per poll)."""
+Both ways must read exactly what ``mapping.get`` reads (CPU per poll)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Detectors keep last poll's ``needs`` answers and compute again only what changed (issue 12).
+"""Detectors keep last poll's ``needs`` answers and compute again only what changed.
 
 ``columns.Memo`` reuses a port's answer when its inputs (its error totals, state, identity,
 link) compare equal to the previous poll's and its answer was "no" (a port picked last poll

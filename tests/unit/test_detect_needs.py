@@ -1,4 +1,4 @@
-"""``PortDetector.needs`` only leaves out ports whose verdict it knows (issue 12).
+"""``PortDetector.needs`` only leaves out ports whose verdict it knows.
 
 Each detector skips the ports it can judge without ``check`` (nearly all of a healthy fabric's)
 and must apply the same side effects ``check`` would have (window values, the BER gauge). The

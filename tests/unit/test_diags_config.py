@@ -1,5 +1,5 @@
 """The diags source's timeouts: derived from the poll's own limit, configurable, validated, and
-a warning at load time when one hung node would still cost the whole poll (issue 14 item 3)."""
+a warning at load time when one hung node would still cost the whole poll."""
 
 from __future__ import annotations
 

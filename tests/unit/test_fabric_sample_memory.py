@@ -1,4 +1,4 @@
-"""A fabric source's poll holds little per port (issue 12, target 3): its samples' counters are
+"""A fabric source's poll holds little per port: its samples' counters are
 packed and their sets of 64-bit names shared, and they read exactly as the decoded values.
 
 Read from real hardware's perfquery text (``../shared/real-fixtures``), through the ``diags``

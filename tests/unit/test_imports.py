@@ -1,6 +1,6 @@
 """What ``ibmon run`` imports on a compute node: nothing a sysfs-only daemon never uses.
 
-Every import costs resident memory on each of 10,000 nodes (issue 12, target 2), so the daemon
+Every import costs resident memory on each of 10,000 nodes, so the daemon
 started with a sysfs-only config must not import the CLI's typer/rich machinery, YAML, the
 simulator (``mocks``), the MAD ctypes bindings, numpy (the tracker's column store, for fabric
 polls), orjson (the renderer's numbers of large blocks), MQTT or prometheus_client (its

@@ -3,7 +3,7 @@ exactly under threads.
 
 The self metrics are scraped by Prometheus and read by ibmon's alert rules and dashboards, which
 were written against prometheus_client's output; ibmon dropped the dependency from its runtime
-(issue 12, target 2) but not the promise. prometheus_client stays the oracle
+(a node daemon's memory) but not the promise. prometheus_client stays the oracle
 (``tests/metrics_oracle.py``): random families and random operations (label values that need
 escaping, NaN, infinities, huge and negative values, cleared families) are applied to both, and
 the rendered bytes must be equal after every operation.

@@ -1,4 +1,4 @@
-"""Every parser reads its input exactly or refuses all of it (issue 14 item 4), property-tested.
+"""Every parser reads its input exactly or refuses all of it, property-tested.
 
 Real captures (``../shared/real-fixtures``) are mutated by hypothesis: a junk line, a copy of a
 line, a deleted or swapped line, a cut at any byte, a changed value, counter-shaped junk at the

@@ -1,4 +1,4 @@
-"""Kill scopes (issue 14 item 6): nothing a tool starts outlives its command, nothing else is
+"""Kill scopes: nothing a tool starts outlives its command, nothing else is
 touched. Real processes: tools are small Python programs that fork, call setsid, hang or flood.
 """
 

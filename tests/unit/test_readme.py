@@ -13,8 +13,8 @@ def test_metric_table_matches_catalogue() -> None:
     text = README.read_text()
     start = text.index("<!-- metric-table:start -->\n") + len("<!-- metric-table:start -->\n")
     end = text.index("<!-- metric-table:end -->")
-    # Regenerate with: python -c 'from ibmon.infiniband.counters import markdown_table as t;
-    # print(t())'
+    # Regenerate with:
+    # python -c 'from ibmon.infiniband.counters import markdown_table as t; print(t())'
     assert text[start:end] == markdown_table()
 
 

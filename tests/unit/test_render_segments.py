@@ -1,5 +1,5 @@
 """The exporter's gzip body is re-rendered only where values changed, and still reads exactly
-like a full render (issue 12: CPU per poll at fabric scale)."""
+like a full render (CPU per poll at fabric scale)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The renderer reads a poll's rows where the pipeline says they are (``ibmon.track.rowview.Span``)
-instead of finding them view by view (issue 12, target 4): the same bytes, every poll of every
+instead of finding them view by view: the same bytes, every poll of every
 fault scenario, in the source's order or in port order (the exporter's), and only for the very
 views, in the very order, the span was made for."""
 

@@ -1,6 +1,6 @@
 """Views whose totals and rates stay rows of the tracker's store (``ibmon.track.rowview``): they
 read and compare exactly like the plain views the per-port rules make, and a poll makes no mapping
-object per port (issue 12: what the cyclic GC tracks and a generation of views holds)."""
+object per port (what the cyclic GC tracks and a generation of views holds)."""
 
 from __future__ import annotations
 

@@ -198,7 +198,7 @@ class _PortState:
     inc: dict[str, int] = field(default_factory=dict)
 
 
-#: Issue 11's causes of each detail counter, per aggregate (written out, not imported).
+#: The causes of each detail counter, per aggregate (written out, not imported).
 _DETAIL_CAUSE: dict[str, dict[str, str]] = {
     "receive_errors": {
         "receive_local_physical_errors": "physical",

@@ -2,7 +2,7 @@
 
 Alert rules and dashboards were written against prometheus_client's output; ibmon renders its
 self metrics itself (``ibmon.runtime.metrics``, which keeps prometheus_client and OpenSSL out of a
-node daemon, issue 12 target 2, and builds each series' prefix once, target 1). These tests hold the
+node daemon, and builds each series' prefix once). These tests hold the
 daemon's real registry (every family it registers: sources, pipeline stages, events, state file,
 reloads, loop lag, HTTP listener, MQTT, shards) to prometheus_client byte for byte, through
 ``tests/metrics_oracle.py``: the same definitions, the same operations on both, before and after

@@ -1,5 +1,5 @@
 """A node daemon whose config has no TLS starts without OpenSSL, and still serves TLS if a
-reload asks for it (``ibmon.runtime.sslgate``, issue 12 target 2).
+reload asks for it (``ibmon.runtime.sslgate``).
 
 Each case runs in a fresh interpreter (the gate only acts before asyncio is imported), and
 asserts on what the process really has mapped (``/proc/self/maps``), not on module names alone.

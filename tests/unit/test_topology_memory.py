@@ -1,4 +1,4 @@
-"""Merging discoveries into the known topology: lost MADs never rewrite it (issue 14, item 2).
+"""Merging discoveries into the known topology: lost MADs never rewrite it.
 
 ``TopologyMemory`` (``ibmon.sources.fabric``) is what both fabric sources run every discovery
 through: unreachable nodes stay for N discoveries (counted at most once per gap), known node

@@ -1,6 +1,5 @@
 """Sample values formatted in C (``exporters.valuetext``) read exactly as Python spells them:
-the exposition's text, goldens included, must not change with who formats it (issue 12,
-target 4: CPU per poll)."""
+the exposition's text, goldens included, must not change with who formats it (CPU per poll)."""
 
 from __future__ import annotations
 

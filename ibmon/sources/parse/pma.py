@@ -94,8 +94,7 @@ def decode_class_port_info(data: bytes) -> ClassPortInfo:
 def decode_samples_control_tick(data: bytes, *, port: int | None = None) -> int:
     """PortSamplesControl (0x10) payload -> its Tick (byte 2: OpCode, PortSelect, Tick), what
     one PortXmitWait count of the port stands for (``ibmon.infiniband.xmitwait.unit_for``). With
-    ``port``,
-    a reply for another port raises ParseError, as for the counters."""
+    ``port``, a reply for another port raises ParseError, as for the counters."""
     if len(data) < 3:
         raise ParseError("PortSamplesControl payload shorter than 3 bytes")
     _check_select(data, port, "PortSamplesControl")
