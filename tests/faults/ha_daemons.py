@@ -1,4 +1,4 @@
-"""Real ``ibmon run`` processes on one ibsim fabric, for the HA-pair and shard tests.
+"""Real ``ibmon run`` processes on one ibsim fabric, for the fault, HA-pair and shard tests.
 
 Each daemon is its own process group with a ``mad`` (or ``diags``) source on the simulator, its
 own state file and an events file (the JSON lines every channel publishes), and every scrape
@@ -46,7 +46,7 @@ class SimDaemon:
     (after ``[[sources]]``); ``extra`` is appended to the config (an ``[mqtt]`` table)."""
 
     def __init__(self, tmp: Path, sim: IbSim, name: str, source: str, *,
-                 fabric: str = "main", extra: str = "") -> None:
+                 fabric: str = "main", extra: str = "", save_interval: str = "2s") -> None:
         self.dir = tmp / name
         self.dir.mkdir(parents=True, exist_ok=True)
         self.sim = sim
@@ -57,7 +57,7 @@ class SimDaemon:
         self.config.write_text(
             f'fabric = "{fabric}"\n[prometheus]\nlisten = "127.0.0.1:0"\n'
             f"[[sources]]\n{source}\n"
-            f'[state]\npath = "{self.dir / "state.json"}"\nsave_interval = "2s"\n'
+            f'[state]\npath = "{self.dir / "state.json"}"\nsave_interval = "{save_interval}"\n'
             f'[events]\nfile = "{self.events_file}"\n{extra}\n'
         )
         self.proc: subprocess.Popen[bytes] | None = None
@@ -113,8 +113,9 @@ class SimDaemon:
         wait_for(f"{self.name}: {what}", ok, timeout)
         return got[0]
 
-    def polls(self) -> int:
-        s = self.scrape()
+    def polls(self, s: Scrape | None = None) -> int:
+        """Polls made so far, from ``s`` or a fresh scrape."""
+        s = self.scrape() if s is None else s
         return int(sum(v for (n, _), v in s.samples.items()
                        if n == "ibmon_source_poll_duration_seconds_count"))
 

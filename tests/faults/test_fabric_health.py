@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,8 +24,9 @@ import pytest
 from mocks.ibsim import IbSim
 from mocks.ibsim_driver import ibsim_node_id
 from mocks.topology import Fabric, fat_tree, to_ibsim_netfile
-from tests.faults.promise import Scrape, TotalsWatch
-from tests.ibsim_fixtures import REPO, require_ibsim
+from tests.faults.ha_daemons import SimDaemon, wait_for
+from tests.faults.promise import Scrape
+from tests.ibsim_fixtures import require_ibsim
 
 pytestmark = pytest.mark.system
 
@@ -45,73 +44,24 @@ def node_id(guid: str) -> str:
     return ibsim_node_id(FAB, guid)
 
 
-class Daemon:
-    """One ``ibmon run`` process with a ``mad`` source on the simulator, scraped through one
-    ``TotalsWatch`` (keep the object for the whole test: the watch spans restarts)."""
+class Daemon(SimDaemon):
+    """One ``ibmon run`` process with a ``mad`` (or ``diags``) source on the simulator at 1 s,
+    scraped through one ``TotalsWatch`` (keep the object for the whole test: the watch spans
+    restarts); ``scrapes`` counts what the watch checked."""
 
     def __init__(self, tmp: Path, sim: IbSim, extra: str = "", kind: str = "mad") -> None:
-        self.tmp = tmp
-        self.sim = sim
-        self.watch = TotalsWatch()
-        self.events_file = tmp / "events.jsonl"
-        self.config = tmp / "ibmon.toml"
-        self.config.write_text(
-            '[prometheus]\nlisten = "127.0.0.1:0"\n'
-            f'[[sources]]\ntype = "{kind}"\nname = "{SRC}"\ninterval = "1s"\n{extra}\n'
-            f'[state]\npath = "{tmp / "state.json"}"\nsave_interval = "1s"\n'
-            f'[events]\nfile = "{self.events_file}"\n'
-        )
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.port = 0
-        self.runs = 0
+        super().__init__(tmp, sim, "daemon",
+                         f'type = "{kind}"\nname = "{SRC}"\ninterval = "1s"\n{extra}',
+                         save_interval="1s")
         self.scrapes = 0
 
-    @property
-    def log(self) -> Path:
-        return self.tmp / f"daemon-{self.runs}.log"
-
     def start(self) -> None:
-        env = self.sim.tool_env()
-        env.update({"IBMON_LOG__FORMAT": "json", "PYTHONPATH": str(REPO)})
-        env.pop("IBMON_STATE__PATH", None)
-        self.runs += 1
-        with self.log.open("wb") as err:
-            # cwd: umad2sim writes its sys-<pid> tree into the working directory
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ibmon", "run", "--config", str(self.config)],
-                cwd=self.tmp, env=env, stdout=subprocess.DEVNULL, stderr=err,
-                start_new_session=True,
-            )
-
-        def listening() -> bool:
-            assert self.proc is not None
-            assert self.proc.poll() is None, self.log.read_text()[-3000:]
-            for line in self.log.read_text(errors="replace").splitlines():
-                if '"listening"' in line:
-                    self.port = int(json.loads(line)["port"])
-                    return True
-            return False
-
-        wait_for("the daemon to listen", listening, timeout=60)
+        super().start()
         self.until("the first good poll", lambda s: s.value("ibmon_source_up", source=SRC) == 1)
 
     def scrape(self) -> Scrape:
-        assert self.proc is not None and self.proc.poll() is None, self.log.read_text()[-3000:]
         self.scrapes += 1
-        return self.watch.scrape(f"http://127.0.0.1:{self.port}/metrics")
-
-    def until(self, what: str, pred: Callable[[Scrape], bool], timeout: float = 60.0) -> Scrape:
-        """Scrape (every scrape checked by the watch) until ``pred`` holds."""
-        deadline = time.monotonic() + timeout
-        while True:
-            got = self.scrape()
-            if pred(got):
-                return got
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            time.sleep(0.2)
-
-    def polls(self, s: Scrape) -> int:
-        return int(s.value("ibmon_source_poll_duration_seconds_count", source=SRC) or 0)
+        return super().scrape()
 
     def watch_polls(self, n: int, check: Callable[[Scrape], None] | None = None) -> Scrape:
         """Scrape through ``n`` more polls, running ``check`` on every scrape."""
@@ -124,11 +74,6 @@ class Daemon:
                 return s
             time.sleep(0.2)
 
-    def events(self) -> list[dict[str, Any]]:
-        if not self.events_file.exists():
-            return []
-        return [json.loads(line) for line in self.events_file.read_text().splitlines() if line]
-
     def workers(self) -> list[int]:
         """Live MAD worker processes of this daemon (children running ibmon.sources.madworker)."""
         assert self.proc is not None
@@ -140,28 +85,10 @@ class Daemon:
         assert self.proc is not None
         pid = self.proc.pid
         failed = len(fired(self, "source_failed"))
-        os.killpg(pid, signal.SIGTERM)
-        rc = self.proc.wait(timeout=15)
-        self.proc = None
-        text = self.log.read_text(errors="replace")
-        assert rc == 0, text[-3000:]
+        super().stop()
         assert len(fired(self, "source_failed")) == failed, "the stop made a failed poll"
-        assert "Traceback" not in text, text[-3000:]
         assert mad_workers(pid) == [] and stray_workers(pid) == []
         assert tools_of(self.sim) == []
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        self.proc = None
-
-
-def wait_for(what: str, pred: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def _proc_stat(pid: int) -> tuple[int, str] | None:
