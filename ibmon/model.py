@@ -198,6 +198,10 @@ class Topology:
     #: Node GUIDs this source polled until this discovery gave them to another shard: the
     #: pipeline forgets their ports at once (no stale port, no ``vanished``).
     handed_off: frozenset[str] = frozenset()
+    #: Each switch's LinearForwardingTable as read at this discovery, switch node GUID ->
+    #: bytes indexed by destination LID, each the egress port (``0xff``: no route). Empty when
+    #: the source reads no tables (sysfs, the simulator) or could not read them.
+    forwarding: Mapping[str, bytes] = field(default_factory=dict)
 
 
 @dataclass(slots=True, eq=False)

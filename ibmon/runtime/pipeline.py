@@ -130,6 +130,8 @@ class Pipeline:
         #: The ``ibmon_device_info`` label values this source set at its last discovery.
         self._devices: set[tuple[str, ...]] = set()
         self._next_discover = 0.0
+        #: The switches' forwarding tables from the latest discovery (``Topology.forwarding``).
+        self.forwarding: Mapping[str, bytes] = {}
         self._stage = {s: metrics.stage_seconds.labels(self.label, s) for s in STAGES}
         #: Held while a poll's ``ingest`` runs (``_ingest_off_loop``); whoever reads or changes
         #: the tracker or engine from a worker thread, or across an await, holds it too.
@@ -289,6 +291,7 @@ class Pipeline:
             return
         topo = await source.discover()
         self._discovered = source
+        self.forwarding = topo.forwarding
         interval = getattr(self.cfg, "topology_interval", None)
         self._next_discover = now + interval if interval else float("inf")
         self.metrics.unreachable_nodes.labels(self.label).set(len(topo.unreachable))

@@ -13,6 +13,7 @@ from operator import attrgetter
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from ibmon.jobs.model import JobsView
 from ibmon.model import PortIdentity, PortKey, PortView
 
 if TYPE_CHECKING:
@@ -115,6 +116,8 @@ class FabricState:
     span: Span | None = None
     #: Every condition firing on ``ports``, made with them (exporters never ask the detectors).
     conditions: tuple[ActiveCondition, ...] = ()
+    #: The running jobs and which of them the firing conditions touch (``ibmon.jobs``).
+    jobs: JobsView = field(default_factory=JobsView)
 
 
 EMPTY_STATE = FabricState(generated=0.0)

@@ -1,0 +1,6 @@
+"""Jobs: which scheduler jobs run where, and which of them a port's condition touches.
+
+``model`` holds the plain data (a job, the table of running jobs, a job's touch on a link);
+``slurm`` asks the scheduler; ``routes`` reads the switches' forwarding tables into the leaf
+pairs each inter-switch link carries; ``attribute`` joins jobs, hosts, ports and routes.
+"""
