@@ -8,7 +8,11 @@ and the links it is the lower end of, a page at a time like ``/api/v1/ports`` (`
 BER and utilization) with their active conditions, one bounded page at a time: ``?limit=N`` (default
 ``DEFAULT_PAGE``, at most ``MAX_PAGE``), ``?condition=congestion`` filters, and the answer's
 ``next`` is an opaque cursor for ``?cursor=`` that continues after the page's last port (null
-on the last page). ``/api/v1/events`` returns recent events, newest last; ``?type=``,
+on the last page). ``/api/v1/jobs`` lists the running jobs (whether the scheduler could be asked,
+what route attribution used, each job's rates and conditions) and ``/api/v1/jobs/{id}`` is one
+job's hosts, their ports, the links with a firing condition it uses and its rates (404 for a job
+that is not running, 503 while jobs are unknown); a port's answer lists the jobs on its link
+(``exporters.jobs``). ``/api/v1/events`` returns recent events, newest last; ``?type=``,
 ``?since=<event id>`` and ``?limit=`` narrow it. ``/healthz`` answers while the process serves
 (liveness); ``/readyz`` only once the daemon runs and at least one source's latest poll
 succeeded (readiness). Both answer without basic auth (Kubernetes probes); ``/readyz`` then
@@ -38,10 +42,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, get_args
 
+from exporters.jobs import job_detail_json, jobs_json, jobs_on_link, link_jobs_json
 from exporters.ports import port_detail_json, port_json
 from exporters.server import HttpError, Request, Response, Route
 from ibmon.detect.engine import DETECTORS, ActiveCondition
 from ibmon.detect.events import Event, EventType, severity_rank
+from ibmon.jobs.model import JobLink
 from ibmon.model import PortKey, PortView, normalize_guid
 from ibmon.state import FabricState
 from ibmon.state.topology import node_rows
@@ -72,6 +78,10 @@ MAX_EVENTS = 1000
 API_SHARE = 0.25
 #: A cursor is small; anything longer is not one of ours.
 MAX_CURSOR = 512
+#: A job id is short (Slurm: ``123``, ``123_4``, ``123+1``); anything longer is no job's.
+MAX_JOB_ID = 64
+#: Jobs listed in a port's answer (the rest counted in ``total``).
+PORT_JOBS = 100
 #: The order and JSON of a state no client asked about for this long are let go (they hold
 #: that state's port views, which the daemon itself has already replaced).
 INDEX_TTL = 30.0
@@ -98,6 +108,9 @@ class ApiProvider:
     state: Callable[[], FabricState]
     events: Callable[[], Sequence[Event]]
     ready: Callable[[], bool]
+    #: The jobs on any port's link (``Attributor.jobs_on``), for a port's answer; without it
+    #: only what ``FabricState.jobs`` holds is shown (ports with a firing condition, host links).
+    jobs_on: Callable[[PortKey], Sequence[JobLink]] | None = None
 
 
 def _sort_key(view: PortView, active: Sequence[ActiveCondition]) -> SortKey:
@@ -365,6 +378,8 @@ class _Api:
         self.port_json: dict[PortKey, bytes] = {}
         self._port_basis: tuple[int, int, str | None] = (0, 0, None)
         self.event_json: dict[str, bytes] = {}
+        #: ``/api/v1/jobs`` of the latest state asked about, encoded once.
+        self.jobs_body: tuple[FabricState, bytes] | None = None
         self._release: asyncio.TimerHandle | None = None
 
     def _keep_index(self) -> None:
@@ -381,6 +396,7 @@ class _Api:
             self.index = None
             self.topology = None
             self.port_json = {}
+            self.jobs_body = None
 
     def _index_for(self, state: FabricState, conditions: list[ActiveCondition]) -> PortsIndex:
         index = self.index
@@ -436,6 +452,9 @@ class _Api:
 
             def build() -> bytes:
                 found = port_detail_json(state, key, conditions, history)
+                if found is not None:
+                    links = self._link_jobs(state, key)
+                    found["jobs"] = link_jobs_json(state, links, PORT_JOBS)
                 return _dumps(found)
 
             body = await self.worker.run(build)
@@ -443,6 +462,57 @@ class _Api:
                 self.port_json[key] = body
             self._keep_index()
         return _json(body)
+
+    def _link_jobs(self, state: FabricState, key: PortKey) -> list[JobLink]:
+        """The jobs on ``key``'s link (both ends), one entry per job."""
+        view = state.ports[key]
+        link = view.link
+        ends = [key] if link is None or not link.remote_guid else [
+            key, (link.remote_guid, link.remote_port)]
+        jobs_on = self.provider.jobs_on
+        if jobs_on is None or not state.jobs.table.known:
+            return jobs_on_link(state, ends)
+        found: dict[str, JobLink] = {}
+        for end in ends:
+            for job_link in jobs_on(end):
+                found.setdefault(job_link.job.id, job_link)
+        return list(found.values()) or jobs_on_link(state, ends)
+
+    async def jobs(self, request: Request) -> Response:
+        """``/api/v1/jobs``: the running jobs of the latest state, encoded once per state."""
+        state = self.provider.state()
+        kept = self.jobs_body
+        if kept is not None and kept[0] is state:
+            return _json(kept[1])
+
+        def build() -> bytes:
+            return _dumps(jobs_json(state))
+
+        body = await self.worker.run(build)
+        self.jobs_body = (state, body)
+        self._keep_index()
+        return _json(body)
+
+    async def job(self, request: Request) -> Response:
+        """``/api/v1/jobs/{id}``: one running job; 404 when it is not running, 503 while the
+        scheduler could not be asked (the job may well run)."""
+        job_id = request.match_info["id"]
+        if len(job_id) > MAX_JOB_ID or not job_id.isprintable():
+            raise _bad_request(f"id must be a job id (at most {MAX_JOB_ID} printable characters)")
+        state = self.provider.state()
+        table = state.jobs.table
+        if not table.known:
+            reason = table.error or "no job source configured, or not asked yet"
+            raise HttpError(503, _dumps({"error": f"jobs are unknown: {reason}"}),
+                            content_type=JSON)
+        if job_id not in table.jobs:
+            raise HttpError(404, _dumps({"error": f"no running job {job_id}"}),
+                            content_type=JSON)
+
+        def build() -> bytes:
+            return _dumps(job_detail_json(state, job_id))
+
+        return _json(await self.worker.run(build))
 
     async def topology_page(self, request: Request) -> Response:
         """``/api/v1/topology``: nodes in GUID order with their ports and links, a bounded page
@@ -518,6 +588,8 @@ def api_routes(provider: ApiProvider, *, worker: ApiWorker | None = None) -> lis
         Route("/api/v1/ports/{guid}/{port}", api.port),
         Route("/api/v1/topology", api.topology_page),
         Route("/api/v1/events", api.events),
+        Route("/api/v1/jobs", api.jobs),
+        Route("/api/v1/jobs/{id}", api.job),
         Route("/healthz", api.healthz),
         Route("/readyz", api.readyz),
     ]

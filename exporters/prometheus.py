@@ -22,7 +22,7 @@ import asyncio
 import itertools
 import socket
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -49,6 +49,7 @@ from exporters.http import (
     parse_listen,
     tls_context,
 )
+from exporters.jobs import render_jobs
 from exporters.render import PortRenderer
 from exporters.server import HttpApp, HttpConnection, HttpError, Request, Response, Route
 from ibmon.model import PortView
@@ -115,11 +116,13 @@ class _Compressor:
         self._descriptive: Deflated | None = None
 
     def compress(self, views: list[PortView], span: Span | None = None,
-                 order: Sequence[int] | None = None) -> Deflated:
+                 order: Sequence[int] | None = None, jobs: bytes = b"") -> Deflated:
         renderer = self.renderer
         if renderer.prepare(views) or self._descriptive is None:
             self._descriptive = renderer.descriptive_deflated(GZIP_LEVEL)
         tail = renderer.series_deflated(views, GZIP_LEVEL, span, order)
+        if jobs:
+            tail = concat(deflate_chunks((jobs,), GZIP_LEVEL, final=False), tail)
         return concat(self._descriptive, tail)
 
 
@@ -147,8 +150,10 @@ class PrometheusExporter:
         basic_auth_file: Path | None = None,
         max_connections: int = MAX_CONNECTIONS,
         read_timeout: float = READ_TIMEOUT,
+        fabric: str = "main",
     ) -> None:
         self.name = "prometheus"
+        self._fabric = fabric  # the ``fabric`` label of the job series (``exporters.jobs``)
         self._listen = listen
         self._host, self._port = parse_listen(listen)
         if (tls_cert is None) != (tls_key is None):
@@ -191,13 +196,17 @@ class PrometheusExporter:
     def _render(self, state: FabricState, *, wait: bool) -> Deflated:
         views, order = self._sorter.ordered(state.ports)
         compressor = self._compressor
+        # The job families (running jobs only) are rendered whole with every state, between
+        # the ports' ``_info`` families and their other families: rates change every poll,
+        # and 10,000 jobs render in about 30 ms (3 MB, one compressed segment).
+        jobs = render_jobs(state, self._fabric)
         if not compressor.lock.acquire(blocking=wait):
             # A worker thread holds the cached renderer; never block the loop on it.
-            fresh = PortRenderer(keep_descriptive=False)
-            body = deflate_chunks(fresh.iter_chunks(views), GZIP_LEVEL)
+            body = deflate_chunks(_chunks(PortRenderer(keep_descriptive=False), views, jobs),
+                                  GZIP_LEVEL)
         else:
             try:
-                body = compressor.compress(views, state.span, order)
+                body = compressor.compress(views, state.span, order, jobs)
             finally:
                 compressor.lock.release()
         return body
@@ -362,7 +371,18 @@ class PrometheusExporter:
         await self.stop()
 
 
-def exposition(self_metrics: SelfMetrics, state: FabricState) -> bytes:
+def exposition(self_metrics: SelfMetrics, state: FabricState, *, fabric: str = "main") -> bytes:
     """The ``/metrics`` body for one state without a server (``ibmon scan --format prom``)."""
     views = in_port_order(state.ports.values())
-    return self_metrics.render() + PortRenderer().render(views)
+    chunks = _chunks(PortRenderer(), views, render_jobs(state, fabric))
+    return self_metrics.render() + b"".join(chunks)
+
+
+def _chunks(renderer: PortRenderer, views: list[PortView], jobs: bytes) -> Iterator[bytes]:
+    """The port families and the job families in the exporter's order: the ports' ``_info``
+    families, the job families, the other port families."""
+    renderer.prepare(views)
+    yield from renderer.descriptive_chunks()
+    if jobs:
+        yield jobs
+    yield from renderer.series_chunks(views)

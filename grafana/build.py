@@ -559,6 +559,68 @@ def fabric_map() -> Json:
     ])
 
 
+JOB = 'job_id=~"$job_id"'
+#: A job's descriptive labels joined onto its series (one series per job, however many daemons).
+JOB_NAMES = ("* on(fabric, job_id) group_left(user, name) "
+             "max by (fabric, job_id, user, name) (ibmon_job_info)")
+
+
+def jobs() -> Json:
+    """Running jobs (a job source such as [slurm]): a job's traffic, whether its rates are
+    exact, and the conditions on the links it uses. Job series exist for running jobs only, so
+    a finished job leaves the picker; its history stays in the panels' time range."""
+    tx = one(f"ibmon_job_transmit_bytes_per_second{{{JOB}}}")
+    rx = one(f"ibmon_job_receive_bytes_per_second{{{JOB}}}")
+    return dashboard("ibmon-jobs", "ibmon / Jobs",
+                     "Which jobs run on the fabric, how much they send and receive, and which "
+                     "faults and congestion they ran into (a job source such as [slurm] must be "
+                     "configured).", [
+        stat("Running jobs", "Jobs the scheduler lists as running.",
+             f"count({one('ibmon_job_info')}) or vector(0)", "none"),
+        stat("Jobs hit by a condition", "Running jobs with a condition firing on a link they "
+             "use (their hosts' links, or inter-switch links their traffic is routed over).",
+             f"count(count by (fabric, job_id) ({one('ibmon_job_affected')})) or vector(0)",
+             "none", thresholds=((None, "green"), (1, "orange"))),
+        stat("Jobs known", "0 while the scheduler cannot be asked (missing, failing, hanging): "
+             "then no job series exist.", "min(ibmon_jobs_known)", "none",
+             mappings=_value_mappings({"0": ("unknown", "red"), "1": ("known", "green")})),
+        stat("Job hosts without a port", "Hosts of running jobs that matched no HCA port: "
+             "their traffic and faults are not attributed (check node descriptions or "
+             "[slurm] host_pattern).", f"max({one('ibmon_job_hosts_unmatched')})", "none",
+             thresholds=((None, "green"), (1, "orange"))),
+        timeseries("Transmit rate", "Data the job's hosts' HCA ports send, summed over them. "
+                   "Exact only for a job with its hosts to itself (shared hosts: see below).",
+                   [(f"{tx} {JOB_NAMES}", "{{job_id}} {{name}} ({{user}})")], "Bps"),
+        timeseries("Receive rate", "Data the job's hosts' HCA ports receive, summed over them. "
+                   "Exact only for a job with its hosts to itself.",
+                   [(f"{rx} {JOB_NAMES}", "{{job_id}} {{name}} ({{user}})")], "Bps"),
+        timeseries("Shared hosts", "Hosts the job shares with another job: its rates include "
+                   "the other job's traffic while this is above 0.",
+                   [(f"{one(f'ibmon_job_shared_hosts{{{JOB}}}')} {JOB_NAMES}",
+                     "{{job_id}} {{name}}")], "none"),
+        timeseries("Conditions it ran into", "1 while a condition fires on a link the job "
+                   "uses, per condition.",
+                   [(f"{one(f'ibmon_job_affected{{{JOB}}}')} {JOB_NAMES}",
+                     "{{job_id}} {{name}}: {{condition}}")], "none", bars=True),
+        table("Affected jobs now", "Running jobs with a condition firing on a link they use. "
+              "`ibmon jobs ID` lists the job's hosts, ports and links.",
+              f"{one('ibmon_job_affected')} * on(fabric, job_id) group_left(user, name, "
+              "partition) max by (fabric, job_id, user, name, partition) (ibmon_job_info)",
+              "none", w=24, columns=("job_id", "user", "name", "partition", "condition",
+                                     "fabric"), value_name="Active"),
+        table("Jobs", "The running jobs picked above with their current rates.",
+              f"{tx} * on(fabric, job_id) group_left(user, name, partition) "
+              "max by (fabric, job_id, user, name, partition) (ibmon_job_info)",
+              "Bps", w=24, columns=("job_id", "user", "name", "partition", "fabric"),
+              value_name="Transmit"),
+    ], variables=[
+        _variable_query("user", "User", "label_values(ibmon_job_info, user)", multi=True,
+                        include_all=True),
+        _variable_query("job_id", "Job", 'label_values(ibmon_job_info{user=~"$user"}, job_id)',
+                        multi=True, include_all=True),
+    ])
+
+
 DASHBOARDS = {
     "ibmon-overview.json": overview,
     "ibmon-congestion.json": congestion,
@@ -566,6 +628,7 @@ DASHBOARDS = {
     "ibmon-port-detail.json": port_detail,
     "ibmon-health.json": health,
     "ibmon-fabric-map.json": fabric_map,
+    "ibmon-jobs.json": jobs,
 }
 
 

@@ -343,6 +343,40 @@ def explain(
 
 
 @app.command()
+def jobs(
+    job_id: Annotated[str | None, typer.Argument(
+        metavar="[ID]", help="A job id: its hosts, ports, conditions and rates.")] = None,
+    url: UrlOption = DEFAULT_URL,
+    user: UserOption = None,
+    password_file: PasswordFileOption = None,
+    ca_file: CaFileOption = None,
+    fmt: Annotated[Literal["text", "json"], typer.Option("--format", help="Output format.")] = (
+        "text"),
+) -> None:
+    """The running jobs from a running daemon (rates, conditions on their links), or one job's
+    hosts, their ports and the links with a condition it uses."""
+    import json
+    import urllib.parse
+
+    from ibmon.cli.apiclient import ApiError
+    from ibmon.cli.jobs import render_job, render_jobs
+
+    client = _client(url, user, password_file, ca_file)
+    try:
+        if job_id is None:
+            doc = client.get("/api/v1/jobs")
+        else:
+            doc = client.get("/api/v1/jobs/" + urllib.parse.quote(job_id, safe=""))
+    except ApiError as exc:
+        _die(str(exc))
+    if fmt == "json":
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        sys.stdout.write(render_jobs(doc) if job_id is None else render_job(doc))
+    sys.stdout.flush()
+
+
+@app.command()
 def topology(
     url: UrlOption = DEFAULT_URL,
     user: UserOption = None,

@@ -6,7 +6,8 @@ node description and port as ibmon and the infiniband-diags print them
 description is ``gpu031 mlx5_0``, at its first active port, as the diags tools pick it). Names
 are resolved against ``/api/v1/topology``; the report is ``/api/v1/ports/{guid}/{port}``:
 both ends, the link, what is firing and why, the detail breakdown, what to check first and
-the recent events of both ends. Every string from the fabric is shown through ``printable``.
+the recent events of both ends, and the jobs on the link and how they touch it. Every string
+from the fabric or the scheduler is shown through ``printable``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ibmon.cli.apiclient import ApiClient, ApiError
+from ibmon.cli.jobs import job_link_lines
 from ibmon.cli.terminal import printable
 from ibmon.detect.cause import DETAIL_LABELS, MEANINGS
 from ibmon.model import PortState, normalize_guid
@@ -190,6 +192,7 @@ def render_report(detail: Mapping[str, Any]) -> str:
                 lines.append(f"    {cause}: {MEANINGS[cause]}")
             if c.get("action"):
                 lines.append(f"    first: {printable(c['action'])}")
+    lines += job_link_lines(detail.get("jobs"))
     events = detail.get("events") or []
     if events:
         lines.append("recent events (both ends):")

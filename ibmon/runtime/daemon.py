@@ -375,6 +375,7 @@ class Daemon:
             tls_key=cfg.tls_key,
             basic_auth_file=cfg.basic_auth_file,
             max_connections=cfg.max_connections,
+            fabric=self.settings.fabric,
         )
         provider = ApiProvider(
             state=lambda: self.state,

@@ -194,7 +194,8 @@ def variable_values(base: str, at: int) -> dict[str, str]:
     return {"node": labels["node_desc"], "port": labels["port"], "guid": labels["guid"],
             "peer_guid": link[0]["metric"]["remote_guid"],
             "peer_port": link[0]["metric"]["remote_port"],
-            "switch": ".*", "job": "ibmon", "datasource": "prometheus"}
+            "switch": ".*", "job": "ibmon", "datasource": "prometheus",
+            "user": ".*", "job_id": ".*"}
 
 
 def test_every_panel_counts_an_ha_pair_once(tmp_path: Path) -> None:

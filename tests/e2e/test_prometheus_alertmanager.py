@@ -393,7 +393,8 @@ def dashboard_values(prom: str) -> dict[str, str]:
     link = links[0]["metric"]
     return {"node": labels["node_desc"], "port": labels["port"], "guid": labels["guid"],
             "peer_guid": link["remote_guid"], "peer_port": link["remote_port"],
-            "switch": ".*", "job": "ibmon", "datasource": "prometheus"}
+            "switch": ".*", "job": "ibmon", "datasource": "prometheus",
+            "user": ".*", "job_id": ".*"}
 
 
 def post_json(url: str, payload: object) -> None:

@@ -21,6 +21,7 @@ from ibmon.runtime.daemon import Daemon
 from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.sources.mad import MadSourceConfig
 from ibmon.state import FabricState
+from tests.job_outputs_state import jobs_view
 from tests.promql_sources import (
     ALERT_RULES,
     RECORDING_RULES,
@@ -86,7 +87,7 @@ def known() -> dict[str, set[str]]:
     mqtt.dropped.inc()
     metrics.describe_sources("main", [MadSourceConfig(shard="0/2")])  # the shard families
     view = full_view()
-    state = FabricState(generated=1.0, ports={view.key: view})
+    state = FabricState(generated=1.0, ports={view.key: view}, jobs=jobs_view())
     names = parse_exposition(exposition(metrics, state).decode())
     # the families only the daemon registers (state file, reloads, dropped events)
     daemon = Daemon(Settings())
