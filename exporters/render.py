@@ -36,7 +36,6 @@ from operator import attrgetter, is_not, itemgetter
 from typing import TYPE_CHECKING, Any
 
 from exporters.valuetext import (
-    MIN_VALUES,
     NO_TEXT,
     array_texts,
     float_texts,
@@ -44,6 +43,7 @@ from exporters.valuetext import (
 )
 from ibmon.infiniband.counters import CATALOGUE
 from ibmon.model import LinkInfo, PortIdentity, PortKey, PortView
+from ibmon.runtime.sizes import fabric_sized
 from ibmon.track.rowview import (
     RowView,
     Span,
@@ -605,7 +605,7 @@ class _Block:
     def _ratio_arrays(self) -> tuple[Any, ...] | None:
         if self._arrays is False:
             n = len(self.views)
-            if n < MIN_VALUES:
+            if not fabric_sized(n):
                 self._arrays = None
             elif self.span is not None:
                 self._arrays = span_ratio_arrays(self.span, self.at)
@@ -929,9 +929,11 @@ class _Joined(list[str]):
 def _chunks(parts: list[str], width: int) -> _Joined:
     """``parts`` of lines of ``width`` parts each, joined ``SLICE_LINES`` lines at a time: a
     slice's text stays in the CPU's cache while it is encoded and compressed (one string a
-    block of 8,192 ports, 1.2 MB, made the render 15 % slower)."""
+    block of 8,192 ports, 1.2 MB, made the render 15 % slower). A slice whose lines were all
+    emptied is left out, so a family without a sample has no text (and no header)."""
     step = SLICE_LINES * width
-    return _Joined("".join(parts[at : at + step]) for at in range(0, len(parts), step))
+    joined = ("".join(parts[at : at + step]) for at in range(0, len(parts), step))
+    return _Joined(filter(None, joined))
 
 
 def _wait_lines(block: _Block, names: _EscapeMemo) -> _Text:

@@ -13,8 +13,9 @@ against ``repr`` on random doubles of every magnitude in ``tests/unit/test_value
 writes smaller ones positionally or with a one-digit exponent (``0.00001``, ``2.5e-7``, where
 Python writes ``1e-05``, ``2.5e-07``): those are respelled in the text. A non-finite value
 (orjson writes ``null``), a value that is not exactly a ``float`` (an int would lose its
-``.0``) and blocks too small to gain take the Python way. Imported only by the renderer's
-blocks of ``MIN_VALUES`` or more: a node-local daemon never loads orjson.
+``.0``) and a column shorter than a fabric-sized poll (``ibmon.runtime.sizes``) take the
+Python way: a node-local daemon never loads orjson, and tests that make every poll
+fabric-sized run this path on their small fabrics.
 """
 
 from __future__ import annotations
@@ -26,12 +27,11 @@ from math import isfinite
 from operator import is_not
 from typing import Any
 
+from ibmon.runtime.sizes import fabric_sized
 from ibmon.track.rowview import columns_numpy
 
-__all__ = ["MIN_VALUES", "NO_TEXT", "array_json", "array_texts", "float_texts", "int_texts"]
+__all__ = ["NO_TEXT", "array_json", "array_texts", "float_texts", "int_texts"]
 
-#: Below this many values a column is spelled by Python: the call and the split cost more.
-MIN_VALUES = 64
 #: The text of a port without a value (None): no line.
 NO_TEXT = "null"
 _NOT_NONE = partial(is_not, None)
@@ -42,7 +42,7 @@ _PLAIN = frozenset((float, type(None)))
 def float_texts(values: Sequence[float | None]) -> list[str] | None:
     """``repr`` of each value (``NO_TEXT`` for None), or None when the column must be
     spelled the Python way: few values, one that is not a finite ``float``."""
-    if len(values) < MIN_VALUES or not set(map(type, values)) <= _PLAIN:
+    if not fabric_sized(len(values)) or not set(map(type, values)) <= _PLAIN:
         return None
     if not all(map(isfinite, filter(_NOT_NONE, values))):  # type: ignore[arg-type]
         return None
@@ -77,7 +77,7 @@ def array_json(column: Any) -> bytes | None:
     values spelled as ``float_texts`` spells them before it respells those below 1e-4, and
     ``null`` for NaN. None for a column with an infinity, or too short to gain. Read with the
     array's own operations: no numpy module is needed here."""
-    if len(column) < MIN_VALUES or (abs(column) == _INF).any():
+    if not fabric_sized(len(column)) or (abs(column) == _INF).any():
         return None
     import orjson
 
@@ -152,7 +152,7 @@ def _small(text: str) -> str:
 def int_texts(values: Sequence[int | None]) -> list[str] | None:
     """``str`` of each value of a column of unsigned 64-bit totals (``array('Q')``), or None
     for any other column (the Python way)."""
-    if type(values) is not array or values.typecode != "Q" or len(values) < MIN_VALUES:
+    if type(values) is not array or values.typecode != "Q" or not fabric_sized(len(values)):
         return None
     import orjson
 

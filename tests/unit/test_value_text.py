@@ -16,20 +16,26 @@ from prometheus_client.parser import text_string_to_metric_families
 import exporters.render as render
 import exporters.valuetext as valuetext
 from exporters.render import PortRenderer
-from exporters.valuetext import MIN_VALUES, NO_TEXT, array_texts, float_texts, int_texts
+from exporters.valuetext import NO_TEXT, array_texts, float_texts, int_texts
 from ibmon.infiniband.counters import CATALOGUE
 from ibmon.model import PortView
+from ibmon.runtime import sizes
 from ibmon.track import rowview
 from ibmon.track.totals import Totals
 from tests.detect_views import store_views
 from tests.unit.test_prometheus_render import _load_bench
 
+#: The fabric size these tests set: a column at least this long is spelled in C.
+MIN_VALUES = 64
+
 
 @pytest.fixture(autouse=True)
 def _column_store(monkeypatch: pytest.MonkeyPatch) -> None:
     """As in a fabric daemon, whose tracker's column store put numpy in use: the arrays these
-    tests hand the renderer stand for the store's."""
+    tests hand the renderer stand for the store's; a column shorter than a fabric-sized poll
+    stays Python's."""
     _numpy_in_use(True, monkeypatch)
+    monkeypatch.setattr(sizes, "OFFLOAD_PORTS", MIN_VALUES)
 
 
 def _doubles(rng: random.Random, n: int) -> list[float]:
@@ -89,7 +95,7 @@ def test_float_texts_leave_what_orjson_would_misspell_to_python(odd: object) -> 
     assert float_texts(values) is None  # type: ignore[arg-type]
     np = pytest.importorskip("numpy", reason="numpy is a runtime dependency")
     assert float_texts([np.float64(0.5)] * MIN_VALUES) is None  # a subclass of float
-    assert float_texts([0.5] * (MIN_VALUES - 1)) is None  # too few to gain
+    assert float_texts([0.5] * (MIN_VALUES - 1)) is None  # shorter than a fabric-sized poll
 
 
 def test_array_texts_spell_a_float64_array_as_repr_and_nan_as_no_value() -> None:
@@ -137,7 +143,7 @@ def test_int_texts_spell_64_bit_totals_as_str(with_numpy: bool,
     values = array("Q", [0, 1, (1 << 53) + 1, (1 << 64) - 1, 10**19])
     values.extend(rng.randrange(1 << rng.randrange(1, 65)) for _ in range(5_000))
     assert int_texts(values) == [str(x) for x in values]
-    assert int_texts(values[:MIN_VALUES - 1]) is None  # too few to gain
+    assert int_texts(values[:MIN_VALUES - 1]) is None  # shorter than a fabric-sized poll
     assert int_texts(list(values)) is None  # a column with room for None: Python's way
     assert int_texts(array("q", range(MIN_VALUES * 2))) is None  # not unsigned 64-bit totals
 
