@@ -3,6 +3,7 @@
 # ibsim + opensm + infiniband-diags: the simulated fabric; prometheus: promtool;
 # prometheus-node-exporter: the sysfs oracle; graphviz: dot renders `ibmon topology --format dot`;
 # gcc + libc6-dev: build mocks/ibsim_guard.c, which keeps ibsim up when a tool dies attaching.
+# slurmctld + slurmd + slurm-client + munge: a real Slurm (tests/slurm_cluster.py) for job tests.
 set -euo pipefail
 PACKAGES=(
   prometheus
@@ -20,6 +21,10 @@ PACKAGES=(
   graphviz
   gcc
   libc6-dev
+  slurmctld
+  slurmd
+  slurm-client
+  munge
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

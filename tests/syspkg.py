@@ -37,6 +37,14 @@ _PACKAGES = {
     "amtool": "prometheus-alertmanager",
     "systemd-analyze": "systemd",
     "gcc": "gcc",
+    "munged": "munge",
+    "mungekey": "munge",
+    "slurmctld": "slurmctld",
+    "slurmd": "slurmd",
+    "sbatch": "slurm-client",
+    "squeue": "slurm-client",
+    "scancel": "slurm-client",
+    "sinfo": "slurm-client",
 }
 
 

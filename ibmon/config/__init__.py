@@ -40,6 +40,7 @@ from ibmon.config.env import (
     is_setting_variable,
 )
 from ibmon.detect.engine import parse_detect_tables
+from ibmon.jobs.slurm import SlurmConfig
 
 __all__ = [
     "ConfigError",
@@ -344,6 +345,7 @@ class Settings(BaseModel):
     events: EventsConfig = EventsConfig()
     log: LogConfig = LogConfig()
     mqtt: MqttConfig | None = None
+    slurm: SlurmConfig | None = None
 
     @field_validator("sources")
     @classmethod
