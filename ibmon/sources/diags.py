@@ -73,6 +73,13 @@ fails applies nothing. Peers and links still change only at discovery; a CA port
 unreachable (its only link is down) is not in the cache and keeps its last state, its counters
 fail and are reported as SourceErrors. The ``mad`` source refreshes state on every poll
 instead (one SMP per port in its MAD batch).
+
+Forwarding tables (``Topology.forwarding``): each discovery runs ``ibroute -n <lid>`` for every
+switch in the cache, beside the Tick reads and bounded like them (the runner's concurrency,
+one command timeout each, all within one command timeout plus its grace); ``-n`` keeps ibroute
+from asking every destination's NodeInfo, NodeDescription and PortInfo. A switch whose ibroute
+fails, is cut off or prints anything but its table (``parse.ibroute``, strictly) is left out of
+the tables with a SourceError; the discovery goes on.
 """
 
 from __future__ import annotations
@@ -123,6 +130,7 @@ from ibmon.sources.parse import (
     parse_perfquery_tick,
 )
 from ibmon.sources.parse.errors import sample as quote
+from ibmon.sources.parse.ibroute import parse_ibroute
 from ibmon.sources.procscope import SCOPES, ProcStat, become_subreaper, wait_exit
 
 __all__ = [
@@ -202,6 +210,9 @@ class DiagsSourceConfig(FabricSourceConfig):
     type: Literal["diags"] = "diags"
     #: wall-clock limit of one perfquery (one node); None = a quarter of the poll timeout
     command_timeout: Duration | None = None
+    #: run ``ibroute`` per switch at discovery (``Topology.forwarding``: job attribution by
+    #: route); off, attribution falls back to leaf spans
+    forwarding_tables: bool = False
 
     @field_validator("command_timeout")
     @classmethod
@@ -587,6 +598,8 @@ class DiagsSource(FabricSource):
         ibnetdiscover: str = "ibnetdiscover",
         perfquery: str = "perfquery",
         ibstat: str = "ibstat",
+        ibroute: str = "ibroute",
+        forwarding_tables: bool = False,
         command_timeout: float | None = None,
         state_interval: float = 30.0,
         topology_interval: float = 300.0,
@@ -619,6 +632,9 @@ class DiagsSource(FabricSource):
         self._ibnetdiscover = ibnetdiscover
         self._perfquery = perfquery
         self._ibstat = ibstat
+        self._ibroute = ibroute
+        #: run ibroute per switch at discovery (``Topology.forwarding``)
+        self._tables = forwarding_tables
         self._tmp = Path(tempfile.mkdtemp(prefix="ibmon-diags-"))
         self._groups: list[_Group] = []
         self._need_narrow: dict[int, bool] = {}
@@ -647,6 +663,7 @@ class DiagsSource(FabricSource):
             state_interval=cfg.state_interval if cfg.state_interval is not None else 30.0,
             topology_interval=cfg.topology_interval,
             unreachable_discoveries=cfg.unreachable_discoveries,
+            forwarding_tables=cfg.forwarding_tables,
         )
 
     # ----------------------------------------------------------------- per-command timeout
@@ -670,10 +687,12 @@ class DiagsSource(FabricSource):
         infos = {guid: node.info for guid, node in fab.nodes.items()}
         devices = {guid: info.device_id for guid, info in infos.items()}
         sm_lids = {pi.sm_lid for pi in fab.ports.values()}
-        outcomes = await self._read_ticks(view, infos, errors, sm_lids)
+        outcomes, tables = await asyncio.gather(
+            self._read_ticks(view, infos, errors, sm_lids), self._read_tables(fab, errors))
         errors += self.wait_units.decide(self.name, view, devices, outcomes)
         self._good_nodes, self._shrinks = len(fab.nodes), 0
         topo = self._adopt(view, errors, started, reached=len(fab.nodes))
+        topo.forwarding = tables
         assert self._view is not None  # the merged view: unreachable nodes are still asked
         self._groups = [_Group(lid, keys) for lid, keys in self._view.by_lid().items()]
         return topo
@@ -804,6 +823,68 @@ class DiagsSource(FabricSource):
                 for key in by_node[guid]:
                     out[key] = got
         return out
+
+    async def _read_tables(self, fab: CacheFabric, errors: list[SourceError]) -> dict[str, bytes]:
+        """Every switch's LinearForwardingTable by ``ibroute -n <lid>`` (module docstring):
+        switch node GUID -> egress port per LID; the switches that failed are left out."""
+        if not self._tables:
+            return {}
+        asked: list[tuple[str, int, int]] = []  # (guid, lid, ports)
+        for guid, node in sorted(fab.nodes.items()):
+            if node.node_type != "switch":
+                continue
+            lid = fab.port_lids.get((guid, 0)) or next(
+                (fab.port_lids[(guid, p)] for p in range(1, node.num_ports + 1)
+                 if fab.port_lids.get((guid, p))), 0)
+            if lid:
+                asked.append((guid, lid, node.num_ports))
+        if not asked:
+            return {}
+        tasks = [asyncio.ensure_future(self._read_table(guid, lid, n, errors))
+                 for guid, lid, n in asked]
+        try:
+            done, late = await asyncio.wait(tasks, timeout=self.command_timeout + 2.0)
+        finally:  # also when the discovery is cancelled: no ibroute outlives it
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        bugs = [exc for task in done if (exc := task.exception()) is not None]
+        if bugs:
+            raise bugs[0]
+        if late:
+            errors.append(SourceError(
+                "timeout", f"ibroute: {len(late)} of {len(asked)} switches' forwarding tables "
+                "not read within the discovery's command timeout"))
+        out: dict[str, bytes] = {}
+        for (guid, _lid, _n), task in zip(asked, tasks, strict=True):
+            if task in done and (table := task.result()) is not None:
+                out[guid] = table
+        return out
+
+    async def _read_table(
+        self, guid: str, lid: int, num_ports: int, errors: list[SourceError]
+    ) -> bytes | None:
+        """One ``ibroute -n <lid>``: the switch's table, or None (its SourceError booked)."""
+        argv = [self._ibroute, *self._ca_args, "-t", str(int(self._timeout * 1000)), "-n",
+                str(lid)]
+        res = await self._bounded(argv)
+        if res.strays:
+            errors.append(SourceError("stray_process", f"lid {lid}: ibroute left {res.strays}"))
+        reason = classify(res)
+        if reason is not None:
+            errors.append(SourceError(reason, f"{guid}: ibroute {lid}: "
+                                      f"{_first_line(res.stderr) or f'exit status {res.rc}'}"))
+            return None
+        try:
+            got = parse_ibroute(res.stdout, lid=lid, num_ports=num_ports)
+        except ParseError as exc:
+            errors.append(SourceError("parse_error", f"{guid}: ibroute {lid}: {exc}"))
+            return None
+        if got.guid != guid:
+            errors.append(SourceError("parse_error", f"{guid}: ibroute {lid} printed the table "
+                                      f"of {got.guid} (LIDs moved since the discovery)"))
+            return None
+        return got.table
 
     async def _read_tick(self, lid: int, port: int, errors: list[SourceError]) -> TickOutcome:
         """One ``perfquery -c <lid> <port>``: the Tick, or why there is none ("unread" when the

@@ -38,6 +38,7 @@ RawResult = tuple[bytes | None, str | None]
 
 __all__ = [
     "ATTR_CLASS_PORT_INFO",
+    "ATTR_LINEAR_FWD_TBL",
     "ATTR_NODE_DESC",
     "ATTR_NODE_INFO",
     "ATTR_PORT_COUNTERS",
@@ -46,6 +47,7 @@ __all__ = [
     "ATTR_PORT_RCV_ERROR_DETAILS",
     "ATTR_PORT_SAMPLES_CONTROL",
     "ATTR_PORT_XMIT_DISCARD_DETAILS",
+    "ATTR_SWITCH_INFO",
     "CLASS_PMA",
     "CLASS_SMI",
     "CLASS_SMI_DIRECT",
@@ -65,6 +67,10 @@ ATTR_CLASS_PORT_INFO = 0x0001
 ATTR_NODE_DESC = 0x0010
 ATTR_NODE_INFO = 0x0011
 ATTR_PORT_INFO = 0x0015
+# SMP SwitchInfo (its LinearFDBTop bounds the table) and LinearForwardingTable (64 one-byte
+# egress ports a block, attribute modifier = block number): libibmad mad.h
+ATTR_SWITCH_INFO = 0x0012
+ATTR_LINEAR_FWD_TBL = 0x0019
 ATTR_PORT_COUNTERS = 0x0012
 ATTR_PORT_COUNTERS_EXT = 0x001D
 # libibmad mad.h IB_GSI_PORT_RCV_ERROR_DETAILS / IB_GSI_PORT_XMIT_DISCARD_DETAILS

@@ -23,6 +23,12 @@ port and discovery), and the worker sends them while this thread builds the view
 directly follows the discovery (within ``DISCOVERY_STATE_FRESH``, as the daemon's does) takes
 those counters and their time, and sends only its detail reads.
 
+Forwarding tables (``forwarding_tables``, off by default; ``Topology.forwarding``): the sweep
+asks every new switch's SwitchInfo in its NodeDescription batch, and the discovery's last batch
+carries LinearForwardingTable Gets (LID-routed, attribute modifier = block) for blocks
+0..LinearFDBTop/64 of every swept switch, read after the counters: MADs, no extra round trip.
+A switch whose SwitchInfo or any block is lost is left out, with a SourceError.
+
 Error and discard details (PortRcvErrorDetails, PortXmitDiscardDetails) follow
 ``fabric.DetailReads``: baselines of new ports and re-reads of failed reads go out in the poll's
 MAD batch; once the counters are decoded, the ports whose PortRcvErrors or PortXmitDiscards moved
@@ -90,6 +96,7 @@ from ibmon.sources.fabric import (
 )
 from ibmon.sources.libibmad import (
     ATTR_CLASS_PORT_INFO,
+    ATTR_LINEAR_FWD_TBL,
     ATTR_NODE_DESC,
     ATTR_NODE_INFO,
     ATTR_PORT_COUNTERS,
@@ -98,6 +105,7 @@ from ibmon.sources.libibmad import (
     ATTR_PORT_RCV_ERROR_DETAILS,
     ATTR_PORT_SAMPLES_CONTROL,
     ATTR_PORT_XMIT_DISCARD_DETAILS,
+    ATTR_SWITCH_INFO,
     CLASS_PMA,
     CLASS_SMI,
     MadError,
@@ -132,6 +140,9 @@ class MadSourceConfig(FabricSourceConfig):
     type: Literal["mad"] = "mad"
     # MADs in flight at once (the libibumad window); cheap in-process, unlike diags' processes.
     concurrency: int = Field(default=64, ge=1, le=256)
+    #: read every switch's LinearForwardingTable at discovery (``Topology.forwarding``: job
+    #: attribution by route); off, attribution falls back to leaf spans
+    forwarding_tables: bool = False
 
 
 Config = MadSourceConfig
@@ -162,6 +173,25 @@ class _Node:
     path: tuple[int, ...]
     desc: str = ""
     ports: dict[int, PortInfo] = field(default_factory=dict)
+    #: a switch's SwitchInfo.LinearFDBTop (None: not read), which bounds its table's blocks
+    fdb_top: int | None = None
+
+
+#: ``_describe``'s target "port" for a switch's SwitchInfo (NodeDescription is None).
+_SWITCH_INFO = -1
+#: LIDs a LinearForwardingTable block holds (one byte, the egress port, per LID).
+LFT_BLOCK = 64
+#: The last unicast LID (IB_MAX_UCAST_LID): a LinearFDBTop above it is not believed.
+_MAX_UCAST_LID = 0xBFFF
+
+
+#: ``bytes.translate`` tables by switch port count: a port past it becomes 0xff (no route).
+_PORT_OR_NONE = [bytes(v if v <= n else 0xFF for v in range(256)) for n in range(256)]
+
+
+def _fdb_top(data: bytes) -> int:
+    """SwitchInfo.LinearFDBTop: bits 48-63, big-endian (libibmad fields.c ``LinearFdbTop``)."""
+    return int.from_bytes(data[6:8], "big")
 
 
 #: The counter attributes of a port, in the order a port's Gets go out, by the name
@@ -229,6 +259,7 @@ class MadSource(FabricSource):
         unreachable_discoveries: int = 3,
         details: bool = True,
         detail_baselines_per_poll: int = DETAIL_BASELINES_PER_POLL,
+        forwarding_tables: bool = False,
     ) -> None:
         super().__init__(
             name=name,
@@ -248,6 +279,8 @@ class MadSource(FabricSource):
         self._retries = retries
         self._window = window
         self._n_ports = max(1, mad_ports)
+        #: read every switch's LinearForwardingTable at discovery (``Topology.forwarding``)
+        self._tables = forwarding_tables
         # One thread: batches (and the view they update) are handled strictly one at a time.
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="ibmon-mad"
@@ -283,6 +316,7 @@ class MadSource(FabricSource):
             state_interval=cfg.state_interval if cfg.state_interval is not None else 0.0,
             topology_interval=cfg.topology_interval,
             unreachable_discoveries=cfg.unreachable_discoveries,
+            forwarding_tables=cfg.forwarding_tables,
         )
 
     # ------------------------------------------------------------------ MAD plumbing
@@ -484,6 +518,9 @@ class MadSource(FabricSource):
                 node = res.nodes[info.node_guid] = _Node(info=info, path=path)
                 reqs.append(MadRequest(CLASS_SMI, ATTR_NODE_DESC, path=path))
                 targets.append((info.node_guid, None))
+                if self._tables and info.node_type == "switch":  # bounds its forwarding table
+                    reqs.append(MadRequest(CLASS_SMI, ATTR_SWITCH_INFO, path=path))
+                    targets.append((info.node_guid, _SWITCH_INFO))
                 ports: list[int] = (
                     list(range(info.num_ports + 1)) if info.node_type == "switch" else [entry]
                 )
@@ -497,10 +534,13 @@ class MadSource(FabricSource):
         for (guid, pnum), r in zip(targets, results, strict=True):
             node = res.nodes[guid]
             if r.data is None:
-                what = "NodeDescription" if pnum is None else f"PortInfo port {pnum}"
+                what = ("NodeDescription" if pnum is None else "SwitchInfo"
+                        if pnum == _SWITCH_INFO else f"PortInfo port {pnum}")
                 res.errors.append(SourceError(r.error or "timeout", f"{guid}: {what}"))
             elif pnum is None:
                 node.desc = decode_node_desc(r.data)
+            elif pnum == _SWITCH_INFO:
+                node.fdb_top = _fdb_top(r.data)
             else:
                 node.ports[pnum] = decode_port_info(r.data)
 
@@ -594,7 +634,9 @@ class MadSource(FabricSource):
         started = time.monotonic()
         self._first = None
 
-        def sweep_and_view() -> tuple[SweepResult, FabricView, _Learned, int, _FirstSweep]:
+        def sweep_and_view() -> tuple[
+            SweepResult, FabricView, _Learned, int, _FirstSweep, dict[str, bytes]
+        ]:
             sweep = self.sweep_sync()
             # The first poll's PMA reads go out now, in one batch: ClassPortInfo per LID, then
             # both counter attributes of every port (which of them a port has is known only
@@ -613,11 +655,13 @@ class MadSource(FabricSource):
             ]
             sm_lids = {pi.sm_lid for n in sweep.nodes.values() for pi in n.ports.values()}
             ticks = self._tick_plan(targets, devices, sm_lids)
+            blocks = self._table_plan(sweep)
             first = _FirstSweep(time.monotonic(), time.time())
             pending = self._results(
                 [MadRequest(CLASS_PMA, ATTR_CLASS_PORT_INFO, lid=lid) for lid in lids]
                 + [req for _key, _kind, req in plan]
                 + [req for _key, req in ticks]
+                + [req for _guid, req in blocks]
             )
             try:
                 view = self._view_from(sweep)
@@ -629,10 +673,11 @@ class MadSource(FabricSource):
                 self._book_class_port_info(lid, r, learned)
             first.values, first.failed = self._decode_plan(plan, pending, learned[0])
             outcomes = self._read_ticks(ticks, pending)
+            first.done = time.monotonic()
+            tables = self._read_tables(sweep, blocks, pending)
             next(pending, None)  # the end of the batch: its verdict on the workers
             first.asked = {key: lid for lid, keys in targets.items() for key in keys}
-            first.done = time.monotonic()
-            mads = len(lids) + len(plan) + len(ticks)
+            mads = len(lids) + len(plan) + len(ticks) + len(blocks)
             if self._shard is not None:  # no first-poll batch: the Ticks of this shard's ports
                 ticks = self._tick_plan(view.by_lid(), devices, sm_lids)
                 answers = self._results([req for _k, req in ticks])
@@ -640,7 +685,7 @@ class MadSource(FabricSource):
                 next(answers, None)  # the end of the batch: its verdict on the workers
                 mads += len(ticks)
             sweep.errors += self.wait_units.decide(self.name, view, devices, outcomes)
-            return sweep, view, learned, mads, first
+            return sweep, view, learned, mads, first, tables
 
         got = await self._in_thread(sweep_and_view)
         assert isinstance(got, tuple)
@@ -650,7 +695,54 @@ class MadSource(FabricSource):
         self.last_sweep_mads = sweep.mads + got[3]
         topo = self._adopt(view, sweep.errors, started, reached=len(sweep.nodes))
         self._first = got[4]
+        topo.forwarding = got[5]
         return topo
+
+    def _table_plan(self, sweep: SweepResult) -> list[tuple[str, MadRequest]]:
+        """LinearForwardingTable Gets (LID-routed SMP, attribute modifier = block) for blocks
+        0..LinearFDBTop/64 of every switch swept whose SwitchInfo and LID are known, in switch
+        then block order. Every switch, filtered or not: a route crosses them all."""
+        out: list[tuple[str, MadRequest]] = []
+        for guid, node in sweep.nodes.items():
+            top = node.fdb_top
+            port0 = node.ports.get(0)
+            if node.info.node_type != "switch" or top is None or port0 is None or not port0.lid:
+                continue
+            if top > _MAX_UCAST_LID:
+                sweep.errors.append(SourceError(
+                    "bad_value", f"{guid}: SwitchInfo.LinearFDBTop {top} past the unicast LIDs"))
+                continue
+            out += [(guid, MadRequest(CLASS_SMI, ATTR_LINEAR_FWD_TBL, attr_mod=b, lid=port0.lid))
+                    for b in range(top // LFT_BLOCK + 1)]
+        return out
+
+    @staticmethod
+    def _read_tables(
+        sweep: SweepResult, blocks: list[tuple[str, MadRequest]], answers: Iterator[MadResult]
+    ) -> dict[str, bytes]:
+        """Each switch's table from its block answers: egress port per LID 0..LinearFDBTop,
+        a port past the switch's port count as 0xff (no route, as ibroute shows it). A switch
+        with a block unanswered is left out (one SourceError)."""
+        got: dict[str, bytearray] = {}
+        lost: set[str] = set()
+        for (guid, req), r in zip(blocks, itertools.islice(answers, len(blocks)), strict=True):
+            if r.data is None:
+                if guid not in lost:
+                    lost.add(guid)
+                    sweep.errors.append(SourceError(
+                        r.error or "timeout",
+                        f"{guid}: LinearForwardingTable block {req.attr_mod}"))
+                continue
+            got.setdefault(guid, bytearray()).extend(r.data[:LFT_BLOCK])
+        out: dict[str, bytes] = {}
+        for guid, table in got.items():
+            node = sweep.nodes[guid]
+            if guid in lost or node.fdb_top is None:
+                continue
+            n = node.info.num_ports
+            del table[node.fdb_top + 1:]
+            out[guid] = bytes(table).translate(_PORT_OR_NONE[n]) if n < 0xFF else bytes(table)
+        return out
 
     def _poll_targets(self, sweep: SweepResult) -> dict[int, list[PortKey]]:
         """The ports the view of ``sweep`` will poll by LID (the rules of ``_view_from`` and
