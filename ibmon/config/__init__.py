@@ -356,6 +356,21 @@ class Settings(BaseModel):
             raise ValueError(f"two sources share the name {dupes[0]!r}; give each a unique name")
         return v
 
+    @model_validator(mode="after")
+    def _routes_for_jobs(self) -> Settings:
+        """With a job source, the fabric sources read the switches' forwarding tables unless
+        their ``forwarding_tables`` is set: an inter-switch link's jobs come from its routes.
+        Without one they are not read (at 20,000 hosts the tables are tens of MB)."""
+        if self.slurm is None:
+            return self
+        sources = [
+            s.model_copy(update={"forwarding_tables": True})
+            if "forwarding_tables" in type(s).model_fields
+            and "forwarding_tables" not in s.model_fields_set else s
+            for s in self.sources]
+        object.__setattr__(self, "sources", sources)
+        return self
+
 
 
 #: A config file larger than this is refused unread: real ones are a few kB, and the TOML

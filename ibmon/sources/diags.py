@@ -211,7 +211,8 @@ class DiagsSourceConfig(FabricSourceConfig):
     #: wall-clock limit of one perfquery (one node); None = a quarter of the poll timeout
     command_timeout: Duration | None = None
     #: run ``ibroute`` per switch at discovery (``Topology.forwarding``: job attribution by
-    #: route); off, attribution falls back to leaf spans
+    #: route); on by default with a ``[slurm]``
+    #: section (``Settings``); off, attribution falls back to leaf spans
     forwarding_tables: bool = False
 
     @field_validator("command_timeout")

@@ -141,7 +141,8 @@ class MadSourceConfig(FabricSourceConfig):
     # MADs in flight at once (the libibumad window); cheap in-process, unlike diags' processes.
     concurrency: int = Field(default=64, ge=1, le=256)
     #: read every switch's LinearForwardingTable at discovery (``Topology.forwarding``: job
-    #: attribution by route); off, attribution falls back to leaf spans
+    #: attribution by route); on by default with a ``[slurm]``
+    #: section (``Settings``); off, attribution falls back to leaf spans
     forwarding_tables: bool = False
 
 
