@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
+from hostlist import BadHostlist, expand_hostlist  # type: ignore[import-untyped]
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -74,6 +75,7 @@ __all__ = [
     "ManualClock",
     "Scenario",
     "ScenarioError",
+    "ScenarioJob",
     "ScenarioPlayer",
     "SimClock",
     "TopologySpec",
@@ -81,6 +83,9 @@ __all__ = [
     "iter_expected",
     "list_scenarios",
     "load_scenario",
+    "running_jobs",
+    "squeue_json",
+    "synthetic_jobs",
     "parse_port_ref",
     "parse_scenario",
     "resolve_port",
@@ -356,6 +361,25 @@ class Expected(_Strict):
         return v
 
 
+class ScenarioJob(_Strict):
+    """A job the scenario's scheduler runs from ``start`` to ``end`` (simulated seconds of each
+    loop; no end: to the loop's end) on ``hosts``, a Slurm host list (``host[001-004]``)."""
+
+    id: int = Field(ge=1)
+    name: str = Field(min_length=1, max_length=128)
+    user: str = Field(default="demo", min_length=1, max_length=64)
+    partition: str = Field(default="gpu", min_length=1, max_length=64)
+    hosts: str = Field(min_length=1)
+    start: float = Field(default=0.0, ge=0)
+    end: float | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ScenarioJob:
+        if self.end is not None and self.end <= self.start:
+            raise ValueError("end must be after start")
+        return self
+
+
 class Scenario(_Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
     description: str
@@ -368,6 +392,7 @@ class Scenario(_Strict):
                                  description="poll interval the answer key assumes")
     timeline: list[Fault] = Field(default_factory=list)
     expect: list[Expected] = Field(default_factory=list)
+    jobs: list[ScenarioJob] = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod
@@ -403,6 +428,14 @@ class Scenario(_Strict):
                 raise ValueError(f"expect[{i}].port: {exc}") from None
             if exp.window[0] > self.duration:
                 raise ValueError(f"expect[{i}].window: starts after duration {self.duration}")
+        hosts = {n.desc.split()[0] for n in fabric.hosts()}
+        for i, job in enumerate(self.jobs):
+            try:
+                missing = set(expand_hostlist(job.hosts)) - hosts
+            except BadHostlist as exc:
+                raise ValueError(f"jobs[{i}].hosts: {exc}") from None
+            if missing:
+                raise ValueError(f"jobs[{i}].hosts: no such host: {sorted(missing)[0]}")
         if self.loop and any(isinstance(e, Saturate) for e in self.timeline):
             raise ValueError("a looping scenario cannot use saturate (it models history)")
         return self
@@ -558,6 +591,41 @@ def build_fabric(scenario: Scenario, *, hosts: int | None = None) -> Fabric:
 
 # ---------------------------------------------------------------------------------------------
 # Playing
+
+
+def running_jobs(scenario: Scenario, t: float) -> list[ScenarioJob]:
+    """The scenario's jobs running at simulated time ``t`` (each loop starts them again)."""
+    at = t % scenario.duration if scenario.loop else t
+    return [j for j in scenario.jobs
+            if j.start <= at and (at < j.end if j.end is not None else at < scenario.duration)]
+
+
+def synthetic_jobs(fabric: Fabric, count: int) -> list[ScenarioJob]:
+    """``count`` jobs on consecutive hosts of ``fabric``, one to four hosts each, running for
+    the whole loop (scale runs: ``jobs`` of a mock source)."""
+    names = [n.desc.split()[0] for n in fabric.hosts()]
+    if not names:
+        return []
+    jobs: list[ScenarioJob] = []
+    at = 0
+    for i in range(count):
+        size = 1 + i % 4
+        hosts = ",".join(names[(at + k) % len(names)] for k in range(size))
+        at += size
+        jobs.append(ScenarioJob(id=100_000 + i, name=f"train-{i}", user=f"user{i % 97}",
+                                partition="gpu", hosts=hosts))
+    return jobs
+
+
+def squeue_json(jobs: list[ScenarioJob], *, started: float) -> str:
+    """``jobs`` as Slurm 22.05's ``squeue --json`` prints running jobs (the fields ibmon reads),
+    each started ``started`` + its start (wall-clock seconds)."""
+    import json
+
+    return json.dumps({"meta": {}, "errors": [], "jobs": [
+        {"job_id": j.id, "array_job_id": 0, "array_task_id": None, "user_name": j.user,
+         "name": j.name, "partition": j.partition, "job_state": "RUNNING",
+         "start_time": int(started + j.start), "nodes": j.hosts} for j in jobs]})
 
 
 class SimClock:

@@ -30,8 +30,8 @@ import errno
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import structlog
@@ -42,6 +42,9 @@ from exporters.prometheus import PrometheusExporter
 from ibmon.config import ConfigError, Settings, SourceConfig, load_settings
 from ibmon.detect.engine import ActiveCondition
 from ibmon.detect.events import Event, EventBus, EventFileWriter, EventLog, Subscription
+from ibmon.jobs.attribute import Attributor
+from ibmon.jobs.model import JobTable
+from ibmon.jobs.watch import JobMetrics, JobWatcher, SimulatedScheduler
 from ibmon.runtime.looplag import IDLE_PERIOD, LoopLagProbe, period_for
 from ibmon.runtime.metrics import Counter, Gauge
 from ibmon.runtime.pipeline import Pipeline, build_state
@@ -166,6 +169,12 @@ class Daemon:
             ["consumer"],
             registry=self.metrics.registry,
         )
+        #: Jobs: who runs where (``ibmon.jobs``); a watcher only with a job source.
+        self.jobs = Attributor(settings.slurm)
+        self._job_watch: JobWatcher | None = None
+        self._job_task: asyncio.Task[None] | None = None
+        self._job_metrics: JobMetrics | None = None
+        self._forwarding: tuple[tuple[int, ...], Mapping[str, bytes]] = ((), {})
         self.bus = EventBus(
             history=settings.events.history,
             on_publish=self._count_event,
@@ -381,6 +390,7 @@ class Daemon:
             state=lambda: self.state,
             events=lambda: self.bus.history,
             ready=self.ready.is_set,
+            jobs_on=self.jobs.jobs_on,
         )
         exporter.add_routes(api_routes(provider))
         return exporter
@@ -460,6 +470,9 @@ class Daemon:
         state = build_state(
             self._pipelines[c.label] for c in self.settings.sources if c.label in self._pipelines
         )
+        if self._job_watch is not None:
+            state = replace(state, jobs=self.jobs.view(
+                state, self._job_watch.table, self._merged_forwarding()))
         self.state = state
         self.loop_lag.period = period_for(len(state.ports))
         for out in list(self._outputs.values()):
@@ -481,11 +494,48 @@ class Daemon:
                 continue
             task = tg.create_task(self._poll_loop(pipeline, source), name=f"poll:{cfg.label}")
             polls.append(_Poll(source, task))
+        self._start_jobs(tg, polls)
         return polls
+
+    def _start_jobs(self, tg: asyncio.TaskGroup, polls: list[_Poll]) -> None:
+        """The job watcher, when there is a job source: ``[slurm]``, else the simulated
+        fabric's scheduler when its scenario places jobs. Restarted with the polls, so a
+        reload that adds, changes or drops ``[slurm]`` takes effect."""
+        cfg = self.settings.slurm
+        self.jobs = Attributor(cfg)
+        watch: JobWatcher | None = None
+        if self._job_metrics is None and (cfg is not None or _scheduled(polls)):
+            self._job_metrics = JobMetrics(self.metrics.registry)
+        if cfg is not None:
+            from ibmon.jobs.slurm import SlurmJobs
+
+            slurm = SlurmJobs(cfg)
+            assert self._job_metrics is not None
+            watch = JobWatcher(slurm.fetch, cfg.interval, self._job_metrics, close=slurm.close)
+        elif (scheduled := _scheduled(polls)) is not None:
+            assert self._job_metrics is not None
+            interval = next((c.interval for c in self.settings.sources
+                             if c.label == scheduled.name), 1.0)
+            watch = JobWatcher(_simulated_jobs(scheduled), interval, self._job_metrics)
+        self._job_watch = watch
+        if watch is not None:
+            self._job_task = tg.create_task(watch.run(), name="jobs")
+
+    def _merged_forwarding(self) -> Mapping[str, bytes]:
+        """Every pipeline's forwarding tables as one mapping, the same object until one of
+        them is replaced by a discovery (the attribution reindexes when it changes)."""
+        tables = [p.forwarding for p in self._pipelines.values() if p.forwarding]
+        ids = tuple(map(id, tables))
+        if ids != self._forwarding[0]:
+            merged: Mapping[str, bytes] = tables[0] if len(tables) == 1 else {
+                k: v for t in tables for k, v in t.items()}
+            self._forwarding = (ids, merged)
+        return self._forwarding[1]
 
     async def _stop_polls(self) -> None:
         polls, self._polls = self._polls, []
-        await _cancel([p.task for p in polls])
+        jobs, self._job_task = self._job_task, None
+        await _cancel([p.task for p in polls] + ([jobs] if jobs is not None else []))
         for p in polls:
             try:
                 await asyncio.wait_for(p.source.close(), timeout=CLOSE_TIMEOUT)
@@ -549,6 +599,8 @@ class Daemon:
 
     def _emit(self, events: list[Event]) -> None:
         if events:
+            if self._job_watch is not None:
+                events = self.jobs.annotate(events)
             self.bus.publish_many(events)
             self._dirty.set()
 
@@ -685,6 +737,25 @@ class Daemon:
                 await asyncio.sleep(EVENT_SAVE_DELAY)
             self._dirty.clear()
             await self._saving()
+
+
+def _scheduled(polls: list[_Poll]) -> SimulatedScheduler | None:
+    """The first simulated source whose scenario places jobs."""
+    for poll in polls:
+        if isinstance(poll.source, SimulatedScheduler) and poll.source.squeue_json() is not None:
+            return poll.source
+    return None
+
+
+def _simulated_jobs(source: SimulatedScheduler) -> Callable[[], Awaitable[JobTable]]:
+    """The simulated fabric's scheduler, read through Slurm's own parser."""
+    from ibmon.jobs.slurm import parse_squeue
+
+    async def fetch() -> JobTable:
+        text = source.squeue_json()
+        return JobTable.of(parse_squeue(text or '{"jobs": []}'), fetched=time.time())
+
+    return fetch
 
 
 def _file_loader(path: Path) -> Callable[[], Settings]:

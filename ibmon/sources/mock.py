@@ -48,6 +48,8 @@ class MockSourceConfig(SourceConfigBase):
     hosts: int | None = Field(default=None, ge=1, le=200_000)
     speed: float = Field(default=1.0, gt=0, le=10_000)
     seed: int | None = None  # None: the scenario's own seed
+    #: Synthetic jobs on consecutive hosts, besides the scenario's own (scale runs).
+    jobs: int = Field(default=0, ge=0, le=1_000_000)
 
 
 Config = MockSourceConfig
@@ -55,7 +57,8 @@ Config = MockSourceConfig
 
 def build(cfg: MockSourceConfig) -> MockSource:
     return MockSource.from_scenario(
-        cfg.scenario, hosts=cfg.hosts, speed=cfg.speed, seed=cfg.seed, name=cfg.label
+        cfg.scenario, hosts=cfg.hosts, speed=cfg.speed, seed=cfg.seed, name=cfg.label,
+        jobs=cfg.jobs,
     )
 
 
@@ -102,17 +105,39 @@ class MockSource:
         seed: int | None = None,
         name: str = "mock",
         clock: Callable[[], float] | None = None,
+        jobs: int = 0,
     ) -> MockSource:
         """A source playing a shipped scenario (or a YAML path) on its topology, or on a
-        bigger tree with at least ``hosts`` HCAs; raises ScenarioError (a ValueError)."""
-        from mocks.scenario import ScenarioPlayer, SimClock, build_fabric, load_scenario
+        bigger tree with at least ``hosts`` HCAs, with ``jobs`` synthetic jobs besides the
+        scenario's; raises ScenarioError (a ValueError)."""
+        from mocks.scenario import (
+            ScenarioPlayer,
+            SimClock,
+            build_fabric,
+            load_scenario,
+            synthetic_jobs,
+        )
         from mocks.traffic import FabricModel
 
         sc = load_scenario(scenario)
         fabric = build_fabric(sc, hosts=hosts)
+        if jobs:
+            sc = sc.model_copy(update={"jobs": sc.jobs + synthetic_jobs(fabric, jobs)})
         model = FabricModel(fabric, seed=sc.seed if seed is None else seed, load=sc.load)
         player = ScenarioPlayer(sc, model)
         return cls(model=model, player=player, clock=clock or SimClock(speed), name=name)
+
+    def squeue_json(self) -> str | None:
+        """The scenario's scheduler: its jobs running now, printed as Slurm's ``squeue --json``
+        prints them (the daemon parses them as it parses Slurm's); None when the scenario
+        places no jobs."""
+        if self.player is None or not self.player.scenario.jobs:
+            return None
+        from mocks.scenario import running_jobs, squeue_json
+
+        sc = self.player.scenario
+        return squeue_json(running_jobs(sc, self.clock()),
+                           started=self.epoch + self.player.loop_start)
 
     def _advance(self) -> float:
         t = self.clock()
