@@ -1,0 +1,182 @@
+"""Which jobs a port's link carries (``ibmon.jobs.attribute``), on hand-built fabrics.
+
+The real-component version (ibsim + opensm + Slurm + ``ibmon run``, ibtracert as the oracle) is
+tests/integration/test_jobs_ibsim_slurm.py; these pin each rule on its own: host links by node
+description (either end), shared and unmatched hosts, rates summed over a job's ports, the
+leaf-span fallback, routes from forwarding tables, congestion roots, unknown jobs, the cap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import MappingProxyType
+
+from ibmon.detect.events import Event, PortRef
+from ibmon.jobs.attribute import Attributor, host_name
+from ibmon.jobs.model import Job, JobTable
+from ibmon.jobs.routes import RouteIndex
+from ibmon.jobs.slurm import SlurmConfig
+from ibmon.model import PortKey, PortView
+from ibmon.state import FabricState
+from mocks.topology import fat_tree
+from tests import job_outputs_state as small
+from tests.route_tables import dmodk_tables, port_views
+
+
+def _state(ports: dict[PortKey, PortView]) -> FabricState:
+    base = FabricState(generated=1.0, ports=MappingProxyType(ports))
+    return dataclasses.replace(base, conditions=small.active(base))
+
+
+def _event(key: PortKey, kind: str = "port_down") -> Event:
+    return Event(time=Event.at(1.0), fabric="main", type=kind,  # type: ignore[arg-type]
+                 status="firing", severity="warning", port=PortRef(guid=key[0], port=key[1]))
+
+
+def test_host_names_are_the_first_word_of_the_node_description() -> None:
+    assert host_name("gpu031 mlx5_0") == "gpu031"
+    assert host_name("GPU031.cluster.example mlx5_1") == "gpu031"
+    assert host_name("   ") == ""
+
+
+def test_a_host_link_names_the_jobs_of_its_host_at_either_end() -> None:
+    table = JobTable.of(small.JOBS, fetched=1.0)
+    attr = Attributor()
+    view = attr.view(_state(small.ports()), table, {})
+    assert [(link.job.id, link.how) for link in view.port_jobs[small.DOWN_PORT]] == [
+        ("101", "host")]
+    host01 = (small.HOSTS["host01"], "1")
+    assert [link.job.id for link in attr.jobs_on(host01)] == ["101"]
+    host02 = (small.HOSTS["host02"], "1")
+    assert [link.job.id for link in attr.jobs_on(host02)] == ["101", "102"]
+    assert view.shared == {"host02"}
+    assert view.unmatched == {"host99"}
+    assert view.affected["101"] == {"port_down"}
+    assert view.host_ports["host01"] == (host01,)
+    # rates: the sum over the job's hosts' HCA ports (1e8 / 2e8 each in this fabric)
+    assert view.rates["101"] == (2e8, 4e8)
+    assert view.rates["103"] == (1e8, 2e8)
+
+
+def test_host_pattern_picks_the_host_out_of_another_description_style() -> None:
+    ports = {k: dataclasses.replace(v, identity=dataclasses.replace(
+        v.identity, node_desc=f"HCA-1 on {v.identity.node_desc.split()[0]}"))
+        if v.identity.node_type == "ca" else v for k, v in small.ports().items()}
+    table = JobTable.of(small.JOBS, fetched=1.0)
+    plain = Attributor().view(_state(ports), table, {})
+    assert plain.unmatched == {"host01", "host02", "host03", "host99"}
+    cfg = SlurmConfig(host_pattern=r" on (?P<host>\S+)$")
+    view = Attributor(cfg).view(_state(ports), table, {})
+    assert view.unmatched == {"host99"}
+    assert [link.job.id for link in view.port_jobs[small.DOWN_PORT]] == ["101"]
+
+
+def _two_level() -> tuple[dict[PortKey, PortView], dict[str, bytes]]:
+    fabric = fat_tree(levels=2, radix=4, leaves=4, hosts_per_leaf=2)
+    views = port_views(fabric)
+    for key, v in views.items():
+        node = fabric.nodes[key[0]]
+        views[key] = dataclasses.replace(v, identity=dataclasses.replace(
+            v.identity, node_desc=node.desc), rates={"transmit_data": 1.0, "receive_data": 2.0})
+    return views, dmodk_tables(fabric)
+
+
+def _guid(views: dict[PortKey, PortView], desc: str) -> str:
+    return next(k[0] for k, v in views.items() if v.identity.node_desc == desc)
+
+
+def test_without_tables_a_leaf_uplink_names_the_jobs_spanning_its_leaf() -> None:
+    views, _ = _two_level()
+    leaf01 = _guid(views, "leaf01")
+    uplink = next(k for k, v in views.items() if k[0] == leaf01 and v.link is not None
+                  and views[(v.link.remote_guid, v.link.remote_port)].identity.node_type
+                  == "switch")
+    table = JobTable.of([Job("1", hosts=("host001", "host003")),   # leaf01 and leaf02
+                         Job("2", hosts=("host001", "host002")),   # leaf01 only
+                         Job("3", hosts=("host005", "host007"))],  # leaf03 and leaf04
+                        fetched=1.0)
+    attr = Attributor()
+    view = attr.view(_state(views), table, {})
+    assert view.routing == "leaf_span"
+    assert [(link.job.id, link.how) for link in attr.jobs_on(uplink)] == [("1", "leaf_span")]
+    far = views[uplink].link
+    assert far is not None  # from the spine's end the leaf end decides alike
+    assert [link.job.id for link in attr.jobs_on((far.remote_guid, far.remote_port))] == ["1"]
+
+
+def test_with_tables_an_inter_switch_link_names_the_jobs_routed_over_it() -> None:
+    views, tables = _two_level()
+    table = JobTable.of([Job("1", hosts=("host001", "host003")),
+                         Job("2", hosts=("host001", "host002")),
+                         Job("3", hosts=("host005", "host007"))], fetched=1.0)
+    attr = Attributor()
+    view = attr.view(_state(views), table, tables)
+    assert view.routing == "tables"
+    index = RouteIndex.build(tables, views)
+    leaf01, leaf02 = _guid(views, "leaf01"), _guid(views, "leaf02")
+    named: dict[PortKey, set[str]] = {}
+    for key, v in views.items():
+        if v.identity.node_type != "switch" or v.link is None:
+            continue
+        far = (v.link.remote_guid, v.link.remote_port)
+        if views[far].identity.node_type != "switch":
+            continue
+        ids = {link.job.id for link in attr.jobs_on(key)}
+        pairs = index.leaf_pairs(key) | index.leaf_pairs(far)
+        want = {"1"} if {(leaf01, leaf02), (leaf02, leaf01)} & pairs else set()
+        want |= {"3"} if any(leaf01 not in p and leaf02 not in p for p in pairs) else set()
+        assert ids == want, key
+        named[key] = ids
+    assert any("1" in ids for ids in named.values())
+    assert not any("2" in ids for ids in named.values())  # one leaf: never on an uplink
+
+
+def test_a_congestion_victim_points_at_its_root_and_lists_the_roots_jobs_first() -> None:
+    views, tables = _two_level()
+    index = RouteIndex.build(tables, views)
+    leaf02 = _guid(views, "leaf02")
+    host003 = _guid(views, "host003 mlx5_0")
+    root = next(k for k, v in views.items()
+                if k[0] == leaf02 and v.link is not None and v.link.remote_guid == host003)
+    victim = next(k for k, v in views.items() if v.identity.node_type == "switch"
+                  and v.link is not None and v.link.remote_guid == leaf02
+                  and root in index.downstream(k))
+    views[root] = dataclasses.replace(views[root], conditions=frozenset({"congestion"}))
+    views[victim] = dataclasses.replace(views[victim], conditions=frozenset({"congestion"}))
+    # job "1" (host002, host004) crosses the victim's link too, but does not feed the root
+    table = JobTable.of([Job("1", hosts=("host002", "host004")),
+                         Job("2", hosts=("host001", "host003"))], fetched=1.0)
+    attr = Attributor()
+    attr.view(_state(views), table, tables)
+    (event,) = attr.annotate([_event(victim, "congestion")])
+    assert event.details["congestion_root"]["guid"] == root[0]
+    assert event.details["congestion_root"]["port"] == root[1]
+    assert [j["id"] for j in event.details["jobs"]] == ["2", "1"]
+    (event,) = attr.annotate([_event(root, "congestion")])
+    assert "congestion_root" not in event.details  # the root itself has none
+
+
+def test_events_carry_capped_jobs_and_say_when_jobs_are_unknown() -> None:
+    jobs = [Job(str(i), user="u", name=f"j{i}", hosts=("host02",)) for i in range(1, 6)]
+    attr = Attributor(SlurmConfig(max_event_jobs=2))
+    attr.view(_state(small.ports()), JobTable.of(jobs, fetched=1.0), {})
+    host02 = (small.HOSTS["host02"], "1")
+    (event,) = attr.annotate([_event(host02)])
+    assert event.details["jobs"] == [{"id": "1", "user": "u", "name": "j1", "how": "host"},
+                                     {"id": "2", "user": "u", "name": "j2", "how": "host"}]
+    assert event.details["jobs_total"] == 5
+    assert event.details["jobs_known"] is True
+    unknown = JobTable(known=False, error="timeout")
+    view = attr.view(_state(small.ports()), unknown, {})
+    assert not view.port_jobs and not view.rates
+    (event,) = attr.annotate([_event(host02)])
+    assert event.details["jobs_known"] is False and event.details["jobs"] == []
+
+
+def test_a_job_that_ends_leaves_the_view_and_the_events() -> None:
+    attr = Attributor()
+    attr.view(_state(small.ports()), JobTable.of(small.JOBS, fetched=1.0), {})
+    view = attr.view(_state(small.ports()), JobTable.of(small.JOBS[1:], fetched=2.0), {})
+    assert "101" not in view.rates and small.DOWN_PORT not in view.port_jobs
+    (event,) = attr.annotate([_event(small.DOWN_PORT)])
+    assert event.details["jobs"] == [] and event.details["jobs_total"] == 0
