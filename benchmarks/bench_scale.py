@@ -127,12 +127,13 @@ def _polls(text: str) -> float:
 
 
 @contextmanager
-def daemon(hosts: int, scenario: str, interval: float) -> Iterator[Daemon]:
+def daemon(hosts: int, scenario: str, interval: float, jobs: int = 0) -> Iterator[Daemon]:
+    """``jobs``: synthetic running jobs besides the scenario's (the mock source's ``jobs``)."""
     tmp = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     cfg = tmp / "ibmon.toml"
     cfg.write_text('[prometheus]\nlisten = "127.0.0.1:0"\n[[sources]]\ntype = "mock"\n'
                    f'name = "mock"\nscenario = "{scenario}"\nhosts = {hosts}\nspeed = 10.0\n'
-                   f'interval = {interval}\n')
+                   f'interval = {interval}\njobs = {jobs}\n')
     env = {**os.environ, "IBMON_LOG__FORMAT": "json", "IBMON_STATE__PATH": str(tmp / "s.json")}
     log_path = tmp / "daemon.log"
     with log_path.open("wb") as log:

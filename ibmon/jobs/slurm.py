@@ -15,6 +15,7 @@ and only running ones are kept here.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -259,7 +260,9 @@ class SlurmJobs:
         if reason is not None:
             return self._failed(reason, _first_line(result.stderr), fetched)
         try:
-            jobs, skipped = _parse(result.stdout)
+            # in a thread: 10,000 jobs' JSON takes a tenth of a second or more to read, which
+            # the event loop (scrapes, the API) must not wait for
+            jobs, skipped = await asyncio.to_thread(_parse, result.stdout)
         except SlurmOutputError as exc:
             return self._failed(_JUNK, str(exc), fetched)
         self._report_skipped(skipped)

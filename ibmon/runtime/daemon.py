@@ -751,9 +751,12 @@ def _simulated_jobs(source: SimulatedScheduler) -> Callable[[], Awaitable[JobTab
     """The simulated fabric's scheduler, read through Slurm's own parser."""
     from ibmon.jobs.slurm import parse_squeue
 
-    async def fetch() -> JobTable:
+    def read() -> JobTable:
         text = source.squeue_json()
         return JobTable.of(parse_squeue(text or '{"jobs": []}'), fetched=time.time())
+
+    async def fetch() -> JobTable:
+        return await asyncio.to_thread(read)  # as Slurm's: off the event loop
 
     return fetch
 
