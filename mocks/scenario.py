@@ -83,12 +83,12 @@ __all__ = [
     "iter_expected",
     "list_scenarios",
     "load_scenario",
-    "running_jobs",
-    "squeue_json",
-    "synthetic_jobs",
     "parse_port_ref",
     "parse_scenario",
     "resolve_port",
+    "running_jobs",
+    "squeue_json",
+    "synthetic_jobs",
 ]
 
 # The answer key speaks the daemon's event vocabulary: one list, in ibmon.detect.events.
@@ -600,32 +600,39 @@ def running_jobs(scenario: Scenario, t: float) -> list[ScenarioJob]:
             if j.start <= at and (at < j.end if j.end is not None else at < scenario.duration)]
 
 
-def synthetic_jobs(fabric: Fabric, count: int) -> list[ScenarioJob]:
+def synthetic_jobs(fabric: Fabric, count: int) -> str:
     """``count`` jobs on consecutive hosts of ``fabric``, one to four hosts each, running for
-    the whole loop (scale runs: ``jobs`` of a mock source)."""
+    the whole loop (scale runs: ``jobs`` of a mock source), as the entries of a ``squeue
+    --json`` job list (``squeue_json``'s ``extra``): text, because 10,000 job models would
+    weigh 13 MB of the simulator, where their JSON is 2."""
+    import json
+
     names = [n.desc.split()[0] for n in fabric.hosts()]
-    if not names:
-        return []
-    jobs: list[ScenarioJob] = []
+    entries = []
     at = 0
-    for i in range(count):
+    for i in range(count if names else 0):
         size = 1 + i % 4
         hosts = ",".join(names[(at + k) % len(names)] for k in range(size))
         at += size
-        jobs.append(ScenarioJob(id=100_000 + i, name=f"train-{i}", user=f"user{i % 97}",
-                                partition="gpu", hosts=hosts))
-    return jobs
+        entries.append(json.dumps(
+            {"job_id": 100_000 + i, "array_job_id": 0, "array_task_id": None,
+             "user_name": f"user{i % 97}", "name": f"train-{i}", "partition": "gpu",
+             "job_state": "RUNNING", "start_time": 1, "nodes": hosts}))
+    return ",".join(entries)
 
 
-def squeue_json(jobs: list[ScenarioJob], *, started: float) -> str:
+def squeue_json(jobs: list[ScenarioJob], *, started: float, extra: str = "") -> str:
     """``jobs`` as Slurm 22.05's ``squeue --json`` prints running jobs (the fields ibmon reads),
-    each started ``started`` + its start (wall-clock seconds)."""
+    each started ``started`` + its start (wall-clock seconds), then the entries ``extra``."""
     import json
 
-    return json.dumps({"meta": {}, "errors": [], "jobs": [
+    listed = [json.dumps(
         {"job_id": j.id, "array_job_id": 0, "array_task_id": None, "user_name": j.user,
          "name": j.name, "partition": j.partition, "job_state": "RUNNING",
-         "start_time": int(started + j.start), "nodes": j.hosts} for j in jobs]})
+         "start_time": int(started + j.start), "nodes": j.hosts}) for j in jobs]
+    if extra:
+        listed.append(extra)
+    return '{"meta": {}, "errors": [], "jobs": [' + ",".join(listed) + "]}"
 
 
 class SimClock:

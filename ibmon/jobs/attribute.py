@@ -62,13 +62,13 @@ def host_name(node_desc: str) -> str:
 
 @dataclass(slots=True)
 class _Fabric:
-    """Who is where: built from the port views, independent of the jobs."""
+    """Who is where: built from the port views, independent of the jobs. Only the hosts' HCA
+    ports are indexed; a port's far end is read from its view when asked (an index of every
+    port's peer cost 15 MB at 118,400 ports)."""
 
     host_ports: dict[str, list[PortKey]] = field(default_factory=dict)
-    host_of: dict[PortKey, str] = field(default_factory=dict)
+    host_of: dict[PortKey, str] = field(default_factory=dict)  # either end of a host link
     host_leaves: dict[str, set[str]] = field(default_factory=dict)
-    peer: dict[PortKey, PortKey] = field(default_factory=dict)
-    switches: set[str] = field(default_factory=set)
     leaves: set[str] = field(default_factory=set)
     routes: RouteIndex | None = None
 
@@ -105,6 +105,7 @@ class Attributor:
         self._roots: dict[PortKey, PortKey] = {}
         self._descs: dict[PortKey, str] = {}
         self._last = JobsView()
+        self._ports: Mapping[PortKey, PortView] = _EMPTY
         self._bug_logged = -BUG_LOG_SECONDS
 
     # -- the view ------------------------------------------------------------------------------
@@ -123,7 +124,7 @@ class Attributor:
     def _view(
         self, state: FabricState, table: JobTable, forwarding: Mapping[str, bytes]
     ) -> JobsView:
-        ports = state.ports
+        ports = self._ports = state.ports
         now = time.monotonic()
         sig = (len(ports), id(forwarding))
         if sig != self._fabric_sig or now - self._indexed_at >= REINDEX_SECONDS:
@@ -143,7 +144,7 @@ class Attributor:
         congested: list[PortKey] = []
         for cond in state.conditions:
             firing.setdefault(cond.key, set()).add(cond.type)
-            if cond.type == "congestion" and cond.key[0] in self._fabric.switches:
+            if cond.type == "congestion" and cond.identity.node_type == "switch":
                 congested.append(cond.key)
         self._descs = {c.key: c.identity.node_desc for c in state.conditions}
         self._roots = {}
@@ -175,20 +176,11 @@ class Attributor:
     ) -> _Fabric:
         fab = _Fabric()
         pattern = self._pattern
-        cas: list[tuple[PortKey, PortView]] = []
         for key, view in ports.items():
             ident = view.identity
-            if ident.node_type == "switch":
-                fab.switches.add(key[0])
-            link = view.link
-            if link is not None and link.remote_guid:
-                fab.peer[key] = (link.remote_guid, link.remote_port)
-            if ident.node_type == "ca":
-                cas.append((key, view))
-        for key, peer in list(fab.peer.items()):
-            fab.peer.setdefault(peer, key)  # the far end's peer, for ports not polled here
-        for key, view in cas:
-            desc = view.identity.node_desc
+            if ident.node_type != "ca":
+                continue
+            desc = ident.node_desc
             if pattern is not None:
                 m = pattern.search(desc)
                 host = m.group("host").lower() if m else ""
@@ -198,11 +190,13 @@ class Attributor:
                 continue
             fab.host_ports.setdefault(host, []).append(key)
             fab.host_of[key] = host
-            far = fab.peer.get(key)
-            if far is not None:
-                fab.host_of.setdefault(far, host)  # the switch end of the host's link
-                fab.leaves.add(far[0])
-                fab.host_leaves.setdefault(host, set()).add(far[0])
+            link = view.link
+            if link is not None and link.remote_guid:
+                # the switch end too: it carries the link's faults, and keeps its host when a
+                # rediscovery no longer shows the link (the cable was pulled)
+                fab.host_of[(link.remote_guid, link.remote_port)] = host
+                fab.leaves.add(link.remote_guid)
+                fab.host_leaves.setdefault(host, set()).add(link.remote_guid)
         if forwarding:
             from ibmon.jobs.routes import RouteIndex
 
@@ -271,13 +265,13 @@ class Attributor:
         jobs, fab = self._jobs, self._fabric
         if not jobs.table.known:
             return ()
+        view = self._ports.get(key)
+        link = view.link if view is not None else None
+        peer = (link.remote_guid, link.remote_port) if link is not None else None
         host = fab.host_of.get(key)
-        if host is None and (peer := fab.peer.get(key)) is not None:
-            host = fab.host_of.get(peer)
         if host is not None:
             return tuple(JobLink(job, "host") for job in jobs.by_host.get(host, ()))
-        peer = fab.peer.get(key)
-        if peer is None or key[0] not in fab.switches:
+        if peer is None or view is None or view.identity.node_type != "switch":
             return ()
         if fab.routes is not None:
             pairs = fab.routes.leaf_pairs(key) | fab.routes.leaf_pairs(peer)

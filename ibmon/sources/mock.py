@@ -94,6 +94,8 @@ class MockSource:
         self.epoch = time.time() if epoch is None else epoch
         #: One model step at a time: a sample abandoned by a poll timeout keeps its thread.
         self._lock = threading.Lock()
+        #: Synthetic running jobs, as ``squeue --json`` entries (``mocks.scenario.synthetic_jobs``).
+        self.synthetic_jobs = ""
 
     @classmethod
     def from_scenario(
@@ -121,23 +123,24 @@ class MockSource:
 
         sc = load_scenario(scenario)
         fabric = build_fabric(sc, hosts=hosts)
-        if jobs:
-            sc = sc.model_copy(update={"jobs": sc.jobs + synthetic_jobs(fabric, jobs)})
         model = FabricModel(fabric, seed=sc.seed if seed is None else seed, load=sc.load)
         player = ScenarioPlayer(sc, model)
-        return cls(model=model, player=player, clock=clock or SimClock(speed), name=name)
+        source = cls(model=model, player=player, clock=clock or SimClock(speed), name=name)
+        source.synthetic_jobs = synthetic_jobs(fabric, jobs) if jobs else ""
+        return source
 
     def squeue_json(self) -> str | None:
         """The scenario's scheduler: its jobs running now, printed as Slurm's ``squeue --json``
         prints them (the daemon parses them as it parses Slurm's); None when the scenario
         places no jobs."""
-        if self.player is None or not self.player.scenario.jobs:
+        if self.player is None or not (self.player.scenario.jobs or self.synthetic_jobs):
             return None
         from mocks.scenario import running_jobs, squeue_json
 
         sc = self.player.scenario
         return squeue_json(running_jobs(sc, self.clock()),
-                           started=self.epoch + self.player.loop_start)
+                           started=self.epoch + self.player.loop_start,
+                           extra=self.synthetic_jobs)
 
     def _advance(self) -> float:
         t = self.clock()
