@@ -33,6 +33,10 @@ class SimulatedScheduler(Protocol):
 
     name: str
 
+    @property
+    def places_jobs(self) -> bool:
+        """Whether its scenario runs any job (else no watcher is started for it)."""
+
     def squeue_json(self) -> str | None:
         """Its running jobs as ``squeue --json`` prints them; None: it places no jobs."""
 

@@ -43,8 +43,9 @@ from ibmon.config import ConfigError, Settings, SourceConfig, load_settings
 from ibmon.detect.engine import ActiveCondition
 from ibmon.detect.events import Event, EventBus, EventFileWriter, EventLog, Subscription
 from ibmon.jobs.attribute import Attributor
-from ibmon.jobs.model import JobTable
+from ibmon.jobs.model import JobLink, JobTable
 from ibmon.jobs.watch import JobMetrics, JobWatcher, SimulatedScheduler
+from ibmon.model import PortKey
 from ibmon.runtime.looplag import IDLE_PERIOD, LoopLagProbe, period_for
 from ibmon.runtime.metrics import Counter, Gauge
 from ibmon.runtime.pipeline import Pipeline, build_state
@@ -390,7 +391,7 @@ class Daemon:
             state=lambda: self.state,
             events=lambda: self.bus.history,
             ready=self.ready.is_set,
-            jobs_on=self.jobs.jobs_on,
+            jobs_on=self._jobs_on,
         )
         exporter.add_routes(api_routes(provider))
         return exporter
@@ -503,23 +504,29 @@ class Daemon:
         reload that adds, changes or drops ``[slurm]`` takes effect."""
         cfg = self.settings.slurm
         self.jobs = Attributor(cfg)
-        watch: JobWatcher | None = None
-        if self._job_metrics is None and (cfg is not None or _scheduled(polls)):
+        scheduled = _scheduled(polls)
+        self._job_watch = None
+        if cfg is None and scheduled is None:
+            return
+        if self._job_metrics is None:
             self._job_metrics = JobMetrics(self.metrics.registry)
         if cfg is not None:
             from ibmon.jobs.slurm import SlurmJobs
 
             slurm = SlurmJobs(cfg)
-            assert self._job_metrics is not None
             watch = JobWatcher(slurm.fetch, cfg.interval, self._job_metrics, close=slurm.close)
-        elif (scheduled := _scheduled(polls)) is not None:
-            assert self._job_metrics is not None
+        else:
+            assert scheduled is not None
             interval = next((c.interval for c in self.settings.sources
                              if c.label == scheduled.name), 1.0)
             watch = JobWatcher(_simulated_jobs(scheduled), interval, self._job_metrics)
         self._job_watch = watch
-        if watch is not None:
-            self._job_task = tg.create_task(watch.run(), name="jobs")
+        self._job_task = tg.create_task(watch.run(), name="jobs")
+
+    def _jobs_on(self, key: PortKey) -> tuple[JobLink, ...]:
+        """The API's question, to the attributor of the running config (a reload makes a
+        new one, the API's routes stay)."""
+        return self.jobs.jobs_on(key)
 
     def _merged_forwarding(self) -> Mapping[str, bytes]:
         """Every pipeline's forwarding tables as one mapping, the same object until one of
@@ -742,7 +749,7 @@ class Daemon:
 def _scheduled(polls: list[_Poll]) -> SimulatedScheduler | None:
     """The first simulated source whose scenario places jobs."""
     for poll in polls:
-        if isinstance(poll.source, SimulatedScheduler) and poll.source.squeue_json() is not None:
+        if isinstance(poll.source, SimulatedScheduler) and poll.source.places_jobs:
             return poll.source
     return None
 

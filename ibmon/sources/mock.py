@@ -129,11 +129,15 @@ class MockSource:
         source.synthetic_jobs = synthetic_jobs(fabric, jobs) if jobs else ""
         return source
 
+    @property
+    def places_jobs(self) -> bool:
+        return self.player is not None and bool(self.player.scenario.jobs or self.synthetic_jobs)
+
     def squeue_json(self) -> str | None:
         """The scenario's scheduler: its jobs running now, printed as Slurm's ``squeue --json``
         prints them (the daemon parses them as it parses Slurm's); None when the scenario
         places no jobs."""
-        if self.player is None or not (self.player.scenario.jobs or self.synthetic_jobs):
+        if self.player is None or not self.places_jobs:
             return None
         from mocks.scenario import running_jobs, squeue_json
 
