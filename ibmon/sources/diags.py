@@ -95,7 +95,7 @@ import time
 from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Final, Literal, Protocol
+from typing import Final, Literal, Protocol, TypeVar
 
 import structlog
 from pydantic import field_validator, model_validator
@@ -152,6 +152,8 @@ __all__ = [
     "build",
     "classify",
 ]
+
+_T = TypeVar("_T")
 
 log = structlog.get_logger("ibmon.sources.diags")
 
@@ -790,17 +792,7 @@ class DiagsSource(FabricSource):
             return {}
         tasks = [asyncio.ensure_future(self._read_tick(lid, port, errors))
                  for _guids, _guid, lid, port in asked]
-        try:
-            # past one command's own bound (``_bounded``): a hung read ends as its timeout;
-            # what is cut here is reads still queued behind others on a very large fabric
-            done, _late = await asyncio.wait(tasks, timeout=self.command_timeout + 2.0)
-        finally:  # also when the discovery is cancelled: no read outlives it
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        bugs = [exc for task in done if (exc := task.exception()) is not None]
-        if bugs:
-            raise bugs[0]
+        done = await self._all_within_discovery(tasks)
         out: dict[PortKey, TickOutcome] = {}
         answered: set[int] = set()  # models (by id of their node list) that gave a Tick
         for (guids, guid, _lid, _port), task in zip(asked, tasks, strict=True):
@@ -825,6 +817,24 @@ class DiagsSource(FabricSource):
                     out[key] = got
         return out
 
+    async def _all_within_discovery(
+        self, tasks: list[asyncio.Task[_T]]
+    ) -> set[asyncio.Task[_T]]:
+        """The reads of ``tasks`` done within the discovery's bound. Past one command's own
+        bound (``_bounded``) a hung read ends as its timeout; what is cut here is reads still
+        queued behind others on a very large fabric, and every read when the discovery is
+        cancelled: none outlives it. A read that raised is a bug, raised here."""
+        try:
+            done, _late = await asyncio.wait(tasks, timeout=self.command_timeout + 2.0)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        bugs = [exc for task in done if (exc := task.exception()) is not None]
+        if bugs:
+            raise bugs[0]
+        return done
+
     async def _read_tables(self, fab: CacheFabric, errors: list[SourceError]) -> dict[str, bytes]:
         """Every switch's LinearForwardingTable by ``ibroute -n <lid>`` (module docstring):
         switch node GUID -> egress port per LID; the switches that failed are left out."""
@@ -843,15 +853,8 @@ class DiagsSource(FabricSource):
             return {}
         tasks = [asyncio.ensure_future(self._read_table(guid, lid, n, errors))
                  for guid, lid, n in asked]
-        try:
-            done, late = await asyncio.wait(tasks, timeout=self.command_timeout + 2.0)
-        finally:  # also when the discovery is cancelled: no ibroute outlives it
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        bugs = [exc for task in done if (exc := task.exception()) is not None]
-        if bugs:
-            raise bugs[0]
+        done = await self._all_within_discovery(tasks)
+        late = set(tasks) - done
         if late:
             errors.append(SourceError(
                 "timeout", f"ibroute: {len(late)} of {len(asked)} switches' forwarding tables "
