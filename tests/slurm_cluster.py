@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -74,7 +76,11 @@ class SlurmCluster:
         self.hosts = list(hosts)
         self.dir = Path(workdir)
         self.conf = self.dir / "slurm.conf"
-        self.socket = self.dir / "munge.socket"
+        #: Unix sockets (munged's, slurmstepd's in the spool) live in a short directory of
+        #: their own: a socket path is at most 107 bytes, which pytest's temporary paths under
+        #: xdist (``.../popen-gw1/test_<name>0/...``) exceed.
+        self.sockets = Path(tempfile.mkdtemp(prefix="slurm-"))
+        self.socket = self.sockets / "munge.socket"
         self._procs: list[tuple[str, subprocess.Popen[bytes]]] = []
         self._logs: list[Path] = []
 
@@ -106,8 +112,9 @@ class SlurmCluster:
 
     def _start(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        for sub in ("state", "spool", "munge"):
+        for sub in ("state", "munge"):
             (self.dir / sub).mkdir(mode=0o700, exist_ok=True)
+        (self.sockets / "spool").mkdir(mode=0o700, exist_ok=True)
         key = self.dir / "munge" / "munge.key"
         subprocess.run(
             ["mungekey", "--create", f"--keyfile={key}", "--force"],
@@ -146,7 +153,7 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={self.socket}
 StateSaveLocation={d / "state"}
-SlurmdSpoolDir={d / "spool"}/%n
+SlurmdSpoolDir={self.sockets / "spool"}/%n
 SlurmctldPidFile={d / "slurmctld.pid"}
 SlurmdPidFile={d / "slurmd-%n.pid"}
 SlurmctldLogFile={d / "slurmctld.log"}
@@ -226,6 +233,7 @@ PartitionName=debug Default=YES Nodes=ALL MaxTime=INFINITE State=UP
         # Batch jobs run under slurmstepd, which daemonizes out of slurmd's group: their
         # steps hold our spool directory, so anything still running from it is killed too.
         self._kill_strays()
+        shutil.rmtree(self.sockets, ignore_errors=True)
 
     def _kill_strays(self) -> None:
         """Kill leftover slurmstepd (and their jobs) whose config is this cluster's."""

@@ -52,7 +52,7 @@ from tests.e2e.test_prometheus_alertmanager import (
     ALERT_RULES,
     RECORDING_RULES,
     Proc,
-    fast_alertmanager,
+    alertmanager_proc,
     fast_rules,
     firing,
     http_get,
@@ -180,13 +180,8 @@ async def test_each_cause_is_named_alike_by_event_api_explain_and_alert(tmp_path
             await asyncio.wait_for(daemon.ready.wait(), 60)
             assert daemon.exporter is not None
             base = f"http://127.0.0.1:{daemon.exporter.port}"
-            am_port, prom_port = free_port(), free_port()
-            am = Proc("alertmanager", [
-                alertmanager,
-                f"--config.file={fast_alertmanager(hook_port, tmp_path / 'am.yml')}",
-                f"--storage.path={tmp_path / 'am-data'}",
-                f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address=",
-            ], tmp_path / "alertmanager.log")
+            am, am_port = alertmanager_proc(alertmanager, hook_port, tmp_path)
+            prom_port = free_port()
             rules = [fast_rules(RECORDING_RULES, tmp_path / RECORDING_RULES.name),
                      fast_rules(ALERT_RULES, tmp_path / ALERT_RULES.name)]
             prom = f"http://127.0.0.1:{prom_port}"

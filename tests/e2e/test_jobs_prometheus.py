@@ -31,7 +31,7 @@ from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.state import FabricState
 from tests.e2e.test_prometheus_alertmanager import (
     Proc,
-    fast_alertmanager,
+    alertmanager_proc,
     fast_rules,
     firing,
     http_get,
@@ -108,12 +108,7 @@ def test_port_alerts_name_their_jobs_and_every_jobs_panel_has_data(tmp_path: Pat
     with (webhook_server() as (hook, hook_port), served() as ibmon,
           contextlib.ExitStack() as stack):
         procs: list[Proc] = []
-        am_port = free_port()
-        am = Proc("alertmanager", [
-            alertmanager, f"--config.file={fast_alertmanager(hook_port, tmp_path / 'am.yml')}",
-            f"--storage.path={tmp_path / 'am-data'}",
-            f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address=",
-        ], tmp_path / "alertmanager.log")
+        am, am_port = alertmanager_proc(alertmanager, hook_port, tmp_path)
         am.start()
         procs.append(am)
         stack.callback(am.stop)

@@ -191,6 +191,17 @@ def fast_alertmanager(hook_port: int, dst: Path) -> Path:
     return dst
 
 
+def alertmanager_proc(binary: str, hook_port: int, tmp: Path) -> tuple[Proc, int]:
+    """A real Alertmanager (not started yet) on a free loopback port, with the fast config
+    sending to the webhook on ``hook_port``; its data and log in ``tmp``."""
+    port = free_port()
+    return Proc("alertmanager", [
+        binary, f"--config.file={fast_alertmanager(hook_port, tmp / 'am.yml')}",
+        f"--storage.path={tmp / 'am-data'}",
+        f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
+    ], tmp / "alertmanager.log"), port
+
+
 def prometheus_config(ibmon_port: int, am_port: int, rules: list[Path], dst: Path) -> Path:
     cfg = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s",
@@ -256,12 +267,7 @@ def test_scenario_alerts_reach_alertmanager_and_every_query_returns_data(
                                     "--listen", "127.0.0.1:0", "--speed", str(SPEED),
                                     "--interval", str(1.0 / SPEED)],
                      tmp_path / "ibmon.log", env=env)
-        am_port = free_port()
-        am = Proc("alertmanager", [
-            alertmanager, f"--config.file={fast_alertmanager(hook_port, tmp_path / 'am.yml')}",
-            f"--storage.path={tmp_path / 'am-data'}",
-            f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address=",
-        ], tmp_path / "alertmanager.log")
+        am, am_port = alertmanager_proc(alertmanager, hook_port, tmp_path)
         for p in (ibmon, am):
             p.start()
             procs.append(p)
@@ -409,12 +415,7 @@ def test_shipped_inhibitions_and_grouping_in_a_real_alertmanager(tmp_path: Path)
     critical silences warning, a dead ibmon silences its source alerts; groups are per switch."""
     alertmanager = require_binary("prometheus-alertmanager")
     with webhook_server() as (_hook, hook_port):
-        am_port = free_port()
-        am = Proc("alertmanager", [
-            alertmanager, f"--config.file={fast_alertmanager(hook_port, tmp_path / 'am.yml')}",
-            f"--storage.path={tmp_path / 'am-data'}",
-            f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address=",
-        ], tmp_path / "alertmanager.log")
+        am, am_port = alertmanager_proc(alertmanager, hook_port, tmp_path)
         am.start()
         try:
             base = f"http://127.0.0.1:{am_port}"
