@@ -53,10 +53,9 @@ from exporters.jobs import render_jobs
 from exporters.render import PortRenderer
 from exporters.server import HttpApp, HttpConnection, HttpError, Request, Response, Route
 from ibmon.model import PortView
-from ibmon.runtime.bulkwork import run_bulk, submit_bulk
 from ibmon.runtime.gcpause import paused_gc
 from ibmon.runtime.selfmetrics import SelfMetrics
-from ibmon.runtime.sizes import fabric_sized
+from ibmon.runtime.sizes import fabric_sized, run_bulk, submit_bulk
 from ibmon.runtime.tuning import release_free_memory
 from ibmon.state import FabricState, PortSorter, in_port_order
 from ibmon.track.rowview import Span

@@ -45,11 +45,10 @@ from ibmon.config import SourceConfig
 from ibmon.detect.engine import ActiveCondition, Engine
 from ibmon.detect.events import Event
 from ibmon.model import PortIdentity, PortKey, PortView, Snapshot, replaced
-from ibmon.runtime.bulkwork import run_bulk, submit_bulk
 from ibmon.runtime.gcpause import paused_gc
 from ibmon.runtime.polltime import MIN_POLL_TIMEOUT, POLL_TIMEOUT_INTERVALS, poll_timeout
 from ibmon.runtime.selfmetrics import SelfMetrics
-from ibmon.runtime.sizes import fabric_sized
+from ibmon.runtime.sizes import fabric_sized, run_bulk, submit_bulk
 from ibmon.sources import Source
 from ibmon.state import FabricState, SourceStatus
 from ibmon.track.rowview import Span

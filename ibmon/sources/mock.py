@@ -25,9 +25,8 @@ from pydantic import Field
 
 from ibmon.config import Duration, SourceConfigBase
 from ibmon.model import Snapshot, Topology
-from ibmon.runtime.bulkwork import run_bulk
 from ibmon.runtime.gcpause import paused_gc
-from ibmon.runtime.sizes import fabric_sized
+from ibmon.runtime.sizes import fabric_sized, run_bulk
 
 if TYPE_CHECKING:  # the simulator (and YAML) load only when a mock source is built
     from mocks.scenario import ManualClock, ScenarioPlayer, SimClock

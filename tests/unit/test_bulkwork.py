@@ -1,4 +1,4 @@
-"""Bulk threads (``ibmon.runtime.bulkwork``): a large poll's work runs below the event loop's CPU
+"""Bulk threads (``ibmon.runtime.sizes``): a large poll's work runs below the event loop's CPU
 priority, and nothing else does."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from ibmon.runtime.bulkwork import NICE, run_bulk, submit_bulk
+from ibmon.runtime.sizes import NICE, run_bulk, submit_bulk
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "getpriority"), reason="no nice values here")
 

@@ -253,7 +253,7 @@ def test_unit_is_notify_with_watchdog_and_hardening() -> None:
     for key, value in expected.items():
         assert settings.get(key) == [value], key
     # the service set minus privileged and resource calls, but setpriority: the bulk threads
-    # lower their own priority (ibmon/runtime/bulkwork.py), and a filtered call fails with EPERM
+    # lower their own priority (ibmon/runtime/sizes.py), and a filtered call fails with EPERM
     assert settings["SystemCallFilter"] == ["@system-service", "~@privileged @resources",
                                             "setpriority"]
     assert settings["SystemCallErrorNumber"] == ["EPERM"]

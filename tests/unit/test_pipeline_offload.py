@@ -55,7 +55,7 @@ def test_the_loop_runs_while_a_large_poll_is_ingested() -> None:
 def test_a_large_poll_is_sampled_and_ingested_in_bulk_threads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Below the loop's CPU priority (``ibmon.runtime.bulkwork``), so a scrape's wake-ups go
+    """Below the loop's CPU priority (``ibmon.runtime.sizes``), so a scrape's wake-ups go
     first."""
     pipeline, source, _ = _setup()
     threads: list[str] = []

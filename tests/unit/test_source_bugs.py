@@ -11,8 +11,8 @@ import logging
 import pytest
 from structlog.testing import capture_logs
 
-from ibmon.runtime.bulkwork import submit_bulk
 from ibmon.runtime.pipeline import BUG_LOG_SECONDS
+from ibmon.runtime.sizes import submit_bulk
 from tests.unit.test_pipeline import GUID, Clock, FakeFabric, metric, pipeline
 
 
