@@ -30,6 +30,7 @@ from ibmon.state import FabricState
 __all__ = [
     "JOB_FAMILIES",
     "MAX_LABEL_JOBS",
+    "JobRenderer",
     "job_detail_json",
     "job_order",
     "jobs_json",
@@ -107,51 +108,83 @@ def _firing(state: FabricState, key: PortKey) -> bool:
     return view is None or bool(view.conditions)
 
 
-def render_jobs(state: FabricState, fabric: str) -> bytes:
-    """The job families of ``state`` as exposition text (b"" without a job source)."""
-    view = state.jobs
-    if not source_attached(view):
-        return b""
-    e = escape_label_value
-    fab = f'fabric="{e(fabric)}"'
-    out: list[str] = [_HEADERS["ibmon_jobs_known"],
-                      f"ibmon_jobs_known{{{fab}}} {1 if view.table.known else 0}\n"]
-    if not view.table.known:
-        return "".join(out).encode("utf-8")
-    out += [_HEADERS["ibmon_job_hosts_unmatched"],
-            f"ibmon_job_hosts_unmatched{{{fab}}} {len(view.unmatched)}\n"]
-    jobs = _running(view)
-    labels = {j.id: f'{fab},job_id="{e(j.id)}"' for j in jobs}
-    if jobs:
-        out.append(_HEADERS["ibmon_job_info"])
-        out += [f'ibmon_job_info{{{labels[j.id]},user="{e(j.user)}",name="{e(j.name)}",'
-                f'partition="{e(j.partition)}"}} 1\n' for j in jobs]
-    rated = [(j.id, view.rates[j.id]) for j in jobs if j.id in view.rates]
-    for at, name in enumerate(("ibmon_job_transmit_bytes_per_second",
-                               "ibmon_job_receive_bytes_per_second")):
-        if rated:
-            out.append(_HEADERS[name])
-            out += [f"{name}{{{labels[i]}}} {format_float(pair[at])}\n" for i, pair in rated]
-    if jobs:
+class JobRenderer:
+    """Renders the job families of each state; the lines that change only with the running
+    jobs (``ibmon_job_info``, ``ibmon_job_shared_hosts``) are kept while the jobs are the same
+    (the attribution hands on the same jobs mapping until they change), so a poll of 10,000
+    jobs spells only their rates again."""
+
+    def __init__(self, fabric: str) -> None:
+        self._fab = f'fabric="{escape_label_value(fabric)}"'
+        self._key: tuple[int, int] | None = None
+        self._jobs: list[Job] = []
+        self._labels: dict[str, str] = {}
+        self._info = ""
+        self._shared = ""
+
+    def _static(self, view: JobsView) -> None:
+        key = (id(view.table.jobs), id(view.shared))
+        if key == self._key:
+            return
+        e = escape_label_value
+        jobs = self._jobs = _running(view)
+        labels = self._labels = {j.id: f'{self._fab},job_id="{e(j.id)}"' for j in jobs}
+        self._info = "".join(
+            [_HEADERS["ibmon_job_info"]]
+            + [f'ibmon_job_info{{{labels[j.id]},user="{e(j.user)}",name="{e(j.name)}",'
+               f'partition="{e(j.partition)}"}} 1\n' for j in jobs]) if jobs else ""
         shared = view.shared
-        out.append(_HEADERS["ibmon_job_shared_hosts"])
-        out += [f"ibmon_job_shared_hosts{{{labels[j.id]}}} "
-                f"{sum(1 for h in set(j.hosts) if h in shared)}\n" for j in jobs]
-    affected = [(j.id, c) for j in jobs for c in sorted(view.affected.get(j.id, ()))]
-    if affected:
-        out.append(_HEADERS["ibmon_job_affected"])
-        out += [f'ibmon_job_affected{{{labels[i]},condition="{e(c)}"}} 1\n' for i, c in affected]
-    running = view.table.jobs
-    ports = []
-    for key in sorted(view.port_jobs, key=lambda k: (k[0], len(k[1]), k[1])):
-        links = [link for link in view.port_jobs[key] if link.job.id in running]
-        if links and _firing(state, key):
-            ports.append(f'ibmon_port_jobs_info{{{fab},guid="{e(key[0])}",port="{e(key[1])}",'
-                         f'jobs="{e(jobs_label(links))}"}} 1\n')
-    if ports:
-        out.append(_HEADERS["ibmon_port_jobs_info"])
-        out += ports
-    return "".join(out).encode("utf-8")
+        self._shared = "".join(
+            [_HEADERS["ibmon_job_shared_hosts"]]
+            + [f"ibmon_job_shared_hosts{{{labels[j.id]}}} "
+               f"{sum(1 for h in set(j.hosts) if h in shared)}\n" for j in jobs]) if jobs else ""
+        self._key = key
+
+    def render(self, state: FabricState) -> bytes:
+        """The job families of ``state`` as exposition text (b"" without a job source)."""
+        view = state.jobs
+        if not source_attached(view):
+            return b""
+        e = escape_label_value
+        fab = self._fab
+        out: list[str] = [_HEADERS["ibmon_jobs_known"],
+                          f"ibmon_jobs_known{{{fab}}} {1 if view.table.known else 0}\n"]
+        if not view.table.known:
+            return "".join(out).encode("utf-8")
+        out += [_HEADERS["ibmon_job_hosts_unmatched"],
+                f"ibmon_job_hosts_unmatched{{{fab}}} {len(view.unmatched)}\n"]
+        self._static(view)
+        jobs, labels = self._jobs, self._labels
+        out.append(self._info)
+        rated = [(j.id, view.rates[j.id]) for j in jobs if j.id in view.rates]
+        for at, name in enumerate(("ibmon_job_transmit_bytes_per_second",
+                                   "ibmon_job_receive_bytes_per_second")):
+            if rated:
+                out.append(_HEADERS[name])
+                out += [f"{name}{{{labels[i]}}} {format_float(pair[at])}\n" for i, pair in rated]
+        out.append(self._shared)
+        affected = [(j.id, c) for j in jobs for c in sorted(view.affected.get(j.id, ()))]
+        if affected:
+            out.append(_HEADERS["ibmon_job_affected"])
+            out += [f'ibmon_job_affected{{{labels[i]},condition="{e(c)}"}} 1\n'
+                    for i, c in affected]
+        running = view.table.jobs
+        ports = []
+        for key in sorted(view.port_jobs, key=lambda k: (k[0], len(k[1]), k[1])):
+            links = [link for link in view.port_jobs[key] if link.job.id in running]
+            if links and _firing(state, key):
+                ports.append(f'ibmon_port_jobs_info{{{fab},guid="{e(key[0])}",'
+                             f'port="{e(key[1])}",jobs="{e(jobs_label(links))}"}} 1\n')
+        if ports:
+            out.append(_HEADERS["ibmon_port_jobs_info"])
+            out += ports
+        return "".join(out).encode("utf-8")
+
+
+def render_jobs(state: FabricState, fabric: str) -> bytes:
+    """The job families of ``state`` as exposition text, once (``ibmon scan``, tests); the
+    exporter keeps a ``JobRenderer``."""
+    return JobRenderer(fabric).render(state)
 
 
 # --- JSON ----------------------------------------------------------------------------------------

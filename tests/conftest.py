@@ -20,8 +20,21 @@ from pathlib import Path
 import pytest
 
 from ibmon.runtime import sizes
+from tests.mqtt_broker import Mosquitto
+from tests.syspkg import require_binary
 
 _SKIPPED: list[tuple[str, str]] = []  # (test id, reason) of every skip in this session
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Mosquitto]:
+    """A real Mosquitto on a free loopback port, in the test's temporary directory."""
+    mosq = Mosquitto(require_binary("mosquitto"), tmp_path / "broker")
+    mosq.start()
+    try:
+        yield mosq
+    finally:
+        mosq.stop()
 
 
 @pytest.fixture(autouse=True)

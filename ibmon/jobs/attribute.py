@@ -132,10 +132,13 @@ class Attributor:
             self._fabric_sig, self._indexed_at = sig, now
             self._jobs = _Jobs()  # the jobs' ports are the fabric's: index them again
         if table is not self._jobs.table:
-            if not (table.known and self._jobs.table.known and table.jobs == self._jobs.table.jobs):
-                self._jobs = self._index_jobs(table)
+            last = self._jobs.table
+            if table.known and last.known and table.jobs == last.jobs:
+                # the same jobs, a newer query: the same jobs mapping goes on, so what is
+                # made of the jobs alone (the exporter's info lines) is kept too
+                table = self._jobs.table = JobTable(last.jobs, table.fetched, True, None)
             else:
-                self._jobs.table = table  # the same jobs, a newer query
+                self._jobs = self._index_jobs(table)
         jobs = self._jobs
         routing: Routing = "tables" if self._fabric.routes is not None else "leaf_span"
         if not table.known:

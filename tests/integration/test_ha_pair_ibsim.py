@@ -62,16 +62,6 @@ def sim() -> Iterator[IbSim]:
         yield s
 
 
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Mosquitto]:
-    mosq = Mosquitto(require_binary("mosquitto"), tmp_path / "broker")
-    mosq.start()
-    try:
-        yield mosq
-    finally:
-        mosq.stop()
-
-
 def node(switch_guid: str) -> str:
     """A switch's node id on ibsim's console (the net file names switches "S-<guid>")."""
     return f"S-{switch_guid[2:]}"

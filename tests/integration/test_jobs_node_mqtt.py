@@ -12,7 +12,6 @@ import json
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,21 +21,10 @@ from ibmon.detect.events import Event
 from tests.integration.test_mqtt import _daemon_config
 from tests.mqtt_broker import Collector, Mosquitto
 from tests.slurm_cluster import SlurmCluster
-from tests.syspkg import require_binary
 
 pytestmark = pytest.mark.system
 
 GUID = "0x0002c90300a1b2c3"
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Mosquitto]:
-    mosq = Mosquitto(require_binary("mosquitto"), tmp_path / "broker")
-    mosq.start()
-    try:
-        yield mosq
-    finally:
-        mosq.stop()
 
 
 def _get(port: int, path: str) -> Any:

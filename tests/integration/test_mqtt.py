@@ -14,7 +14,6 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import MappingProxyType
 
@@ -41,16 +40,6 @@ GUID_A = "0x0002c90300a1b2c3"
 GUID_B = "0x0002c90300a1b2c4"
 STATUS = "ibmon/main/status"
 FAST = {"backoff_min": 0.05, "backoff_max": 0.2}
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Mosquitto]:
-    mosq = Mosquitto(require_binary("mosquitto"), tmp_path / "broker")
-    mosq.start()
-    try:
-        yield mosq
-    finally:
-        mosq.stop()
 
 
 def view(guid: str, port: str = "1", *, node_desc: str = "host01 HCA-1", state: int = 4,
