@@ -1,6 +1,7 @@
 """Jobs: which scheduler jobs run where, and which of them a port's condition touches.
 
 ``model`` holds the plain data (a job, the table of running jobs, a job's touch on a link);
-``slurm`` asks the scheduler; ``routes`` reads the switches' forwarding tables into the leaf
-pairs each inter-switch link carries; ``attribute`` joins jobs, hosts, ports and routes.
+``slurm`` asks the scheduler and ``watch`` does so every interval in its own task; ``routes``
+turns the switches' forwarding tables into the leaf pairs each switch port carries;
+``attribute`` joins jobs, hosts, ports and routes.
 """
