@@ -26,7 +26,7 @@ from ibmon.detect import engine as engine_mod
 from ibmon.detect import events as events_mod
 from ibmon.detect.engine import Engine
 from ibmon.detect.events import Event, PortRef, new_event_id
-from ibmon.model import LinkInfo, PortIdentity, PortKey, PortView
+from ibmon.infiniband.model import LinkInfo, PortIdentity, PortKey, PortView
 
 LINK = LinkInfo(remote_guid="0x0002c90300000001", remote_port="1", max_width="4X",
                 max_speed="EDR", active_width="4X", active_speed="EDR")

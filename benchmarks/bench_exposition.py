@@ -32,7 +32,7 @@ from exporters.http import deflate_chunks
 from exporters.prometheus import GZIP_LEVEL, PrometheusExporter
 from exporters.render import PortRenderer
 from ibmon.infiniband.counters import CATALOGUE
-from ibmon.model import LinkInfo, PortIdentity, PortKey, PortView
+from ibmon.infiniband.model import LinkInfo, PortIdentity, PortKey, PortView
 from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.state import FabricState
 

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from exporters.mqtt import MqttPublisher
 from ibmon.config import MqttConfig
 from ibmon.detect.events import Event, EventBus, PortRef
-from ibmon.model import PortIdentity, PortView
+from ibmon.infiniband.model import PortIdentity, PortView
 from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.state import FabricState
 from tests.mqtt_broker import Mosquitto

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ibmon.model import PortIdentity
+from ibmon.infiniband.model import PortIdentity
 from ibmon.sources.fabric import FabricPort, make_sample
 from ibmon.sources.parse import PortCounterValues, parse_perfquery
 from tests.fixtures import REAL_FIXTURES

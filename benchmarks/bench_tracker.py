@@ -23,7 +23,7 @@ import sys
 import time
 
 from ibmon.infiniband.counters import CATALOGUE
-from ibmon.model import PortIdentity, PortSample, Snapshot
+from ibmon.infiniband.model import PortIdentity, PortSample, Snapshot
 from ibmon.track.tracker import Tracker
 
 WIDE = frozenset(c.name for c in CATALOGUE if c.sysfs_ext or c.bits == 64)

@@ -47,8 +47,8 @@ from exporters.ports import port_detail_json, port_json
 from exporters.server import HttpError, Request, Response, Route
 from ibmon.detect.engine import DETECTORS, ActiveCondition
 from ibmon.detect.events import Event, EventType, severity_rank
+from ibmon.infiniband.model import PortKey, PortView, normalize_guid
 from ibmon.jobs.model import JobLink
-from ibmon.model import PortKey, PortView, normalize_guid
 from ibmon.state import FabricState
 from ibmon.state.topology import node_rows
 

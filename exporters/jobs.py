@@ -23,8 +23,8 @@ from math import isfinite
 from typing import Any
 
 from exporters.render import escape_help, escape_label_value, format_float
+from ibmon.infiniband.model import PortKey
 from ibmon.jobs.model import UNKNOWN_JOBS, Job, JobLink, JobsView
-from ibmon.model import PortKey
 from ibmon.state import FabricState
 
 __all__ = [

@@ -51,7 +51,7 @@ import structlog
 
 from ibmon.config import MqttConfig, MqttTlsConfig
 from ibmon.detect.events import EVENT_TYPES, Event, EventBus, Subscription
-from ibmon.model import GUID_RE, PhysState, PortKey, PortState, PortView
+from ibmon.infiniband.model import GUID_RE, PhysState, PortKey, PortState, PortView
 from ibmon.runtime.selfmetrics import MqttMetrics, SelfMetrics
 from ibmon.state import FabricState
 

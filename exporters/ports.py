@@ -15,7 +15,7 @@ from typing import Any
 from ibmon.detect.cause import DISCARD_DETAILS, RECEIVE_DETAILS
 from ibmon.detect.engine import ActiveCondition
 from ibmon.detect.events import Event
-from ibmon.model import PhysState, PortKey, PortState, PortView
+from ibmon.infiniband.model import PhysState, PortKey, PortState, PortView
 from ibmon.state import FabricState
 from ibmon.state.topology import link_json
 

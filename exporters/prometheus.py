@@ -52,7 +52,7 @@ from exporters.http import (
 from exporters.jobs import JobRenderer, render_jobs
 from exporters.render import PortRenderer
 from exporters.server import HttpApp, HttpConnection, HttpError, Request, Response, Route
-from ibmon.model import PortView
+from ibmon.infiniband.model import PortView
 from ibmon.runtime.gcpause import paused_gc
 from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.runtime.sizes import fabric_sized, run_bulk, submit_bulk

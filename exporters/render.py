@@ -42,7 +42,7 @@ from exporters.valuetext import (
     int_texts,
 )
 from ibmon.infiniband.counters import CATALOGUE
-from ibmon.model import LinkInfo, PortIdentity, PortKey, PortView
+from ibmon.infiniband.model import LinkInfo, PortIdentity, PortKey, PortView
 from ibmon.runtime.sizes import fabric_sized
 from ibmon.track.rowview import (
     RowView,

@@ -54,8 +54,15 @@ from types import TracebackType
 from typing import Any
 
 from ibmon.infiniband.counters import DETAIL_ATTRIBUTES
+from ibmon.infiniband.model import (
+    LinkInfo,
+    PortIdentity,
+    PortSample,
+    Snapshot,
+    SourceError,
+    Topology,
+)
 from ibmon.infiniband.xmitwait import WaitUnit
-from ibmon.model import LinkInfo, PortIdentity, PortSample, Snapshot, SourceError, Topology
 from ibmon.track.totals import packed_counters
 from mocks.ibsim import MAX_CONSOLE_LINE, IbSim, IbSimError, ibsim_field
 from mocks.scenario import Scenario, ScenarioPlayer, SimClock, build_fabric, load_scenario

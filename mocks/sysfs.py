@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ibmon.infiniband.counters import BY_NAME
-from ibmon.model import PhysState, PortState
+from ibmon.infiniband.model import PhysState, PortState
 from mocks.scenario import ScenarioPlayer, SimClock, build_fabric, load_scenario
 from mocks.traffic import (
     BOARD_ID,

@@ -42,8 +42,8 @@ from array import array
 from dataclasses import dataclass
 
 from ibmon.infiniband.counters import CATALOGUE, DETAILS, EXTENDED
+from ibmon.infiniband.model import LinkInfo, PhysState, PortIdentity, PortSample, PortState
 from ibmon.infiniband.xmitwait import DEFAULT_UNIT, WaitUnit, counts_for, family_of
-from ibmon.model import LinkInfo, PhysState, PortIdentity, PortSample, PortState
 from ibmon.track.totals import Totals
 from mocks.topology import SPEEDS, WIDTHS, Fabric, Link, link_rate_bps
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ibmon.model import LinkInfo, PortIdentity, PortView
+from ibmon.infiniband.model import LinkInfo, PortIdentity, PortView
 from ibmon.sources.mock import MockSource
 from ibmon.track.tracker import Tracker
 from mocks.scenario import ManualClock

@@ -16,8 +16,8 @@ from types import MappingProxyType
 from ibmon.detect.base import Finding
 from ibmon.detect.engine import ActiveCondition
 from ibmon.detect.events import EventType
+from ibmon.infiniband.model import LinkInfo, PortIdentity, PortKey, PortView
 from ibmon.jobs.model import Job, JobLink, JobsView, JobTable
-from ibmon.model import LinkInfo, PortIdentity, PortKey, PortView
 from ibmon.state import FabricState
 
 LEAF = "0x0002c90300000101"

@@ -15,7 +15,7 @@ from typing import Any
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from ibmon.model import normalize_guid
+from ibmon.infiniband.model import normalize_guid
 from ibmon.sources.parse import (
     DiscoveredPort,
     ParseError,

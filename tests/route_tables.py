@@ -6,7 +6,7 @@ leaves, number ``(lid // k**level) % k``, as d-mod-k does), and the port views
 
 from __future__ import annotations
 
-from ibmon.model import LinkInfo, PortIdentity, PortKey, PortView
+from ibmon.infiniband.model import LinkInfo, PortIdentity, PortKey, PortView
 from mocks.topology import Fabric
 
 __all__ = ["dmodk_tables", "port_views"]

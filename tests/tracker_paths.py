@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ibmon.model import PortKey, PortView, Snapshot
+from ibmon.infiniband.model import PortKey, PortView, Snapshot
 from ibmon.runtime import sizes
 from ibmon.track.tracker import Tracker
 

@@ -21,7 +21,7 @@ from ibmon.cli.apiclient import ApiClient, ApiError
 from ibmon.cli.jobs import job_link_lines
 from ibmon.cli.terminal import printable
 from ibmon.detect.cause import DETAIL_LABELS, MEANINGS
-from ibmon.model import PortState, normalize_guid
+from ibmon.infiniband.model import PortState, normalize_guid
 
 __all__ = ["find_port", "parse_port_spec", "render_report", "resolve"]
 

@@ -31,7 +31,7 @@ from exporters.ports import port_json, state_label
 from ibmon.cli.terminal import printable
 from ibmon.config import Settings, SourceConfig
 from ibmon.detect.engine import ActiveCondition
-from ibmon.model import PortKey, PortView
+from ibmon.infiniband.model import PortKey, PortView
 from ibmon.runtime.pipeline import Pipeline, build_state
 from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.sources import Source

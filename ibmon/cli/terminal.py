@@ -10,9 +10,9 @@ controls and DEL (C1 ``\\x9b`` is CSI on 8-bit terminals), the bidirectional ove
 isolates (which make text display in a different order than it is stored), and the Unicode line
 and paragraph separators. Everything else, non-ASCII names included, is left as it is.
 
-Descriptions get this form once, at ingest (``ibmon.model.PortIdentity`` and ``LinkInfo``), so
-/metrics label values, JSON, MQTT and logs all show the same text; the tables apply it again to
-whatever else they print.
+Descriptions get this form once, at ingest (``PortIdentity`` and ``LinkInfo`` in
+``ibmon.infiniband.model``), so /metrics label values, JSON, MQTT and logs all show the same
+text; the tables apply it again to whatever else they print.
 """
 
 from __future__ import annotations

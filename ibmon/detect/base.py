@@ -20,7 +20,7 @@ from ibmon.detect.cause import SUSPECT, action, end_name, far_end, preferred
 from ibmon.detect.columns import Fresh, Memo, read_column, with_keep
 from ibmon.detect.events import EventType, Severity, severity_rank
 from ibmon.detect.portstate import PerPortState, key_from_json, key_to_json
-from ibmon.model import PortKey, PortView
+from ibmon.infiniband.model import PortKey, PortView
 from ibmon.track.rates import NO_RATE, Rates
 from ibmon.track.totals import Totals
 

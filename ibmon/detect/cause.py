@@ -36,7 +36,7 @@ from typing import Final, Literal, get_args
 
 from ibmon.detect.columns import Fresh, Memo
 from ibmon.detect.portstate import PerPortState
-from ibmon.model import PortIdentity, PortKey, PortState, PortView
+from ibmon.infiniband.model import PortIdentity, PortKey, PortState, PortView
 from ibmon.track.totals import Totals
 
 __all__ = [

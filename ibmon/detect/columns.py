@@ -17,7 +17,7 @@ from collections.abc import Collection, Container, Mapping, Sequence
 from operator import attrgetter, is_, itemgetter
 from typing import Any
 
-from ibmon.model import PortKey, PortView
+from ibmon.infiniband.model import PortKey, PortView
 from ibmon.track.rates import Rates
 from ibmon.track.rowview import Layout, RowView, columns_numpy, packed, store_numpy
 from ibmon.track.totals import Totals

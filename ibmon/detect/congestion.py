@@ -38,7 +38,7 @@ from ibmon.detect.cause import (
 from ibmon.detect.columns import Fresh
 from ibmon.detect.events import Severity
 from ibmon.infiniband.linkspeed import SPEED_ORDER, WIDTH_LANES
-from ibmon.model import PortKey, PortView
+from ibmon.infiniband.model import PortKey, PortView
 
 __all__ = ["Congestion", "CongestionSettings"]
 

@@ -21,7 +21,7 @@ from ibmon.detect.base import (
 )
 from ibmon.detect.columns import attribute, with_keep
 from ibmon.detect.events import Severity
-from ibmon.model import PortKey, PortView
+from ibmon.infiniband.model import PortKey, PortView
 
 __all__ = ["CounterReset", "CounterSaturated"]
 

@@ -50,7 +50,7 @@ from ibmon.detect.events import (
 from ibmon.detect.link import LinkDegraded, LinkFlapping, PortDown
 from ibmon.detect.source import SourceFailed, SourceFailedSettings
 from ibmon.detect.topology import TopologyChanged
-from ibmon.model import LinkInfo, PortIdentity, PortKey, PortView
+from ibmon.infiniband.model import LinkInfo, PortIdentity, PortKey, PortView
 from ibmon.track.rowview import Layout
 
 __all__ = [

@@ -41,7 +41,7 @@ from ibmon.detect.cause import (
 )
 from ibmon.detect.columns import Fresh, Memo, with_keep
 from ibmon.detect.events import Severity
-from ibmon.model import PortKey, PortState, PortView
+from ibmon.infiniband.model import PortKey, PortState, PortView
 from ibmon.track.rates import Rates
 from ibmon.track.rowview import store_numpy
 

@@ -23,7 +23,7 @@ from typing import Any, Literal, get_args
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
-from ibmon.model import PortIdentity, PortView
+from ibmon.infiniband.model import PortIdentity, PortView
 
 __all__ = [
     "EVENT_TYPES",

@@ -28,7 +28,7 @@ from ibmon.detect.base import (
 from ibmon.detect.columns import Memo, attribute, with_keep
 from ibmon.detect.events import Severity
 from ibmon.infiniband.linkspeed import SPEED_ORDER, WIDTH_LANES
-from ibmon.model import LinkInfo, PortKey, PortState, PortView
+from ibmon.infiniband.model import LinkInfo, PortKey, PortState, PortView
 
 __all__ = ["LinkDegraded", "LinkFlapping", "PortDown"]
 

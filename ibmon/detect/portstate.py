@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from ibmon.model import PortKey
+from ibmon.infiniband.model import PortKey
 
 __all__ = ["PerPortState", "key_from_json", "key_to_json"]
 

@@ -23,7 +23,7 @@ from ibmon.detect.base import (
 )
 from ibmon.detect.columns import Memo, attribute
 from ibmon.detect.events import Severity
-from ibmon.model import LinkInfo, PortIdentity, PortKey, PortView
+from ibmon.infiniband.model import LinkInfo, PortIdentity, PortKey, PortView
 
 __all__ = ["TopologyChanged"]
 

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from ibmon.infiniband.model import PortKey, PortView
 from ibmon.jobs.model import UNKNOWN_JOBS, Job, JobLink, JobsView, JobTable, Routing
-from ibmon.model import PortKey, PortView
 
 if TYPE_CHECKING:
     from ibmon.detect.events import Event

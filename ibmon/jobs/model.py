@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
-from ibmon.model import PortKey
+from ibmon.infiniband.model import PortKey
 
 __all__ = ["UNKNOWN_JOBS", "Job", "JobLink", "JobTable", "JobsView", "Routing", "Touch"]
 

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ibmon.model import PortKey, PortView
+from ibmon.infiniband.model import PortKey, PortView
 
 if TYPE_CHECKING:
     import numpy as np

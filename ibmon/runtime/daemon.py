@@ -42,10 +42,10 @@ from exporters.prometheus import PrometheusExporter
 from ibmon.config import ConfigError, Settings, SourceConfig, load_settings
 from ibmon.detect.engine import ActiveCondition
 from ibmon.detect.events import Event, EventBus, EventFileWriter, EventLog, Subscription
+from ibmon.infiniband.model import PortKey
 from ibmon.jobs.attribute import Attributor
 from ibmon.jobs.model import JobLink, JobTable
 from ibmon.jobs.watch import JobMetrics, JobWatcher, SimulatedScheduler
-from ibmon.model import PortKey
 from ibmon.runtime.looplag import IDLE_PERIOD, LoopLagProbe, period_for
 from ibmon.runtime.metrics import Counter, Gauge
 from ibmon.runtime.pipeline import Pipeline, build_state

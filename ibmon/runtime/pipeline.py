@@ -44,7 +44,7 @@ import structlog
 from ibmon.config import SourceConfig
 from ibmon.detect.engine import ActiveCondition, Engine
 from ibmon.detect.events import Event
-from ibmon.model import PortIdentity, PortKey, PortView, Snapshot, replaced
+from ibmon.infiniband.model import PortIdentity, PortKey, PortView, Snapshot, replaced
 from ibmon.runtime.gcpause import paused_gc
 from ibmon.runtime.polltime import MIN_POLL_TIMEOUT, POLL_TIMEOUT_INTERVALS, poll_timeout
 from ibmon.runtime.selfmetrics import SelfMetrics

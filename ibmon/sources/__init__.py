@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # not at run time: the MAD worker process imports this package on every start
-    from ibmon.model import Snapshot, Topology
+    from ibmon.infiniband.model import Snapshot, Topology
 
 __all__ = ["Source"]
 

@@ -101,7 +101,7 @@ import structlog
 from pydantic import field_validator, model_validator
 
 from ibmon.config import Duration
-from ibmon.model import PortKey, Snapshot, SourceError, Topology
+from ibmon.infiniband.model import PortKey, Snapshot, SourceError, Topology
 from ibmon.runtime.polltime import poll_timeout
 from ibmon.sources.fabric import (
     DETAIL_BASELINES_PER_POLL,

@@ -49,8 +49,7 @@ from pydantic import Field, field_validator
 from ibmon.config import Duration, SourceConfigBase
 from ibmon.infiniband.counters import BY_NAME, DETAIL_ATTRIBUTES
 from ibmon.infiniband.linkspeed import active_speed, active_width, effective_rate_bps, max_common
-from ibmon.infiniband.xmitwait import DEFAULT_UNIT, WaitUnit, family_of, unit_for
-from ibmon.model import (
+from ibmon.infiniband.model import (
     LinkInfo,
     PortIdentity,
     PortKey,
@@ -60,6 +59,7 @@ from ibmon.model import (
     Topology,
     normalize_guid,
 )
+from ibmon.infiniband.xmitwait import DEFAULT_UNIT, WaitUnit, family_of, unit_for
 from ibmon.sources.parse import PortCounterValues, PortInfo, load_node_name_map
 from ibmon.sources.shard import filter_topology, parse_shard
 from ibmon.track.totals import packed_counters

@@ -82,7 +82,7 @@ from typing import Literal
 import structlog
 from pydantic import Field
 
-from ibmon.model import PortKey, Snapshot, SourceError, Topology
+from ibmon.infiniband.model import PortKey, Snapshot, SourceError, Topology
 from ibmon.runtime.gcpause import paused_gc
 from ibmon.sources.fabric import (
     DETAIL_BASELINES_PER_POLL,

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 from pydantic import Field
 
 from ibmon.config import Duration, SourceConfigBase
-from ibmon.model import Snapshot, Topology
+from ibmon.infiniband.model import Snapshot, Topology
 from ibmon.runtime.gcpause import paused_gc
 from ibmon.runtime.sizes import fabric_sized, run_bulk
 

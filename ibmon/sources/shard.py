@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from ibmon.model import Topology
+from ibmon.infiniband.model import Topology
 
 __all__ = ["assign_nodes", "filter_topology", "guid_shard", "parse_shard"]
 

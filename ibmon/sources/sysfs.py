@@ -98,15 +98,7 @@ from ibmon.cli.terminal import printable
 from ibmon.config import Duration, SourceConfigBase
 from ibmon.infiniband.counters import BY_NAME, BY_SYSFS, BY_SYSFS_EXT, EXTENDED, is_hw_gauge
 from ibmon.infiniband.linkspeed import LANE_SIGNAL_GBPS, WIDTH_LANES, port_rate_bps
-from ibmon.infiniband.xmitwait import (
-    DEFAULT_UNIT,
-    WaitUnit,
-    configured_unit,
-    device_id_of_hca_type,
-    family_of,
-    parse_unit,
-)
-from ibmon.model import (
+from ibmon.infiniband.model import (
     PortIdentity,
     PortKey,
     PortSample,
@@ -114,6 +106,14 @@ from ibmon.model import (
     SourceError,
     Topology,
     normalize_guid,
+)
+from ibmon.infiniband.xmitwait import (
+    DEFAULT_UNIT,
+    WaitUnit,
+    configured_unit,
+    device_id_of_hca_type,
+    family_of,
+    parse_unit,
 )
 from ibmon.sources.parse.sysfs_values import parse_counter, parse_lid_value
 

@@ -13,8 +13,8 @@ from operator import attrgetter
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from ibmon.infiniband.model import PortIdentity, PortKey, PortView
 from ibmon.jobs.model import JobsView
-from ibmon.model import PortIdentity, PortKey, PortView
 
 if TYPE_CHECKING:
     from ibmon.detect.engine import ActiveCondition

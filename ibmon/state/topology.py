@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from ibmon.infiniband.linkspeed import SPEED_ORDER, WIDTH_LANES
-from ibmon.model import PortKey, PortState, PortView
+from ibmon.infiniband.model import PortKey, PortState, PortView
 from ibmon.state import FabricState
 
 __all__ = [

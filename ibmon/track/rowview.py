@@ -10,8 +10,8 @@ columns (the detectors' ``ibmon.detect.columns``, the renderer) take the rows as
 (``packed``) and make no mapping at all.
 
 A ``RowView`` is a ``PortView`` in every other respect, equal to one with the same values.
-``ibmon.model.replaced`` (not ``dataclasses.replace``, which would call its constructor) makes
-a changed copy of any view.
+``replaced`` (``ibmon.infiniband.model``; not ``dataclasses.replace``, which would call its
+constructor) makes a changed copy of any view.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from operator import attrgetter, is_
 from types import ModuleType
 from typing import Any
 
-from ibmon.model import LinkInfo, PortIdentity, PortKey, PortView, view_values
+from ibmon.infiniband.model import LinkInfo, PortIdentity, PortKey, PortView, view_values
 from ibmon.track.rates import Rates
 from ibmon.track.totals import Totals
 
@@ -256,7 +256,7 @@ _PLAIN_FIELDS = tuple(f.name for f in fields(PortView) if f.name not in (
     "totals", "rates", "utilization_tx", "utilization_rx", "xmit_wait_ratio"))
 if RowView.__init__.__code__.co_varnames[4 : 4 + len(_PLAIN_FIELDS)] != _PLAIN_FIELDS:
     # The tracker passes them positionally; a reordered PortView must fail loudly.
-    raise ImportError("ibmon.model.PortView's fields changed; update ibmon.track.rowview.RowView")
+    raise ImportError("PortView's fields changed; update ibmon.track.rowview.RowView")
 
 
 def packed(view: PortView, kind: type[Totals | Rates]) -> tuple[Mapping[str, int], Any, int] | None:

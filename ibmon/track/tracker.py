@@ -48,8 +48,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final
 
 from ibmon.infiniband.counters import CATALOGUE
+from ibmon.infiniband.model import GUID_RE, PortKey, PortSample, PortState, PortView, Snapshot
 from ibmon.infiniband.xmitwait import WaitUnit
-from ibmon.model import GUID_RE, PortKey, PortSample, PortState, PortView, Snapshot
 from ibmon.runtime.sizes import fabric_sized
 from ibmon.track.rates import NO_RATE, Rates
 from ibmon.track.rowview import Layout, Rows, RowView
@@ -112,7 +112,7 @@ _VIEW_FIELDS: Final = (
 )
 if tuple(f.name for f in fields(PortView))[: len(_VIEW_FIELDS)] != _VIEW_FIELDS:
     # _view passes these positionally; a reordered PortView must fail loudly, not mislabel.
-    raise ImportError("ibmon.model.PortView field order changed; update ibmon.track.tracker._view")
+    raise ImportError("PortView field order changed; update ibmon.track.tracker._view")
 
 # ---------------------------------------------------------------------- the rules
 # What a reading means, in one place. The per-port path applies these to one counter at a time,

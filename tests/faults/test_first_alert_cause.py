@@ -126,7 +126,7 @@ def test_a_burst_whose_details_are_read_with_it_still_fires() -> None:
     """The first firing waits one poll for the details' increase; a one-off burst (the
     aggregate moves once, the rate then falls to 0) must still fire, in that next poll."""
     from ibmon.detect.engine import Engine
-    from ibmon.model import PortIdentity, PortView
+    from ibmon.infiniband.model import PortIdentity, PortView
 
     ident = PortIdentity(guid="0x0002c90a00000007", port="1", device="mlx5_0",
                          node_desc="gpu031 mlx5_0", lid=9)

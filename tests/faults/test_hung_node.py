@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from ibmon.model import PortKey, Snapshot
+from ibmon.infiniband.model import PortKey, Snapshot
 from ibmon.sources.diags import DiagsSource, SubprocessRunner
 from mocks.ibsim import IbSim
 from tests.ibsim_fixtures import sim_for

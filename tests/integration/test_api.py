@@ -13,7 +13,7 @@ from rich.console import Console
 
 from ibmon.cli.top import ApiReader, render
 from ibmon.config import Settings, SourceConfig, load_settings
-from ibmon.model import LinkInfo, PortIdentity, PortSample, Snapshot, Topology
+from ibmon.infiniband.model import LinkInfo, PortIdentity, PortSample, Snapshot, Topology
 from ibmon.runtime.daemon import Daemon
 from ibmon.sources.sysfs import SysfsSourceConfig
 

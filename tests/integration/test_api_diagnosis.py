@@ -26,7 +26,7 @@ import pytest
 from exporters.http import hash_password
 from ibmon.config import SourceConfig, load_settings
 from ibmon.infiniband.counters import BY_NAME
-from ibmon.model import LinkInfo, PortIdentity, PortSample, Snapshot, Topology
+from ibmon.infiniband.model import LinkInfo, PortIdentity, PortSample, Snapshot, Topology
 from ibmon.runtime.daemon import Daemon
 from ibmon.sources.sysfs import SysfsSourceConfig
 from tests.syspkg import require_binary

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ibmon.config import Settings, SourceConfig, load_settings
-from ibmon.model import PortIdentity, PortSample, Snapshot, Topology
+from ibmon.infiniband.model import PortIdentity, PortSample, Snapshot, Topology
 from ibmon.runtime.daemon import Daemon
 from ibmon.sources import Source
 from ibmon.sources.sysfs import SysfsSourceConfig

@@ -14,7 +14,7 @@ import tracemalloc
 
 from ibmon.detect.engine import Engine
 from ibmon.detect.events import EventBus
-from ibmon.model import LinkInfo, PortIdentity, PortKey, PortView
+from ibmon.infiniband.model import LinkInfo, PortIdentity, PortKey, PortView
 
 PORTS = 20_000
 

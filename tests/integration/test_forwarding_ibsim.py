@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
+from ibmon.infiniband.model import PortKey, PortView, SourceError, Topology
 from ibmon.jobs.routes import RouteIndex
-from ibmon.model import PortKey, PortView, SourceError, Topology
 from ibmon.sources.diags import CommandResult, DiagsSource, SubprocessRunner
 from mocks.ibsim import IbSim
 from mocks.topology import fat_tree, to_ibsim_netfile

@@ -31,7 +31,7 @@ import pytest
 
 from exporters.prometheus import exposition
 from ibmon import __version__
-from ibmon.model import Snapshot, Topology
+from ibmon.infiniband.model import Snapshot, Topology
 from ibmon.runtime import sizes
 from ibmon.runtime.pipeline import Pipeline, build_state
 from ibmon.runtime.selfmetrics import SelfMetrics

@@ -16,8 +16,8 @@ import pytest
 
 from ibmon.detect.engine import Engine
 from ibmon.detect.events import Event
+from ibmon.infiniband.model import Snapshot
 from ibmon.infiniband.xmitwait import WaitUnit, counts_for
-from ibmon.model import Snapshot
 from ibmon.track.tracker import Tracker
 from mocks.ibsim import IbSim
 from mocks.topology import Fabric, fat_tree, to_ibsim_netfile

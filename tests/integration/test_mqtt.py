@@ -24,7 +24,7 @@ from exporters.mqtt import MqttPublisher
 from ibmon.cli.terminal import printable
 from ibmon.config import MqttConfig, MqttTlsConfig, load_settings
 from ibmon.detect.events import Event, EventBus, PortRef
-from ibmon.model import LinkInfo, PortIdentity, PortView
+from ibmon.infiniband.model import LinkInfo, PortIdentity, PortView
 from ibmon.runtime.daemon import Daemon
 from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.sources.sysfs import SysfsSourceConfig

@@ -12,7 +12,7 @@ import time
 import urllib.request
 
 from ibmon.config import Settings, SourceConfig, load_settings
-from ibmon.model import PortIdentity, PortSample, Snapshot, Topology
+from ibmon.infiniband.model import PortIdentity, PortSample, Snapshot, Topology
 from ibmon.runtime.daemon import Daemon
 from ibmon.sources import Source
 from ibmon.sources.sysfs import SysfsSourceConfig

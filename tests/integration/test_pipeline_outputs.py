@@ -16,7 +16,7 @@ from structlog.testing import capture_logs
 from exporters.prometheus import PrometheusExporter
 from ibmon.cli.scan import run_scan
 from ibmon.config import SourceConfig, load_settings
-from ibmon.model import PortIdentity, PortSample, Snapshot, Topology
+from ibmon.infiniband.model import PortIdentity, PortSample, Snapshot, Topology
 from ibmon.runtime.daemon import Daemon
 from ibmon.sources.sysfs import SysfsSourceConfig
 from tests.sysfs_tree import write_device, write_port

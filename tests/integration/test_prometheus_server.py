@@ -23,7 +23,7 @@ from exporters.prometheus import CONTENT_TYPE, PrometheusExporter
 from exporters.render import render_ports
 from exporters.server import Request, Response, Route
 from ibmon.infiniband.counters import CATALOGUE
-from ibmon.model import LinkInfo, PortIdentity, PortView
+from ibmon.infiniband.model import LinkInfo, PortIdentity, PortView
 from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.state import FabricState
 from tests.syspkg import require_binary

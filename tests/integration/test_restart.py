@@ -200,12 +200,12 @@ class _OnePort:
         self.n = 0
 
     async def discover(self) -> Any:
-        from ibmon.model import Topology
+        from ibmon.infiniband.model import Topology
 
         return Topology(source=self.name)
 
     async def sample(self) -> Any:
-        from ibmon.model import PortIdentity, PortSample, Snapshot
+        from ibmon.infiniband.model import PortIdentity, PortSample, Snapshot
 
         self.n += 1
         ident = PortIdentity(guid="0x0002c90300a1b2c3", port="1", source=self.name)

@@ -15,7 +15,7 @@ from types import MappingProxyType
 
 import pytest
 
-from ibmon.model import PortKey, PortView, Snapshot
+from ibmon.infiniband.model import PortKey, PortView, Snapshot
 from ibmon.state import FabricState
 from ibmon.state.topology import dot_quote, node_rows, to_dot
 from ibmon.track.tracker import Tracker

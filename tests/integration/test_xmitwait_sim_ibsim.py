@@ -25,8 +25,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from ibmon.infiniband.model import Snapshot
 from ibmon.infiniband.xmitwait import WaitUnit, counts_for
-from ibmon.model import Snapshot
 from ibmon.track.tracker import Tracker
 from mocks.ibsim import IbSim
 from mocks.ibsim_driver import IbSimDriver, MadSourceProcess

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from ibmon.infiniband.model import Snapshot
 from ibmon.infiniband.xmitwait import WaitUnit, counts_for
-from ibmon.model import Snapshot
 from ibmon.sources.sysfs import SysfsSource
 from ibmon.track.tracker import Tracker
 from mocks.sysfs import SysfsRenderer

@@ -28,7 +28,7 @@ from exporters.prometheus import PrometheusExporter
 from exporters.server import HttpError
 from ibmon.detect.base import Finding
 from ibmon.detect.engine import ActiveCondition
-from ibmon.model import PortIdentity, PortView
+from ibmon.infiniband.model import PortIdentity, PortView
 from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.state import FabricState
 

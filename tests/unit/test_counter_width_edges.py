@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from ibmon.infiniband.counters import CATALOGUE, CounterSpec
-from ibmon.model import PortIdentity, PortSample, PortView, Snapshot
+from ibmon.infiniband.model import PortIdentity, PortSample, PortView, Snapshot
 from ibmon.runtime import sizes
 from ibmon.track.tracker import Tracker
 

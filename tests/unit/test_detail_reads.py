@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator, Sequence
 
 from ibmon.infiniband.counters import DETAIL_ATTRIBUTES, DETAILS
-from ibmon.model import PortIdentity, PortKey, PortSample, Snapshot
+from ibmon.infiniband.model import PortIdentity, PortKey, PortSample, Snapshot
 from ibmon.sources.diags import CommandResult, DiagsSource
 from ibmon.sources.fabric import DETAIL_MISSES_TO_GIVE_UP, DetailReads, FabricView
 from ibmon.sources.libibmad import (

@@ -18,7 +18,7 @@ from detect_views import view
 
 from ibmon.detect.engine import Engine
 from ibmon.detect.events import Event
-from ibmon.model import LinkInfo, PortIdentity, PortView
+from ibmon.infiniband.model import LinkInfo, PortIdentity, PortView
 
 #: A switch whose GUID sorts above its host's: the carrier must still be the switch.
 SWITCH = "0xf452140300000001"

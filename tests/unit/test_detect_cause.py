@@ -26,7 +26,7 @@ from ibmon.detect.cause import (
 )
 from ibmon.detect.engine import Engine
 from ibmon.detect.events import Event
-from ibmon.model import LinkInfo, PortIdentity, PortView
+from ibmon.infiniband.model import LinkInfo, PortIdentity, PortView
 
 LEAF = "0x0002c90100000010"
 HOST = "0x0002c90a00000007"

@@ -19,7 +19,7 @@ from ibmon.detect.columns import Fresh
 from ibmon.detect.congestion import Congestion, CongestionSettings
 from ibmon.detect.errors import Discards, DiscardsSettings, ReceiveErrors, ReceiveErrorsSettings
 from ibmon.infiniband.counters import CATALOGUE
-from ibmon.model import PortView, replaced
+from ibmon.infiniband.model import PortView, replaced
 from ibmon.sources.mock import MockSource
 from ibmon.track import rowview
 from ibmon.track.rates import NO_RATE, Rates

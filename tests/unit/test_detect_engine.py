@@ -19,7 +19,7 @@ from ibmon.detect.base import Finding, PortDetector, Verdict
 from ibmon.detect.engine import DETECTORS, Engine
 from ibmon.detect.events import EVENT_TYPES, SEVERITIES, Event, severity_rank
 from ibmon.detect.source import SourceFailed
-from ibmon.model import PortKey, PortView
+from ibmon.infiniband.model import PortKey, PortView
 
 
 def step(engine: Engine, t: float, *, boot: float = 1e9, **fields: object) -> list[Event]:

@@ -14,7 +14,7 @@ from detect_views import view
 
 from ibmon.detect.engine import Engine
 from ibmon.detect.events import Event
-from ibmon.model import PortView
+from ibmon.infiniband.model import PortView
 from tests.detect_settings import TABLE_IDS, TABLES, above, below, settings_for
 
 

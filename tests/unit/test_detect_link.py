@@ -15,7 +15,7 @@ from detect_views import GUID, PEER, link, view
 from ibmon.detect.engine import Engine
 from ibmon.detect.events import Event
 from ibmon.infiniband.linkspeed import SPEED_ORDER, WIDTH_LANES, is_degraded
-from ibmon.model import LinkInfo, PortView
+from ibmon.infiniband.model import LinkInfo, PortView
 from tests.detect_settings import TABLE_IDS, TABLES, below, settings_for
 
 

@@ -19,7 +19,7 @@ import pytest
 from ibmon.detect import columns
 from ibmon.detect.base import Pairs
 from ibmon.detect.columns import Fresh, Memo, PortOrder, with_keep
-from ibmon.model import PortIdentity, PortKey, PortView
+from ibmon.infiniband.model import PortIdentity, PortKey, PortView
 from ibmon.runtime import sizes
 from ibmon.runtime.pipeline import Pipeline
 from ibmon.runtime.selfmetrics import SelfMetrics

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from ibmon.detect.base import Pairs
-from ibmon.model import PortKey, Snapshot, SourceError
+from ibmon.infiniband.model import PortKey, Snapshot, SourceError
 from ibmon.runtime import sizes
 from ibmon.runtime.pipeline import Pipeline
 from ibmon.runtime.selfmetrics import SelfMetrics

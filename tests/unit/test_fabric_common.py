@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ibmon.model import PortIdentity
+from ibmon.infiniband.model import PortIdentity
 from ibmon.sources.diags import CommandResult, DiagsSource
 from ibmon.sources.fabric import FabricPort, FabricView, StateSchedule
 from ibmon.sources.parse import PortInfo

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import tracemalloc
 
-from ibmon.model import PortIdentity
+from ibmon.infiniband.model import PortIdentity
 from ibmon.sources.fabric import FabricPort, make_sample
 from ibmon.sources.parse import merge_counters, parse_perfquery
 from ibmon.track.totals import Totals, packed_counters

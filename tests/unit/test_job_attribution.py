@@ -12,11 +12,11 @@ import dataclasses
 from types import MappingProxyType
 
 from ibmon.detect.events import Event, PortRef
+from ibmon.infiniband.model import PortKey, PortView
 from ibmon.jobs.attribute import Attributor, host_name
 from ibmon.jobs.model import Job, JobTable
 from ibmon.jobs.routes import RouteIndex
 from ibmon.jobs.slurm import SlurmConfig
-from ibmon.model import PortKey, PortView
 from ibmon.state import FabricState
 from mocks.topology import fat_tree
 from tests import job_outputs_state as small

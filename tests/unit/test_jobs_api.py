@@ -12,8 +12,8 @@ import pytest
 
 from exporters.api import ApiProvider, api_routes
 from exporters.prometheus import PrometheusExporter
+from ibmon.infiniband.model import PortKey
 from ibmon.jobs.model import JobLink, JobsView
-from ibmon.model import PortKey
 from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.state import FabricState
 from tests.job_outputs_state import (

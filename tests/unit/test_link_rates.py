@@ -17,7 +17,7 @@ from ibmon.infiniband.linkspeed import (
     effective_rate_bps,
     port_rate_bps,
 )
-from ibmon.model import PortIdentity
+from ibmon.infiniband.model import PortIdentity
 from ibmon.sources.fabric import FabricPort, make_sample
 from ibmon.sources.sysfs import SysfsSource
 from mocks.sysfs import kernel_rate

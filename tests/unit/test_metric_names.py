@@ -16,7 +16,7 @@ import yaml
 from exporters.prometheus import exposition
 from ibmon.config import Settings
 from ibmon.infiniband.counters import CATALOGUE
-from ibmon.model import LinkInfo, PortIdentity, PortView
+from ibmon.infiniband.model import LinkInfo, PortIdentity, PortView
 from ibmon.runtime.daemon import Daemon
 from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.sources.mad import MadSourceConfig

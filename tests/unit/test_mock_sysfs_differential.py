@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from ibmon.infiniband.counters import CATALOGUE
-from ibmon.model import PortView
+from ibmon.infiniband.model import PortView
 from ibmon.sources.mock import ManualClock, MockSource
 from ibmon.sources.sysfs import SysfsSource
 from ibmon.track.tracker import Tracker

@@ -9,7 +9,7 @@ import pytest
 from exporters.mqtt import MqttPublisher, Topics, port_state_payload
 from ibmon.config import ConfigError, MqttConfig, load_settings
 from ibmon.detect.events import EVENT_TYPES, Event
-from ibmon.model import PortIdentity, PortView
+from ibmon.infiniband.model import PortIdentity, PortView
 from ibmon.runtime.selfmetrics import SelfMetrics
 
 GUID = "0x0002c90300a1b2c3"

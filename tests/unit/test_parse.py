@@ -12,7 +12,7 @@ import pytest
 
 from ibmon.infiniband.counters import DETAIL_ATTRIBUTES, DETAILS
 from ibmon.infiniband.linkspeed import effective_rate_bps, is_degraded, max_common
-from ibmon.model import Topology
+from ibmon.infiniband.model import Topology
 from ibmon.sources.parse import (
     ParseError,
     PortInfo,
@@ -649,7 +649,7 @@ def _topology_of(fab: object) -> Topology:
 
     assert isinstance(fab, Fabric)
     topo = Topology(source="t")
-    from ibmon.model import LinkInfo, PortIdentity
+    from ibmon.infiniband.model import LinkInfo, PortIdentity
 
     for guid, node in fab.nodes.items():
         for p in range(1, node.nports + 1):

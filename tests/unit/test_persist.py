@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ibmon.detect.engine import Engine
-from ibmon.model import PortIdentity, PortSample, Snapshot
+from ibmon.infiniband.model import PortIdentity, PortSample, Snapshot
 from ibmon.state.persist import StateFile
 from ibmon.track.tracker import Tracker
 

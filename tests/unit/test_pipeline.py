@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ibmon.model import PortIdentity, PortSample, Snapshot, Topology
+from ibmon.infiniband.model import PortIdentity, PortSample, Snapshot, Topology
 from ibmon.runtime.pipeline import Pipeline, build_state
 from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.sources.diags import DiagsSourceConfig

@@ -13,7 +13,14 @@ from typing import Any
 
 import pytest
 
-from ibmon.model import PortIdentity, PortKey, PortSample, Snapshot, SourceError, Topology
+from ibmon.infiniband.model import (
+    PortIdentity,
+    PortKey,
+    PortSample,
+    Snapshot,
+    SourceError,
+    Topology,
+)
 from ibmon.runtime.pipeline import Pipeline
 from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.sources.diags import DiagsSourceConfig

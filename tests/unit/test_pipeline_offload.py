@@ -14,7 +14,7 @@ from typing import TypeVar
 import pytest
 
 from ibmon.detect.events import Event
-from ibmon.model import PortView
+from ibmon.infiniband.model import PortView
 from ibmon.runtime.pipeline import Pipeline
 from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.runtime.sizes import fabric_sized

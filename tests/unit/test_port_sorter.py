@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 import tracemalloc
 
-from ibmon.model import PortIdentity, PortKey, PortView, replaced
+from ibmon.infiniband.model import PortIdentity, PortKey, PortView, replaced
 from ibmon.state import PortSorter, in_port_order, order_text, port_order
 
 

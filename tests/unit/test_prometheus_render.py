@@ -24,7 +24,7 @@ from exporters.render import (
     render_ports,
 )
 from ibmon.infiniband.counters import BY_NAME, CATALOGUE
-from ibmon.model import LinkInfo, PortIdentity, PortView
+from ibmon.infiniband.model import LinkInfo, PortIdentity, PortView
 from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.sources.sysfs import SysfsSource
 from ibmon.state import FabricState

@@ -14,7 +14,7 @@ import exporters.render as render
 from exporters.http import Deflated
 from exporters.render import PortRenderer
 from ibmon.infiniband.counters import CATALOGUE
-from ibmon.model import LinkInfo, PortIdentity, PortView
+from ibmon.infiniband.model import LinkInfo, PortIdentity, PortView
 from ibmon.track.totals import Totals
 
 ERRORS = ("symbol_errors", "receive_errors", "link_downed")

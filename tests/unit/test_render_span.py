@@ -15,7 +15,7 @@ import pytest
 
 import exporters.render as render
 from exporters.render import PortRenderer
-from ibmon.model import PortView
+from ibmon.infiniband.model import PortView
 from ibmon.runtime.pipeline import Pipeline, build_state
 from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.sources.mock import ManualClock, MockSource, MockSourceConfig

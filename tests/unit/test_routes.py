@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from ibmon.infiniband.model import PortKey
 from ibmon.jobs.routes import MAX_HOPS, RouteIndex, trace_congestion
-from ibmon.model import PortKey
 from mocks.topology import Fabric, fat_tree
 from tests.route_tables import dmodk_tables, port_views
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ibmon.model import PortIdentity, PortView, replaced
+from ibmon.infiniband.model import PortIdentity, PortView, replaced
 from ibmon.sources.mock import MockSource
 from ibmon.track.rates import NO_RATE, Rates
 from ibmon.track.rowview import Rows, RowView

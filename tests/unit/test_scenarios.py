@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ibmon.model import PortKey, PortView, Snapshot
+from ibmon.infiniband.model import PortKey, PortView, Snapshot
 from ibmon.track.tracker import Tracker
 from mocks.scenario import (
     Expected,

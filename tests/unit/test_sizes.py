@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ibmon.model import PortIdentity, PortSample, Snapshot
+from ibmon.infiniband.model import PortIdentity, PortSample, Snapshot
 from ibmon.runtime import looplag, sizes
 from ibmon.runtime.pipeline import Pipeline
 from ibmon.runtime.selfmetrics import SelfMetrics

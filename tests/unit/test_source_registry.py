@@ -107,7 +107,7 @@ def test_a_new_source_is_one_module_and_one_line(
         """
         from typing import Literal
         from ibmon.config import SourceConfigBase
-        from ibmon.model import Snapshot, Topology
+        from ibmon.infiniband.model import Snapshot, Topology
 
         class Config(SourceConfigBase):
             type: Literal["extra"] = "extra"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ibmon.model import Snapshot
+from ibmon.infiniband.model import Snapshot
 from ibmon.sources import sysfs as sysfs_mod
 from ibmon.sources.sysfs import SysfsSource
 from tests.fixtures import real_fixture

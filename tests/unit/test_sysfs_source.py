@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from ibmon.model import GUID_RE, PortSample, Snapshot
+from ibmon.infiniband.model import GUID_RE, PortSample, Snapshot
 from ibmon.sources import Source
 from ibmon.sources import sysfs as sysfs_mod
 from ibmon.sources.sysfs import (

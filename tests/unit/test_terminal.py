@@ -12,7 +12,7 @@ from rich.console import Console
 from ibmon.cli.scan import render_table
 from ibmon.cli.terminal import printable
 from ibmon.cli.top import render
-from ibmon.model import PortIdentity, PortView
+from ibmon.infiniband.model import PortIdentity, PortView
 from ibmon.state import FabricState
 
 HOSTILE = "a\x1b[2J\x1b]0;t\x07b\x00c\x7fd\x9b31me\u202ef\u2066g\u2028h\ti\nj"

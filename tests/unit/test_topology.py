@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from ibmon.infiniband.model import GUID_RE
 from ibmon.infiniband.xmitwait import family_of
-from ibmon.model import GUID_RE
 from mocks.topology import (
     DEVICE_IDS,
     Fabric,

@@ -31,8 +31,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ibmon.infiniband.counters import BY_NAME, CATALOGUE
+from ibmon.infiniband.model import LinkInfo, PortIdentity, PortKey, PortSample, PortView, Snapshot
 from ibmon.infiniband.xmitwait import WaitUnit
-from ibmon.model import LinkInfo, PortIdentity, PortKey, PortSample, PortView, Snapshot
 from ibmon.runtime import sizes
 from ibmon.track.totals import Totals
 from ibmon.track.tracker import STATE_VERSION, Tracker

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from ibmon.detect.columns import Fresh
-from ibmon.model import PortIdentity, PortSample, PortState, Snapshot, replaced
+from ibmon.infiniband.model import PortIdentity, PortSample, PortState, Snapshot, replaced
 from ibmon.sources.mock import MockSource
 from ibmon.track import columns as trackcolumns
 from ibmon.track.rates import Rates

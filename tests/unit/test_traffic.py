@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ibmon.infiniband.counters import BY_NAME
+from ibmon.infiniband.model import PhysState, PortState
 from ibmon.infiniband.xmitwait import WaitUnit, counts_for, stall_fraction
-from ibmon.model import PhysState, PortState
 from mocks.scenario import ScenarioPlayer, load_scenario
 from mocks.topology import fat_tree
 from mocks.traffic import (

@@ -18,7 +18,7 @@ import exporters.valuetext as valuetext
 from exporters.render import PortRenderer
 from exporters.valuetext import NO_TEXT, array_texts, float_texts, int_texts
 from ibmon.infiniband.counters import CATALOGUE
-from ibmon.model import PortView
+from ibmon.infiniband.model import PortView
 from ibmon.runtime import sizes
 from ibmon.track import rowview
 from ibmon.track.totals import Totals

@@ -18,6 +18,7 @@ import pytest
 
 from ibmon.detect.congestion import CongestionSettings
 from ibmon.infiniband.linkspeed import SPEED_ORDER, WIDTH_LANES, effective_rate_bps
+from ibmon.infiniband.model import PortIdentity, PortSample, Snapshot
 from ibmon.infiniband.xmitwait import (
     DEFAULT_UNIT,
     WaitUnit,
@@ -25,7 +26,6 @@ from ibmon.infiniband.xmitwait import (
     parse_unit,
     unit_for,
 )
-from ibmon.model import PortIdentity, PortSample, Snapshot
 from ibmon.runtime.pipeline import Pipeline
 from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.sources.sysfs import SysfsSource, SysfsSourceConfig

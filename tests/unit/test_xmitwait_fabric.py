@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from ibmon.infiniband.model import PortKey
 from ibmon.infiniband.xmitwait import DEFAULT_UNIT, WaitUnit
-from ibmon.model import PortKey
 from ibmon.sources.diags import CommandResult, DiagsSource
 from ibmon.sources.fabric import FabricView, WaitUnits
 from ibmon.sources.libibmad import (

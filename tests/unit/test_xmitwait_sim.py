@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ibmon.infiniband.linkspeed import effective_rate_bps
+from ibmon.infiniband.model import Snapshot
 from ibmon.infiniband.xmitwait import FAMILIES, WaitUnit, counts_for, family_of, stall_fraction
-from ibmon.model import Snapshot
 from ibmon.track.tracker import Tracker
 from mocks.topology import Fabric, Link, Node
 from mocks.traffic import FabricModel

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ibmon.model import LinkInfo, PortIdentity, Topology
+from ibmon.infiniband.model import LinkInfo, PortIdentity, Topology
 
 __all__ = ["TEXT_TYPES", "DiscoveredPort", "link_speed", "topology_from_ports"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from ibmon.model import normalize_guid
+from ibmon.infiniband.model import normalize_guid
 from ibmon.sources.parse.discovered import TEXT_TYPES, DiscoveredPort, link_speed
 from ibmon.sources.parse.errors import ParseError, require_whole_lines
 from ibmon.sources.parse.topofile import looks_like_topology_file, parse_topology_file

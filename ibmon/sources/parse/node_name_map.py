@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from ibmon.model import normalize_guid
+from ibmon.infiniband.model import normalize_guid
 from ibmon.sources.parse.errors import ParseError
 
 __all__ = ["load_node_name_map", "parse_node_name_map"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ibmon.model import normalize_guid
+from ibmon.infiniband.model import normalize_guid
 from ibmon.sources.parse.discovered import DiscoveredPort, link_speed
 from ibmon.sources.parse.errors import ParseError, require_whole_lines
 
