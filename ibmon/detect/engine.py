@@ -515,10 +515,6 @@ class Engine:
         """Every firing condition (copy of the list; entries are live)."""
         return [a for by_key in self._active.values() for a in by_key.values()]
 
-    @property
-    def source_down(self) -> bool:
-        return self._source_health is not None and self._source_health.active is not None
-
     def forget(self, key: PortKey) -> None:
         for det in self.detectors:
             det.forget(key)

@@ -516,12 +516,6 @@ class Pipeline:
         """Every condition firing on this source's ports: those of ``views``."""
         return list(self._conditions)
 
-    def forget_views(self) -> None:
-        """The source left the configuration: its ports leave the state (totals are kept)."""
-        self._views = _NO_VIEWS
-        self._describe_devices(())
-        self.status = SourceStatus(name=self.label, kind=self.cfg.type)
-
     # -- persistence -----------------------------------------------------------------------------
 
     def dump(self) -> dict[str, Any]:

@@ -641,10 +641,6 @@ class DetailReads:
     def unsupported(self) -> frozenset[DetailRead]:
         return frozenset(self._unsupported)
 
-    @property
-    def pending_baselines(self) -> int:
-        return len(self._baseline)
-
     def discovered(self, keys: Iterable[PortKey]) -> None:
         """A discovery was adopted: ``keys`` are the ports the source now polls.
 

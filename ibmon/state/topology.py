@@ -15,7 +15,7 @@ strings (``dot_quote``) in the drawing, never DOT syntax.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from ibmon.infiniband.linkspeed import SPEED_ORDER, WIDTH_LANES
@@ -255,8 +255,3 @@ def to_dot(nodes: Sequence[Mapping[str, Any]], *, name: str = "ibmon") -> str:
         out.append("  }")
     out.append("}")
     return "\n".join(out) + "\n"
-
-
-def merge_pages(pages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The nodes of every page of ``/api/v1/topology``, in order."""
-    return [dict(n) for page in pages for n in page.get("nodes", ())]
