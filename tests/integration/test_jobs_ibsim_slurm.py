@@ -138,8 +138,9 @@ def test_faults_name_the_jobs_on_their_links(
         d.start()
         wait_for("the daemon to list the three jobs",
                  lambda: _running(d) >= {alone, across, far}, timeout=90)
-        # the forwarding tables are read after discovery (``ibroute`` per switch for diags),
-        # so the first answers may honestly say ``leaf_span``; they must reach ``tables``
+        # the jobs can be listed before a discovery has read every switch's table (diags: one
+        # ``ibroute`` a switch), so the first answers may honestly say ``leaf_span``; they must
+        # reach ``tables``
         wait_for("the daemon to read the forwarding tables",
                  lambda: _api(d, "/api/v1/jobs")["routing"] == "tables", timeout=60)
 
