@@ -77,7 +77,7 @@ def mutations(draw: st.DrawFn, text: str) -> tuple[str, str]:
         m = draw(st.sampled_from(spots))
         value = draw(st.one_of(st.integers(0, 2**64 - 1), st.integers(2**64, 2**70)))
         return kind, text[: m.start()] + str(value) + text[m.end() :]
-    else:  # tail: counter-shaped junk after the end, the case
+    else:  # tail: counter-shaped junk after the end, as a broken tool printed it
         name = draw(st.sampled_from(["PortXmitData", "PortRcvData", "SymbolErrorCounter"]))
         return kind, text + f"{name}:....................{draw(st.integers(0, 2**40))}\n"
     return kind, "".join(out)

@@ -76,7 +76,7 @@ def reload(daemon: DaemonProcess, result: str, before: Scrape) -> Scrape:
     return daemon.scrape_until("polls after the reload", lambda s: polls(s) >= polls(after) + 2)
 
 
-# -- item 9: reloads ------------------------------------------------------------------------------
+# -- reloads ------------------------------------------------------------------------------
 
 
 def test_a_reload_that_cannot_start_keeps_the_running_config(
@@ -212,7 +212,7 @@ def test_sighup_keeps_the_listen_flag(tmp_path: Path, tree: Path) -> None:
     daemon.traceback_free()
 
 
-# -- item 10: a daemon that cannot listen ---------------------------------------------------------
+# -- a daemon that cannot listen ---------------------------------------------------------
 
 
 def ibmon(*args: str, env: dict[str, str] | None = None,
@@ -271,7 +271,7 @@ def test_a_daemon_that_cannot_listen_exits_2_with_one_line(
     print(f"{command} {fault}: exit 2 after {elapsed:.2f}s")  # measured, reported, not asserted
 
 
-# -- item 11: check-config runs every check run runs ----------------------------------------------
+# -- check-config runs every check run runs ----------------------------------------------
 
 
 GARBAGE = "this is not PEM\n"

@@ -172,7 +172,7 @@ def fired(d: Daemon, kind: str, status: str = "firing") -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Item 1: blind means down, ports stay (stale), the source heals itself
+# blind means down, ports stay (stale), the source heals itself
 
 
 def test_fabric_vanishes_then_returns(daemon: Daemon, sim: IbSim) -> None:
@@ -262,7 +262,7 @@ def test_kill9_of_the_daemon_leaves_no_mad_worker(daemon: Daemon) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Item 2: lost MADs never rewrite the topology
+# lost MADs never rewrite the topology
 
 
 @pytest.mark.parametrize(
@@ -347,7 +347,7 @@ def test_an_unreachable_switch_is_dropped_after_n_discoveries_and_comes_back(
 
 
 # ---------------------------------------------------------------------------------------------
-# Item 14: a frozen fabric or a frozen MAD worker does not hold later polls
+# a frozen fabric or a frozen MAD worker does not hold later polls
 
 
 def test_frozen_fabric_fails_polls_on_time_and_recovers(daemon: Daemon, sim: IbSim) -> None:

@@ -62,7 +62,7 @@ def temporaries(state: Path) -> list[str]:
 
 
 def test_kill9_after_a_reset_loses_no_count_and_no_reset(tmp_path: Path) -> None:
-    """Item 7: a reset, growth past the last saved raw value, kill -9 before any periodic save.
+    """A reset, growth past the last saved raw value, kill -9 before any periodic save.
 
     Before the fix the restart took the old baseline (1,000) for the truth: 1,400 looked like
     growth of 400 and the total fell from 9,600 to 5,600 bytes (hw_counters: 2,500 to 1,500),
@@ -114,7 +114,7 @@ def test_kill9_after_a_reset_loses_no_count_and_no_reset(tmp_path: Path) -> None
 
 
 def test_saturation_is_saved_before_the_next_poll(tmp_path: Path) -> None:
-    """Item 7, saturation: a narrow counter pinned at its maximum is written to the state file
+    """Saturation: a narrow counter pinned at its maximum is written to the state file
     at once, not at ``save_interval`` (an hour here), also when no detector announces it (the
     event-triggered save used to be the only one)."""
     tree = Tree(tmp_path / "sys")
@@ -152,7 +152,7 @@ def test_saturation_is_saved_before_the_next_poll(tmp_path: Path) -> None:
 
 
 def test_deeply_nested_state_is_moved_aside_once_and_startup_goes_on(tmp_path: Path) -> None:
-    """Item 8: deeply nested JSON crashed every start with RecursionError and stayed in place."""
+    """Deeply nested JSON crashed every start with RecursionError and stayed in place."""
     tree = Tree(tmp_path / "sys")
     state = tmp_path / "state.json"
     nested = b'{"version": 1, "sources": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
@@ -179,7 +179,7 @@ def test_deeply_nested_state_is_moved_aside_once_and_startup_goes_on(tmp_path: P
 
 
 def test_fifo_at_the_state_path_neither_hangs_startup_nor_is_replaced(tmp_path: Path) -> None:
-    """Item 8: a FIFO at the state path blocked startup forever, deaf to SIGTERM."""
+    """A FIFO at the state path blocked startup forever, deaf to SIGTERM."""
     tree = Tree(tmp_path / "sys")
     state = tmp_path / "state.json"
     os.mkfifo(state)
@@ -205,7 +205,7 @@ def test_fifo_at_the_state_path_neither_hangs_startup_nor_is_replaced(tmp_path: 
 
 
 def test_temporaries_of_interrupted_saves_are_removed_at_start(tmp_path: Path) -> None:
-    """Item 8: kill -9 during a save left ``.state.json.<pid>.tmp`` that nothing removed.
+    """Kill -9 during a save left ``.state.json.<pid>.tmp`` that nothing removed.
 
     The leftover is made as a save leaves it (a partial document named after a process that
     no longer runs); a live process's temporary (a save in progress) is left alone.
@@ -235,7 +235,7 @@ def test_temporaries_of_interrupted_saves_are_removed_at_start(tmp_path: Path) -
 
 
 def test_a_failed_save_says_what_happens_and_polling_goes_on(tmp_path: Path) -> None:
-    """Item 8: a failed save logged "starting without saved state; the file will be replaced"."""
+    """A failed save logged "starting without saved state; the file will be replaced"."""
     tree = Tree(tmp_path / "sys")
     tree.set(port_xmit_data=1000)
     home = tmp_path / "state"

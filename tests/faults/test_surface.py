@@ -207,7 +207,7 @@ def raise_own_fd_limit(wanted: int) -> None:
     assert soft >= wanted, f"the test needs {wanted} descriptors, the hard limit allows {soft}"
 
 
-# --- item 12: HTTP surface -------------------------------------------------------------------
+# --- HTTP surface -------------------------------------------------------------------
 
 
 def test_slowloris_under_a_1024_fd_limit_keeps_metrics_and_state_saves(
@@ -356,7 +356,7 @@ def test_health_probes_answer_without_basic_auth_everything_else_needs_it(
     assert d.tracebacks() == []
 
 
-# --- item 13: terminal escapes -----------------------------------------------------------------
+# --- terminal escapes -----------------------------------------------------------------
 
 
 def _assert_terminal_safe(text: str) -> None:
@@ -393,7 +393,7 @@ def test_scan_table_and_top_show_control_characters_instead_of_sending_them(
     assert d.tracebacks() == []
 
 
-# --- item 14: MQTT -----------------------------------------------------------------------------
+# --- MQTT -----------------------------------------------------------------------------
 
 
 @pytest.fixture

@@ -73,7 +73,7 @@ Hca 2 "H5"
 #: Ports the diags source reports on this fabric: 8 + 8 switch ports, 5 CA ports.
 PORTS = 21
 SOURCE = "fabric"
-#: A junk total the fake perfquery offers; the issue saw 4 x 123,456,789 bytes added.
+#: A junk total the fake perfquery offers: 4 x 123,456,789 bytes once reached a total.
 JUNK = 123456789
 #: Where the tests write their matrix figures (polls to detect, faults refused, scrapes
 #: checked), one JSON line per test, when set: ``IBMON_FAULT_FIGURES=/tmp/f.jsonl pytest ...``.
@@ -122,7 +122,7 @@ if mode == "junk" and "-x" in args:
         f.write(str(turn + 1))
     value = [ln for ln in out.splitlines() if ln.startswith("PortXmitData:")][0].split(".")[-1]
     junk = [
-        # counter-shaped junk after the last block (the issue's case)
+        # counter-shaped junk after the last block, as a broken perfquery printed it
         out + "PortXmitData:....................{junk}\n" * 4,
         # the whole answer twice, the second time with a junk total
         out + out.replace(value, "{junk}"),
@@ -464,13 +464,13 @@ def healthy(s: Scrape, *, missing: int = 0) -> None:
     assert ports is not None and PORTS - missing <= ports <= PORTS, ports
 
 
-# --------------------------------------------------------------------------- item 3
+# ----------------------------------------------------------------------------- a hung perfquery
 
 
 def test_one_hung_perfquery_costs_only_its_node(
     sim: IbSim, tools: Tools, daemon: Callable[..., Daemon]
 ) -> None:
-    """Item 3: the per-command timeout (P/4 = 2.5 s at a 1 s interval) ends a hung perfquery
+    """The per-command timeout (P/4 = 2.5 s at a 1 s interval) ends a hung perfquery
     long before the poll's own limit (10 s), so one node times out and the rest is read. The
     MAD timeout is the default 1 s, with which the old fixed per-command timeout was 13 s."""
     d = daemon(timeout='"1s"')
@@ -514,13 +514,13 @@ def test_one_hung_perfquery_costs_only_its_node(
            scrapes_checked=d.watch.scrapes)
 
 
-# --------------------------------------------------------------------------- item 4
+# ------------------------------------------------------------------- junk in perfquery's answer
 
 
 def test_junk_in_perfquery_output_never_reaches_a_total(
     sim: IbSim, tools: Tools, daemon: Callable[..., Daemon]
 ) -> None:
-    """Item 4: five kinds of junk in one node's perfquery answer (counter-shaped lines after
+    """Five kinds of junk in one node's perfquery answer (counter-shaped lines after
     the last block, the answer twice with a junk total, a block for a port not asked, garbage
     lines, output cut mid-line) are each refused whole: parse_error, no total moves by the junk,
     no fake reset, every other port read."""
@@ -560,13 +560,13 @@ def test_junk_in_perfquery_output_never_reaches_a_total(
            refused=d.errors("parse_error", last) - parse_errors, scrapes_checked=d.watch.scrapes)
 
 
-# --------------------------------------------------------------------------- item 5
+# --------------------------------------------------------------------------- a failed discovery
 
 
 def test_a_failed_discovery_keeps_the_last_good_topology(
     sim: IbSim, tools: Tools, daemon: Callable[..., Daemon]
 ) -> None:
-    """Item 5: half an output and exit 1, 10 MB of garbage, a cut-short output and a hang:
+    """Half an output and exit 1, 10 MB of garbage, a cut-short output and a hang:
     each discovery is rejected whole, the previous topology stays and every port is polled,
     one discovery_rejected error and one log line per discovery."""
     d = daemon(topology_interval='"1s"')
@@ -591,7 +591,7 @@ def test_a_failed_discovery_keeps_the_last_good_topology(
     lines = d.events("discovery_rejected")
     assert len(lines) == before
     assert {e["cause"] for e in lines} == set(causes.values())
-    # one error per rejected discovery, not one per line of garbage (the issue: 232,559)
+    # one error per rejected discovery, not one per line of garbage (232,559 were once logged)
     assert d.errors("discovery_rejected", final) == len(lines)
     assert all(len(json.dumps(e)) < 1000 for e in lines)  # a sample, never the output
     for s in d.scrapes:
@@ -606,7 +606,7 @@ def test_a_failed_discovery_keeps_the_last_good_topology(
 def test_an_implausible_discovery_is_held_back_until_it_repeats(
     sim: IbSim, tools: Tools, daemon: Callable[..., Daemon]
 ) -> None:
-    """Item 5, "far fewer nodes": cut S1 from S2 in ibsim and discovery from S1 sees 2 of 7
+    """Far fewer nodes: cut S1 from S2 in ibsim and discovery from S1 sees 2 of 7
     nodes. Two such discoveries are rejected (implausible) and the old topology is polled; the
     third in a row is accepted (the fabric did shrink); relinked, the fabric is back at once."""
     d = daemon(topology_interval='"1s"')
@@ -629,13 +629,13 @@ def test_an_implausible_discovery_is_held_back_until_it_repeats(
     record("implausible discovery", rejected=len(implausible), scrapes_checked=d.watch.scrapes)
 
 
-# --------------------------------------------------------------------------- item 6
+# --------------------------------------------------------------- processes a tool leaves behind
 
 
 def test_no_process_outlives_its_poll(
     sim: IbSim, tools: Tools, daemon: Callable[..., Daemon]
 ) -> None:
-    """Item 6: every perfquery leaves a grandchild that calls setsid and keeps the tool's
+    """Every perfquery leaves a grandchild that calls setsid and keeps the tool's
     stdout open. The kill scope finds and kills each one when its command ends, so polls do not
     wait for end-of-file, no grandchild outlives its poll and the daemon keeps no zombies."""
     tools.set({"*": "escape"})
@@ -700,7 +700,7 @@ def captures(sim: IbSim, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
 def test_ibsim_output_parses_exactly_or_not_at_all(
     captures: dict[str, Any], data: st.DataObject
 ) -> None:
-    """Item 4 on the simulator's own output: each mutation is read exactly or refused whole."""
+    """Junk in the simulator's own output: each mutation is read exactly or refused whole."""
     for original in captures["perfquery"]:
         kind, mutated = data.draw(mutations(original))
         check_perfquery(kind, original, mutated)

@@ -26,7 +26,7 @@ def _cfg(tmp_path: Path, extra: str) -> Path:
 @pytest.mark.parametrize(
     ("interval", "command", "poll", "per_command", "discovery"),
     [
-        (1.0, None, 10.0, 2.5, 5.0),  # the issue's case: a 1 s interval, a 10 s poll limit
+        (1.0, None, 10.0, 2.5, 5.0),  # a 1 s interval: a 10 s poll limit
         (10.0, None, 50.0, 12.5, 25.0),
         (1.0, 4.0, 10.0, 4.0, 3.5),
         (1.0, 9.0, 10.0, 9.0, 2.5),  # a discovery keeps at least a quarter of the poll
@@ -48,7 +48,7 @@ def test_timeouts_come_from_the_poll_limit(
 def test_the_default_fits_and_the_old_default_would_not() -> None:
     b = budget_for(1.0)
     assert b.fits and b.command < b.poll
-    assert b.poll < 13.0  # the 13 s the issue measured was longer than the whole poll
+    assert b.poll < 13.0  # 13 s, the time once measured, is longer than the whole poll
 
 
 def test_a_command_timeout_that_cannot_fit_is_warned_at_load(tmp_path: Path) -> None:
