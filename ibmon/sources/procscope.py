@@ -167,8 +167,8 @@ async def wait_exit(pid: int, reaped: Callable[[], bool]) -> None:
     """Return once child ``pid`` has exited and its spawner has collected it (``reaped()``).
 
     ``asyncio``'s ``Process.wait()`` returns only once the process's pipes are closed too, so a
-    leftover that holds the tool's stdout would hold the command until its timeout (polls of 14 s
-    were seen). This waits for the tool itself: a pidfd (Linux 5.3+) turns readable
+    leftover that holds the tool's stdout would hold the command until its timeout, however
+    soon the tool exited. This waits for the tool itself: a pidfd (Linux 5.3+) turns readable
     when it exits; without one, ``/proc`` is polled. Then it waits (briefly: asyncio's child
     watcher collects an exited child at once) until the spawner has its status, so nothing
     here or in the transport ever reaps the tool behind the watcher's back. Without a pidfd,
