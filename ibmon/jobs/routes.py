@@ -25,27 +25,79 @@ credits it waits for.
 Limits: destinations are CA port base LIDs (LMC paths beyond the base LID and switch LIDs, which
 carry only management traffic, are left out); a switch without a table ends the routes that
 reach it, so ``usable`` is true only when every switch has one.
+
+``ForwardingTables`` keeps them across discoveries: a switch whose table one discovery could not
+read (an ``ibroute`` that timed out, a lost LinearForwardingTable block) keeps the one it had, as
+long as no LID went to another node since (a table is indexed by LID). On a fabric of a thousand
+switches one lost read would otherwise put the whole fabric on ``leaf_span`` until the next
+discovery. A switch not read now and never before, or not read after a LID moved, has no table.
 """
 
 from __future__ import annotations
 
 import contextlib
+from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ibmon.infiniband.model import PortKey, PortView
+from ibmon.infiniband.model import PortKey, PortView, Topology
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["MAX_HOPS", "RouteIndex", "trace_congestion"]
+__all__ = ["MAX_HOPS", "ForwardingTables", "RouteIndex", "trace_congestion"]
 
 #: Hops a route is followed before it is given up as a loop (a fat tree needs at most 5).
 MAX_HOPS = 64
 #: LFT value for "no route"; any value above the switch's port count is no route too.
 NO_ROUTE = 0xFF
+
+
+class ForwardingTables:
+    """The switches' tables the routes use, discovery after discovery (module docstring)."""
+
+    __slots__ = ("_owners", "tables")
+
+    def __init__(self) -> None:
+        self.tables: Mapping[str, bytes] = {}
+        self._owners: array[int] = array("q")  # who had each LID when ``tables`` were read
+
+    def update(self, topo: Topology) -> list[str]:
+        """Take ``topo``'s tables, and keep the one of every switch of ``topo`` it lacks from
+        the previous discovery when no LID moved to another node since; the switches so
+        kept, sorted."""
+        read = topo.forwarding
+        if not read and not self.tables:
+            return []  # the source reads no tables
+        owners = _lid_owners(topo)
+        kept: list[str] = []
+        if (unread := self.tables.keys() - read.keys()) and not _moved(self._owners, owners):
+            nodes = {guid for guid, _ in topo.ports}
+            kept = sorted(g for g in unread if g in nodes)
+            read = {**read, **{g: self.tables[g] for g in kept}}
+        self.tables, self._owners = read, owners
+        return kept
+
+
+#: Unicast LIDs are 1..0xBFFF; the rest are multicast, never a port's.
+_LIDS = 0xC000
+
+
+def _lid_owners(topo: Topology) -> array[int]:
+    """Per LID, a nonzero number for the node that has it (0: nobody), 384 KB."""
+    owners = array("q", bytes(8 * _LIDS))
+    for (guid, _), ident in topo.ports.items():
+        if (lid := ident.lid) and lid < _LIDS:
+            owners[lid] = hash(guid) | 1
+    return owners
+
+
+def _moved(before: array[int], now: array[int]) -> bool:
+    """Whether a LID both know is another node's now (a LID that came or went moved nothing:
+    a table's route to a LID nobody has is never asked, and a new LID has none)."""
+    return any(a and b and a != b for a, b in zip(before, now, strict=False))
 
 
 @dataclass(slots=True)

@@ -45,6 +45,7 @@ from ibmon.config import SourceConfig
 from ibmon.detect.engine import ActiveCondition, Engine
 from ibmon.detect.events import Event
 from ibmon.infiniband.model import PortIdentity, PortKey, PortView, Snapshot, replaced
+from ibmon.jobs.routes import ForwardingTables
 from ibmon.runtime.gcpause import paused_gc
 from ibmon.runtime.polltime import MIN_POLL_TIMEOUT, POLL_TIMEOUT_INTERVALS, poll_timeout
 from ibmon.runtime.selfmetrics import SelfMetrics
@@ -129,8 +130,8 @@ class Pipeline:
         #: The ``ibmon_device_info`` label values this source set at its last discovery.
         self._devices: set[tuple[str, ...]] = set()
         self._next_discover = 0.0
-        #: The switches' forwarding tables from the latest discovery (``Topology.forwarding``).
-        self.forwarding: Mapping[str, bytes] = {}
+        #: The switches' forwarding tables as of the latest discovery (``ForwardingTables``).
+        self._tables = ForwardingTables()
         self._stage = {s: metrics.stage_seconds.labels(self.label, s) for s in STAGES}
         #: Held while a poll's ``ingest`` runs (``_ingest_off_loop``); whoever reads or changes
         #: the tracker or engine from a worker thread, or across an await, holds it too.
@@ -281,6 +282,12 @@ class Pipeline:
                 ports.popitem()
 
     @property
+    def forwarding(self) -> Mapping[str, bytes]:
+        """The switches' forwarding tables the routes use (``Topology.forwarding``, with a
+        table this discovery could not read kept from the one before: ``ForwardingTables``)."""
+        return self._tables.tables
+
+    @property
     def ingesting(self) -> bool:
         """True while a poll's tracking and detection run in a worker thread."""
         return self._ingesting
@@ -290,7 +297,9 @@ class Pipeline:
             return
         topo = await source.discover()
         self._discovered = source
-        self.forwarding = topo.forwarding
+        if kept := self._tables.update(topo):
+            log.info("forwarding_tables_kept", source=self.label, switches=len(kept),
+                     first=kept[0], why="not read by this discovery; no LID moved since")
         interval = getattr(self.cfg, "topology_interval", None)
         self._next_discover = now + interval if interval else float("inf")
         self.metrics.unreachable_nodes.labels(self.label).set(len(topo.unreachable))

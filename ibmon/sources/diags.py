@@ -79,7 +79,8 @@ switch in the cache, beside the Tick reads and bounded like them (the runner's c
 one command timeout each, all within one command timeout plus its grace); ``-n`` keeps ibroute
 from asking every destination's NodeInfo, NodeDescription and PortInfo. A switch whose ibroute
 fails, is cut off or prints anything but its table (``parse.ibroute``, strictly) is left out of
-the tables with a SourceError; the discovery goes on.
+the tables with a SourceError; the discovery goes on (and the routes keep that switch's previous
+table: ``ibmon.jobs.routes.ForwardingTables``).
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ Forwarding tables (``forwarding_tables``, off by default; ``Topology.forwarding`
 asks every new switch's SwitchInfo in its NodeDescription batch, and the discovery's last batch
 carries LinearForwardingTable Gets (LID-routed, attribute modifier = block) for blocks
 0..LinearFDBTop/64 of every swept switch, read after the counters: MADs, no extra round trip.
-A switch whose SwitchInfo or any block is lost is left out, with a SourceError.
+A switch whose SwitchInfo or any block is lost is left out, with a SourceError (the routes keep
+its previous table: ``ibmon.jobs.routes.ForwardingTables``).
 
 Error and discard details (PortRcvErrorDetails, PortXmitDiscardDetails) follow
 ``fabric.DetailReads``: baselines of new ports and re-reads of failed reads go out in the poll's

@@ -20,7 +20,9 @@ import pytest
 
 from ibmon.infiniband.model import PortKey, PortView, SourceError, Topology
 from ibmon.jobs.routes import RouteIndex
-from ibmon.sources.diags import CommandResult, DiagsSource, SubprocessRunner
+from ibmon.runtime.pipeline import Pipeline
+from ibmon.runtime.selfmetrics import SelfMetrics
+from ibmon.sources.diags import CommandResult, DiagsSource, DiagsSourceConfig, SubprocessRunner
 from mocks.ibsim import IbSim
 from mocks.topology import fat_tree, to_ibsim_netfile
 from tests.ibsim_fixtures import require_ibsim, run_child
@@ -90,12 +92,14 @@ class _Breaking:
     """A runner that hands one switch's ibroute output back cut short, as a SubnGet that
     failed mid-table leaves it (exit status 0, no 'lids dumped' line)."""
 
-    def __init__(self, inner: SubprocessRunner, lid: int) -> None:
+    def __init__(self, inner: SubprocessRunner, lid: int | None) -> None:
         self.inner, self.lid = inner, lid
+        self.broken = 0
 
     async def run(self, argv: list[str], timeout: float, max_output: int) -> CommandResult:
         res = await self.inner.run(argv, timeout, max_output)
         if argv[0] == "ibroute" and argv[-1] == str(self.lid) and res.stdout:
+            self.broken += 1
             return replace(res, stdout=res.stdout.rsplit("0x0005", 1)[0])
         return res
 
@@ -166,6 +170,32 @@ async def test_a_switch_whose_table_is_junk_is_left_out(sim: IbSim) -> None:
     assert set(topo.forwarding) == SWITCHES - {leaf}
     assert [e.reason for e in errors if "ibroute" in e.detail] == ["parse_error"]
     assert topo.ports  # the discovery itself stands
+
+
+async def test_a_table_a_discovery_lost_is_kept_and_routing_stays_on_tables(sim: IbSim) -> None:
+    # Through the pipeline, as the daemon polls: the first discovery reads every table, the
+    # next loses one leaf's; the routes still come from the tables, that leaf's the one before.
+    leaf = sorted(LEAVES)[0]
+    inner = SubprocessRunner(concurrency=8, env=sim.tool_env(), cwd=sim.workdir)
+    runner = _Breaking(inner, None)
+    cfg = DiagsSourceConfig(forwarding_tables=True, topology_interval=0.001, interval=30.0)
+    src = DiagsSource(runner=runner, forwarding_tables=True, interval=30.0)
+    pipeline = Pipeline(cfg, metrics=SelfMetrics())
+    try:
+        await pipeline.poll(src)
+        first = dict(pipeline.forwarding)
+        assert set(first) == SWITCHES
+        runner.lid = FAB.nodes[leaf].lid
+        await pipeline.poll(src)  # the topology interval has passed: a new discovery
+    finally:
+        await src.close()
+        await inner.aclose()
+    assert runner.broken == 1
+    assert pipeline.error is None
+    assert dict(pipeline.forwarding) == first
+    index = RouteIndex.build(pipeline.forwarding, pipeline.views)
+    assert index.usable()
+    assert index.leaves() == LEAVES
 
 
 async def test_routes_from_the_tables_match_ibtracert(sim: IbSim, mad: dict[str, Any]) -> None:

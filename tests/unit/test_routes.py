@@ -6,10 +6,12 @@ vectorised index: both must name the same leaf pairs on every switch port.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from ibmon.infiniband.model import PortKey
-from ibmon.jobs.routes import MAX_HOPS, RouteIndex, trace_congestion
+from ibmon.infiniband.model import PortKey, Topology
+from ibmon.jobs.routes import MAX_HOPS, ForwardingTables, RouteIndex, trace_congestion
 from mocks.topology import Fabric, fat_tree
 from tests.route_tables import dmodk_tables, port_views
 
@@ -95,6 +97,70 @@ def test_usable_only_with_every_switch_table() -> None:
     assert not RouteIndex.build({}, views).usable()
     tables.pop(_by_desc(fab, "spine02"))
     assert not RouteIndex.build(tables, views).usable()
+
+
+def _discovery(fab: Fabric, tables: dict[str, bytes], **lids: int) -> Topology:
+    """What a discovery of ``fab`` reports with ``tables`` read, ``lids`` (node description ->
+    LID) changed from the fabric's."""
+    ports = {}
+    for key, view in port_views(fab).items():
+        desc = fab.nodes[key[0]].desc
+        ident = view.identity
+        ports[key] = dataclasses.replace(ident, lid=lids.get(desc, ident.lid))
+    return Topology("diags", ports=ports, forwarding=tables)
+
+
+def test_a_table_one_discovery_could_not_read_is_the_one_before() -> None:
+    fab = fat_tree(levels=2, leaves=4, hosts_per_leaf=2, radix=8)
+    tables = dmodk_tables(fab)
+    spine = _by_desc(fab, "spine02")
+    kept = ForwardingTables()
+    assert kept.update(_discovery(fab, tables)) == []
+    lost = {g: t for g, t in tables.items() if g != spine}
+    assert kept.update(_discovery(fab, lost)) == [spine]
+    assert kept.tables == tables
+    assert RouteIndex.build(kept.tables, port_views(fab)).usable()
+    # and again, while the switch stays unreadable and nothing moves
+    assert kept.update(_discovery(fab, lost)) == [spine]
+    assert kept.tables == tables
+    # a read that works again replaces it
+    fresh = {**tables, spine: bytes(len(tables[spine]))}
+    assert kept.update(_discovery(fab, fresh)) == []
+    assert kept.tables == fresh
+
+
+def test_a_moved_lid_drops_the_tables_not_read_under_it() -> None:
+    fab = fat_tree(levels=2, leaves=4, hosts_per_leaf=2, radix=8)
+    tables = dmodk_tables(fab)
+    spine = _by_desc(fab, "spine02")
+    lost = {g: t for g, t in tables.items() if g != spine}
+    host1, host2 = [h.desc for h in fab.hosts()][:2]
+    swapped = {host1: fab.node_by_desc(host2).lid, host2: fab.node_by_desc(host1).lid}
+    kept = ForwardingTables()
+    kept.update(_discovery(fab, tables))
+    assert kept.update(_discovery(fab, lost, **swapped)) == []
+    assert kept.tables == lost
+    assert not RouteIndex.build(kept.tables, port_views(fab)).usable()
+    # a LID that went (a host that left) moved nothing
+    kept.update(_discovery(fab, tables))
+    left = _discovery(fab, lost)
+    left.ports = {k: v for k, v in left.ports.items() if fab.nodes[k[0]].desc != host1}
+    assert kept.update(left) == [spine]
+
+
+def test_a_switch_that_left_is_not_kept_nor_a_source_without_tables() -> None:
+    fab = fat_tree(levels=2, leaves=4, hosts_per_leaf=2, radix=8)
+    tables = dmodk_tables(fab)
+    spine = _by_desc(fab, "spine02")
+    kept = ForwardingTables()
+    kept.update(_discovery(fab, tables))
+    gone = _discovery(fab, {g: t for g, t in tables.items() if g != spine})
+    gone.ports = {k: v for k, v in gone.ports.items() if k[0] != spine}
+    assert kept.update(gone) == []
+    assert spine not in kept.tables
+    none = ForwardingTables()
+    assert none.update(_discovery(fab, {})) == []
+    assert none.tables == {}
 
 
 def test_a_looping_table_ends() -> None:
