@@ -170,10 +170,25 @@ def _link_lines(labels: Sequence[str], links: Sequence[LinkInfo | None],
             if link is not None]
 
 
+def _device_lines(idents: Iterable[PortIdentity]) -> list[str]:
+    """One ``ibmon_device_info`` line per device (a CA's ports share it) that has a firmware
+    version, type or board, sorted by source, device and GUID."""
+    e = escape_label_value
+    devices = sorted({(i.source, i.device, i.guid, i.fw_ver, i.hca_type, i.board_id)
+                      for i in idents if i.device and (i.fw_ver or i.hca_type or i.board_id)})
+    return [f'ibmon_device_info{{board_id="{e(board)}",device="{e(device)}",fw_ver="{e(fw)}",'
+            f'guid="{e(guid)}",hca_type="{e(hca)}",source="{e(source)}"}} 1.0\n'
+            for source, device, guid, fw, hca, board in devices]
+
+
 def _labels(ident: PortIdentity) -> str:
     return f'guid="{escape_label_value(ident.guid)}",port="{escape_label_value(ident.port)}"'
 
 
+_DEVICE_HEADER = _header(
+    "ibmon_device_info", "gauge",
+    "Always 1; one series per device a source read its firmware, type or board from (sysfs), "
+    "as node_exporter's node_infiniband_info.")
 _INFO_HEADER = _header("ibmon_port_info", "gauge",
                        "Descriptive data of a port; always 1. Join on (guid, port).")
 _LINK_HEADER = _header("ibmon_link_info", "gauge",
@@ -246,6 +261,7 @@ class PortRenderer:
         self._keep = keep_descriptive
         # The descriptive families change only with topology; reusing last render's encoded
         # chunks saves both the work and a second copy of the longest lines in memory.
+        self._device: bytes | None = None
         self._info: bytes | None = None
         self._link: bytes | None = None
         self._names = _EscapeMemo()
@@ -260,6 +276,7 @@ class PortRenderer:
         # compressed segment (None: no lines), and the positions prepare found changed since.
         self._desc_segs: dict[tuple[int, int], Deflated | None] = {}
         self._desc_level: int | None = None
+        self._device_seg: list[Deflated] | None = None  # the device family's; None: to make
         self._moved: set[int] = set()  # another port, or its identity changed: both families
         self._relinked: set[int] = set()  # the same port, its link line changed
         self.lock = threading.Lock()
@@ -320,6 +337,8 @@ class PortRenderer:
         self._labels = labels
         if dirty:
             self._info = self._link = None
+            if moved or len(labels) != len(old):  # identities changed: devices may have
+                self._device = self._device_seg = None
             if len(labels) != len(old):  # ports came or went: every block moved
                 self._desc_segs.clear()
                 self._moved.clear()
@@ -334,6 +353,13 @@ class PortRenderer:
         Lazily, one family at a time: without the cache, the first is released before the
         second is built.
         """
+        device = self._device
+        if device is None:
+            device = _family(_DEVICE_HEADER, _device_lines(self._seen[0]))
+            if self._keep:
+                self._device = device
+        yield from _some(device)
+        device = b""
         info, link = self._info, self._link
         if info is None or link is None:
             labels = self._labels
@@ -369,6 +395,7 @@ class PortRenderer:
         moved, relinked = self._moved, self._relinked
         if level != self._desc_level:
             segs.clear()
+            self._device_seg = None
             self._desc_level = level
         for i in moved:
             start = i - i % SEGMENT_PORTS
@@ -384,7 +411,11 @@ class PortRenderer:
                 return None
             return deflate_chunks(_encoded(lines), level, final=False)
 
-        out: list[Deflated] = []
+        if self._device_seg is None:  # one block: a fabric has far fewer devices than ports
+            lines = _device_lines(idents)
+            seg = deflate([_DEVICE_HEADER, *lines]) if lines else None
+            self._device_seg = [seg] if seg is not None else []
+        out: list[Deflated] = list(self._device_seg)
         for fam, header in enumerate((_INFO_HEADER, _LINK_HEADER)):
             body: list[Deflated] = []
             for start in range(0, len(labels), SEGMENT_PORTS):

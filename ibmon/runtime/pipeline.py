@@ -44,7 +44,7 @@ import structlog
 from ibmon.config import SourceConfig
 from ibmon.detect.engine import ActiveCondition, Engine
 from ibmon.detect.events import Event
-from ibmon.infiniband.model import PortIdentity, PortKey, PortView, Snapshot, replaced
+from ibmon.infiniband.model import PortKey, PortView, Snapshot, replaced
 from ibmon.jobs.routes import ForwardingTables
 from ibmon.runtime.gcpause import paused_gc
 from ibmon.runtime.polltime import MIN_POLL_TIMEOUT, POLL_TIMEOUT_INTERVALS, poll_timeout
@@ -127,8 +127,6 @@ class Pipeline:
         self._span: Span | None = None  # where ``_views`` are in the tracker's store
         self._discovered: Source | None = None
         self._bug_logged = -float(BUG_LOG_SECONDS)
-        #: The ``ibmon_device_info`` label values this source set at its last discovery.
-        self._devices: set[tuple[str, ...]] = set()
         self._next_discover = 0.0
         #: The switches' forwarding tables as of the latest discovery (``ForwardingTables``).
         self._tables = ForwardingTables()
@@ -199,8 +197,6 @@ class Pipeline:
                 overdue = asyncio.get_running_loop().call_later(
                     OVERDUE_INTERVALS * self.cfg.interval, self._overdue, limit)
                 snap = await source.sample()
-                if getattr(source, "finds_devices_while_sampling", False):
-                    self._describe_devices(s.identity for s in snap.ports.values())
         except TimeoutError as exc:
             if deadline.expired():
                 failure = ("poll_timeout", f"poll took over {limit:.0f}s")
@@ -303,7 +299,6 @@ class Pipeline:
         interval = getattr(self.cfg, "topology_interval", None)
         self._next_discover = now + interval if interval else float("inf")
         self.metrics.unreachable_nodes.labels(self.label).set(len(topo.unreachable))
-        self._describe_devices(topo.ports.values())
         if topo.handed_off:
             await self._hand_off(topo.handed_off)
 
@@ -319,19 +314,6 @@ class Pipeline:
             self._views = MappingProxyType(
                 {k: v for k, v in self._views.items() if k[0] not in nodes})
             self._conditions = tuple(self.engine.active())
-
-    def _describe_devices(self, identities: Iterable[PortIdentity]) -> None:
-        """``ibmon_device_info`` for the devices of these ports; a device gone since the last
-        call leaves no series behind."""
-        devices: set[tuple[str, ...]] = {
-            (self.label, i.device, i.guid, i.fw_ver, i.hca_type, i.board_id)
-            for i in identities if i.device and (i.fw_ver or i.hca_type or i.board_id)}
-        info = self.metrics.device_info
-        for gone in self._devices - devices:
-            info.remove(*gone)
-        for device in sorted(devices - self._devices):  # sorted: a stable exposition
-            info.labels(*device).set(1)
-        self._devices = devices
 
     def _judge(self, snap: Snapshot) -> tuple[str, str] | None:
         """Whether a sample that came back still counts as a failed poll: (reason, error).

@@ -29,9 +29,10 @@ STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, *POLL_BUCKETS)
 #: two-poll duration histogram says nothing about a daemon's health. What stays answers the
 #: questions an operator asks of a textfile: did the source answer (``ibmon_source_up``), when
 #: (``..._last_success_timestamp_seconds``, which also goes stale when the cron job stops, so
-#: IbmonDataStale fires), how much of it (ports, stale ports, unreachable nodes, shards) and
-#: which devices (``ibmon_device_info``). ``ibmon scan`` adds the one counter that matters to a
-#: textfile's reader, ``ibmon_source_poll_errors_total``, when the scan met read problems.
+#: IbmonDataStale fires) and how much of it (ports, stale ports, unreachable nodes, shards);
+#: which devices (``ibmon_device_info``) comes with the port families. ``ibmon scan`` adds the
+#: one counter that matters to a textfile's reader, ``ibmon_source_poll_errors_total``, when
+#: the scan met read problems.
 ONE_SHOT_FAMILIES: Final = (
     "ibmon_build_info",
     "ibmon_source_up",
@@ -39,7 +40,6 @@ ONE_SHOT_FAMILIES: Final = (
     "ibmon_source_ports",
     "ibmon_source_stale_ports",
     "ibmon_source_unreachable_nodes",
-    "ibmon_device_info",
     "ibmon_shard_info",
     "ibmon_source_shards",
 )
@@ -111,12 +111,6 @@ class SelfMetrics:
         )
         self.events = Counter(
             "ibmon_events", "Events emitted by the detectors.", ["type", "severity"], registry=r
-        )
-        self.device_info = Gauge(
-            "ibmon_device_info",
-            "Always 1; one series per device a source read its firmware, type or board from"
-            " (sysfs), as node_exporter's node_infiniband_info.",
-            ["source", "device", "guid", "fw_ver", "hca_type", "board_id"], registry=r,
         )
         self.shards: ShardMetrics | None = None
         self.mqtt: MqttMetrics | None = None

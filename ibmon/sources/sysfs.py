@@ -492,10 +492,6 @@ def build(cfg: SysfsSourceConfig) -> SysfsSource:
 class SysfsSource:
     """Polls ``<root>/class/infiniband``; see the module docstring for every decision."""
 
-    #: Devices that come and go show in the next sample, not at a discovery: the pipeline
-    #: describes them (``ibmon_device_info``) from each sample's ports (a host's few).
-    finds_devices_while_sampling = True
-
     def __init__(
         self,
         *,

@@ -217,6 +217,42 @@ def test_descriptive_segments_inflate_to_a_full_render(
         assert _inflate(renderer.descriptive_deflated(1)) == _descriptive(views), n
 
 
+def _device(i: int, fw: str = "20.35.2000") -> PortView:
+    """Port ``i % 2 + 1`` of a two-port HCA, ``mlx5_<i // 2>``, with its firmware."""
+    return PortView(identity=PortIdentity(
+        guid=f"0x{i // 2:016x}", port=str(i % 2 + 1), device=f"mlx5_{i // 2}", fw_ver=fw,
+        hca_type="MT4123", board_id='MT_"1', source="mock"))
+
+
+def test_device_info_is_one_series_a_device_and_follows_the_devices(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(render, "SEGMENT_PORTS", 4)
+    views = [*map(_device, range(10)), _linked(20, "4X")]  # five HCAs and a port without one
+    renderer = PortRenderer(keep_descriptive=False)
+    renderer.prepare(views)
+    first = renderer.descriptive_deflated(1)
+    text = _inflate(first)
+    assert text == _descriptive(views)
+    lines = [ln for ln in text.decode().splitlines() if ln.startswith("ibmon_device_info")]
+    assert len(lines) == 5
+    assert lines[0] == ('ibmon_device_info{board_id="MT_\\"1",device="mlx5_0",'
+                        'fw_ver="20.35.2000",guid="0x0000000000000000",hca_type="MT4123",'
+                        'source="mock"} 1.0')
+    # a link that changes width leaves the device block as it was
+    views[10] = replace(views[10], active_width="1X")
+    assert renderer.prepare(views)
+    assert renderer.descriptive_deflated(1).parts[0] is first.parts[0]
+    # a firmware upgrade shows; a device whose ports left leaves no series
+    views = [*(_device(i, "20.36.1000") for i in range(2)), *views[2:8]]
+    renderer.prepare(views)
+    text = _inflate(renderer.descriptive_deflated(1))
+    assert text == _descriptive(views)
+    assert b'device="mlx5_0",fw_ver="20.36.1000"' in text
+    assert b'device="mlx5_0",fw_ver="20.35.2000"' not in text
+    assert b'device="mlx5_4"' not in text
+
+
 def test_a_changed_link_costs_its_block_of_the_link_family(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
