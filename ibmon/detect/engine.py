@@ -173,9 +173,11 @@ class Engine:
         self._marks: dict[str, dict[PortKey, frozenset[PortKey]]] = {
             d.type: {} for d in self.detectors if d.link_scoped
         }
-        #: The last link each port was seen with: a discovery shows no neighbour for a port
-        #: whose link is down, and a link fault must still be judged (and raised) once per link.
-        self._linked: dict[PortKey, LinkInfo] = {}
+        #: The last link of each port that has none now, found in the poll before it lost it:
+        #: a discovery shows no neighbour for a port whose link is down, and a link fault must
+        #: still be judged (and raised) once per link. Only such ports: a fabric's few.
+        self._lost: dict[PortKey, LinkInfo] = {}
+        self._previous: Mapping[PortKey, PortView] = {}  # the views of the latest poll
         self._offset: float | None = None  # wall - monotonic of the latest poll
         self._order: PortOrder | None = None  # the answered ports of the latest poll
         self._pending: dict[str, Any] | None = None
@@ -201,16 +203,20 @@ class Engine:
         # The conditions as of the previous poll, so a detector can quote what the port and
         # the far end of its link already show; refilled with this poll's below.
         before = self._fill_conditions(views)
-        linked = self._linked
+        lost, previous = self._lost, self._previous
         # The ports read this poll, once for every detector: stale views (ports that did not
         # answer) count as present, so they never "vanish", but no detector judges them.
         fresh = Fresh(self._order, layout)
         for key, seen in views.items():
-            link = seen.link
-            if link is not None:
-                linked[key] = link
+            if seen.link is None and key not in lost:
+                last = previous.get(key)
+                if last is not None and last.link is not None:
+                    lost[key] = last.link
             if not seen.stale:
                 fresh.append((key, seen))
+        for key in [k for k in lost if (v := views.get(k)) is not None and v.link is not None]:
+            del lost[key]
+        self._previous = views
         for det in self.detectors:
             det.begin(now, views)
             if det.oneshot:
@@ -308,7 +314,7 @@ class Engine:
                 continue
             view = views[key]
             # A link that is down has no neighbour in a discovery: its last known far end.
-            link = view.link or self._linked.get(key)
+            link = view.link or self._lost.get(key)
             pk = (link.remote_guid, link.remote_port) if link and link.remote_guid else None
             if not voted(key) and not voted(pk):
                 continue  # neither end was read this poll (stale): nothing to judge
@@ -522,7 +528,7 @@ class Engine:
             by_key.pop(key, None)
         for marks in self._marks.values():
             marks.pop(key, None)
-        self._linked.pop(key, None)
+        self._lost.pop(key, None)
 
     # ------------------------------------------------------------------ persistence
 

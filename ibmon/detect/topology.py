@@ -43,7 +43,7 @@ class TopologyChanged(PortDetector):
     type = "topology_changed"
     oneshot = True
     settings_model = TopologyChangedSettings
-    per_port = ("_peers", "_idents", "_absent")
+    per_port = ("_peers", "_absent")
     saved = ("_peers",)
 
     def __init__(self, settings: DetectorSettings) -> None:
@@ -51,8 +51,11 @@ class TopologyChanged(PortDetector):
         assert isinstance(settings, TopologyChangedSettings)
         self._s = settings
         self._peers: dict[PortKey, _Peer] = {}
-        self._idents: dict[PortKey, PortIdentity] = {}
-        self._absent: dict[PortKey, int] = {}
+        #: Ports missing from the polls so far: how many polls in a row, and who they were
+        #: (their identity in the last poll that had them, for the event).
+        self._absent: dict[PortKey, tuple[int, PortIdentity | None]] = {}
+        #: The views of the latest poll: where a port that goes missing is found once more.
+        self._before: Mapping[PortKey, PortView] = {}
         self._baseline = True
         self._first = True
         self.memo = Memo()  # ``needs``' answers of the last poll
@@ -65,20 +68,17 @@ class TopologyChanged(PortDetector):
 
     def needs(self, fresh: Pairs, now: float, active: Container[PortKey]) -> Pairs:
         # A port seen before whose far end is the one recorded, or not named this poll, gets
-        # None; ``check`` would only have recorded its identity (for ``vanished``). A port whose
-        # identity and link are the objects of the last poll has them recorded already.
+        # None and changes nothing.
         peers = self._peers
-        idents = self._idents
 
         def picked(key: PortKey, view: PortView) -> bool:
-            idents[key] = view.identity
             old = peers.get(key, _UNSEEN)
             link = view.link
             return old is _UNSEEN or bool(
                 link is not None and link.remote_guid and old is not link
                 and (old is None or _far(old) != (link.remote_guid, link.remote_port)))
 
-        reuse = self.memo.redo(fresh, attribute(fresh, "identity"), attribute(fresh, "link"))
+        reuse = self.memo.redo(fresh, attribute(fresh, "link"))
         if reuse is None:
             answers = bytearray([picked(key, view) for key, view in fresh])
         else:
@@ -91,7 +91,6 @@ class TopologyChanged(PortDetector):
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
         link = view.link
         peer: _Peer = link if link and link.remote_guid else None
-        self._idents[key] = view.identity
         if key not in self._peers:
             self._peers[key] = peer
             if self._first:
@@ -126,6 +125,7 @@ class TopologyChanged(PortDetector):
         # The same ports as a poll that missed none of the recorded ones miss none either:
         # since then ports were recorded only from among these. One comparison in C, identity
         # first, where the set difference hashed every key (11 ms at 118,400 ports).
+        before, self._before = self._before, views
         present = list(views)
         if present == self._present:
             return []
@@ -137,13 +137,15 @@ class TopologyChanged(PortDetector):
             del self._absent[key]
         out: list[tuple[Any, Finding]] = []
         for key in missing:
-            n = self._absent.get(key, 0) + 1
-            if n < self._s.absent_polls:
-                self._absent[key] = n
+            n, ident = self._absent.get(key, (0, None))
+            if ident is None and (last := before.get(key)) is not None:
+                ident = last.identity
+            if n + 1 < self._s.absent_polls:
+                self._absent[key] = (n + 1, ident)
                 continue
             self._absent.pop(key, None)
             self._peers.pop(key, None)  # absent from the poll: its ``needs`` answer is too
-            ident = self._idents.pop(key, None) or PortIdentity(guid=key[0], port=key[1])
+            ident = ident or PortIdentity(guid=key[0], port=key[1])
             name = ident.node_desc or ident.device or ident.guid
             out.append(
                 (

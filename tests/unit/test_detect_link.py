@@ -131,8 +131,9 @@ def test_topology_changes_after_the_baseline() -> None:
     assert step(engine, [view("1", link=moved)], 2) == []  # port 2 missing once: not yet
     (gone,) = step(engine, [view("1", link=moved)], 3)
     assert gone.details["change"] == "vanished"
-    assert gone.port is not None
-    assert (gone.port.guid, gone.port.port) == (GUID, "2")
+    assert gone.port is not None  # who it was when last seen, two polls ago
+    assert (gone.port.guid, gone.port.port, gone.port.node_desc) == (GUID, "2", "host042 mlx5_0")
+    assert gone.message == "host042 mlx5_0 port 2 vanished"
     (new,) = step(engine, [view("1", link=moved), view("3")], 4)
     assert new.details["change"] == "appeared"
 
