@@ -27,10 +27,11 @@ carry only management traffic, are left out); a switch without a table ends the 
 reach it, so ``usable`` is true only when every switch has one.
 
 ``ForwardingTables`` keeps them across discoveries: a switch whose table one discovery could not
-read (an ``ibroute`` that timed out, a lost LinearForwardingTable block) keeps the one it had, as
-long as no LID went to another node since (a table is indexed by LID). On a fabric of a thousand
-switches one lost read would otherwise put the whole fabric on ``leaf_span`` until the next
-discovery. A switch not read now and never before, or not read after a LID moved, has no table.
+read (an ``ibroute`` that timed out, a lost LinearForwardingTable block) keeps the one it had for
+up to ``KEEP_DISCOVERIES`` discoveries, as long as no LID went to another node since (a table is
+indexed by LID). On a fabric of a thousand switches one lost read would otherwise put the whole
+fabric on ``leaf_span`` until the next discovery. A switch never read, unread for longer, or not
+read after a LID moved has no table.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["MAX_HOPS", "ForwardingTables", "RouteIndex", "trace_congestion"]
+__all__ = ["KEEP_DISCOVERIES", "MAX_HOPS", "ForwardingTables", "RouteIndex", "trace_congestion"]
 
 #: Hops a route is followed before it is given up as a loop (a fat tree needs at most 5).
 MAX_HOPS = 64
@@ -58,29 +59,46 @@ NO_ROUTE = 0xFF
 class ForwardingTables:
     """The switches' tables the routes use, discovery after discovery (module docstring)."""
 
-    __slots__ = ("_owners", "tables")
+    __slots__ = ("_owners", "_unread", "tables")
 
     def __init__(self) -> None:
         self.tables: Mapping[str, bytes] = {}
         self._owners: array[int] = array("q")  # who had each LID when ``tables`` were read
+        self._unread: dict[str, int] = {}  # kept tables: discoveries in a row not read
 
-    def update(self, topo: Topology) -> list[str]:
-        """Take ``topo``'s tables, and keep the one of every switch of ``topo`` it lacks from
-        the previous discovery when no LID moved to another node since; the switches so
-        kept, sorted."""
+    def update(self, topo: Topology, *, reading: bool = True) -> list[str]:
+        """Take ``topo``'s tables (none when the source no longer ``reading`` them), and keep
+        the one of every switch of ``topo`` it lacks from before, for at most
+        ``KEEP_DISCOVERIES`` discoveries in a row and while no LID moved to another node; the
+        switches so kept, sorted."""
+        if not reading:  # tables turned off (a reload): none kept either
+            self.tables, self._owners, self._unread = {}, array("q"), {}
+            return []
         read = topo.forwarding
         if not read and not self.tables:
-            return []  # the source reads no tables
+            return []
         owners = _lid_owners(topo)
         kept: list[str] = []
-        if (unread := self.tables.keys() - read.keys()) and not _moved(self._owners, owners):
+        unread: dict[str, int] = {}
+        if (missing := self.tables.keys() - read.keys()) and not _moved(self._owners, owners):
             nodes = {guid for guid, _ in topo.ports}
-            kept = sorted(g for g in unread if g in nodes)
+            for guid in sorted(missing):
+                misses = self._unread.get(guid, 0) + 1
+                if guid in nodes and misses <= KEEP_DISCOVERIES:
+                    kept.append(guid)
+                    unread[guid] = misses
+        if kept:
             read = {**read, **{g: self.tables[g] for g in kept}}
-        self.tables, self._owners = read, owners
+            # A kept table still routes the LIDs of its own discovery: a LID gone since stays
+            # its node's, so a node that takes it later counts as a move.
+            owners = array("q", map(_or, owners, self._owners))
+        self.tables, self._owners, self._unread = read, owners, unread
         return kept
 
 
+#: Discoveries in a row a switch's table may go unread and still be used: the subnet manager
+#: may reroute meanwhile (a link goes down), and a table read before that is wrong after it.
+KEEP_DISCOVERIES = 3
 #: Unicast LIDs are 1..0xBFFF; the rest are multicast, never a port's.
 _LIDS = 0xC000
 
@@ -92,6 +110,10 @@ def _lid_owners(topo: Topology) -> array[int]:
         if (lid := ident.lid) and lid < _LIDS:
             owners[lid] = hash(guid) | 1
     return owners
+
+
+def _or(now: int, before: int) -> int:
+    return now or before
 
 
 def _moved(before: array[int], now: array[int]) -> bool:

@@ -293,7 +293,8 @@ class Pipeline:
             return
         topo = await source.discover()
         self._discovered = source
-        if kept := self._tables.update(topo):
+        reading = bool(getattr(self.cfg, "forwarding_tables", False))
+        if kept := self._tables.update(topo, reading=reading):
             log.info("forwarding_tables_kept", source=self.label, switches=len(kept),
                      first=kept[0], why="not read by this discovery; no LID moved since")
         interval = getattr(self.cfg, "topology_interval", None)

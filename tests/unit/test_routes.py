@@ -11,7 +11,13 @@ import dataclasses
 import pytest
 
 from ibmon.infiniband.model import PortKey, Topology
-from ibmon.jobs.routes import MAX_HOPS, ForwardingTables, RouteIndex, trace_congestion
+from ibmon.jobs.routes import (
+    KEEP_DISCOVERIES,
+    MAX_HOPS,
+    ForwardingTables,
+    RouteIndex,
+    trace_congestion,
+)
 from mocks.topology import Fabric, fat_tree
 from tests.route_tables import dmodk_tables, port_views
 
@@ -146,6 +152,39 @@ def test_a_moved_lid_drops_the_tables_not_read_under_it() -> None:
     left = _discovery(fab, lost)
     left.ports = {k: v for k, v in left.ports.items() if fab.nodes[k[0]].desc != host1}
     assert kept.update(left) == [spine]
+
+
+def test_a_table_is_kept_a_few_discoveries_and_not_once_tables_are_off() -> None:
+    fab = fat_tree(levels=2, leaves=4, hosts_per_leaf=2, radix=8)
+    tables = dmodk_tables(fab)
+    spine = _by_desc(fab, "spine02")
+    lost = {g: t for g, t in tables.items() if g != spine}
+    kept = ForwardingTables()
+    kept.update(_discovery(fab, tables))
+    for _ in range(KEEP_DISCOVERIES):
+        assert kept.update(_discovery(fab, lost)) == [spine]
+    assert kept.update(_discovery(fab, lost)) == []  # unread too long: the SM may have rerouted
+    assert kept.tables == lost
+    kept.update(_discovery(fab, tables))
+    assert kept.update(_discovery(fab, {}), reading=False) == []  # a reload turned them off
+    assert kept.tables == {}
+
+
+def test_a_lid_that_went_and_came_back_on_another_node_is_a_move() -> None:
+    fab = fat_tree(levels=2, leaves=4, hosts_per_leaf=2, radix=8)
+    tables = dmodk_tables(fab)
+    spine = _by_desc(fab, "spine02")
+    lost = {g: t for g, t in tables.items() if g != spine}
+    host1, host2 = [h.desc for h in fab.hosts()][:2]
+    kept = ForwardingTables()
+    kept.update(_discovery(fab, tables))
+    left = _discovery(fab, lost)
+    left.ports = {k: v for k, v in left.ports.items() if fab.nodes[k[0]].desc != host1}
+    assert kept.update(left) == [spine]  # host1's LID went: nothing moved
+    taken = _discovery(fab, lost, **{host2: fab.node_by_desc(host1).lid})
+    taken.ports = {k: v for k, v in taken.ports.items() if fab.nodes[k[0]].desc != host1}
+    assert kept.update(taken) == []  # host2 took host1's old LID: the kept table is wrong
+    assert spine not in kept.tables
 
 
 def test_a_switch_that_left_is_not_kept_nor_a_source_without_tables() -> None:
