@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, get_args
 
-from exporters.jobs import job_detail_json, jobs_json, jobs_on_link, link_jobs_json
+from exporters.jobs import job_detail_json, jobs_json, link_jobs_json
 from exporters.ports import port_detail_json, port_json
 from exporters.server import HttpError, Request, Response, Route
 from ibmon.detect.engine import DETECTORS, ActiveCondition
@@ -108,9 +108,6 @@ class ApiProvider:
     state: Callable[[], FabricState]
     events: Callable[[], Sequence[Event]]
     ready: Callable[[], bool]
-    #: The jobs on any port's link (``Attributor.jobs_on``), for a port's answer; without it
-    #: only what ``FabricState.jobs`` holds is shown (ports with a firing condition, host links).
-    jobs_on: Callable[[PortKey], Sequence[JobLink]] | None = None
 
 
 def _sort_key(view: PortView, active: Sequence[ActiveCondition]) -> SortKey:
@@ -463,20 +460,13 @@ class _Api:
             self._keep_index()
         return _json(body)
 
-    def _link_jobs(self, state: FabricState, key: PortKey) -> list[JobLink]:
+    @staticmethod
+    def _link_jobs(state: FabricState, key: PortKey) -> list[JobLink]:
         """The jobs on ``key``'s link (both ends), one entry per job."""
-        view = state.ports[key]
-        link = view.link
+        link = state.ports[key].link
         ends = [key] if link is None or not link.remote_guid else [
             key, (link.remote_guid, link.remote_port)]
-        jobs_on = self.provider.jobs_on
-        if jobs_on is None or not state.jobs.table.known:
-            return jobs_on_link(state, ends)
-        found: dict[str, JobLink] = {}
-        for end in ends:
-            for job_link in jobs_on(end):
-                found.setdefault(job_link.job.id, job_link)
-        return list(found.values()) or jobs_on_link(state, ends)
+        return state.jobs.on_link(ends)
 
     async def jobs(self, request: Request) -> Response:
         """``/api/v1/jobs``: the running jobs of the latest state, encoded once per state."""

@@ -18,7 +18,7 @@ without ``[slurm]`` do not each claim ``ibmon_jobs_known 0``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from math import isfinite
 from typing import Any
 
@@ -35,7 +35,6 @@ __all__ = [
     "job_order",
     "jobs_json",
     "jobs_label",
-    "jobs_on_link",
     "link_jobs_json",
     "render_jobs",
     "source_attached",
@@ -264,30 +263,6 @@ def job_detail_json(state: FabricState, job_id: str) -> dict[str, Any] | None:
     return {**_head(state), "job": {**_job_json(job), "hosts": list(job.hosts)},
             **_rates(view, job), "conditions": sorted(view.affected.get(job_id, ())),
             "hosts": hosts, "links": links}
-
-
-def jobs_on_link(state: FabricState, ends: Iterable[PortKey]) -> list[JobLink]:
-    """The jobs on the link of ``ends`` (a port and its peer) as far as ``state.jobs`` says:
-    the jobs attribution listed for either end (ports with a firing condition), else the jobs of a
-    host at either end. One entry per job, first mention first."""
-    view = state.jobs
-    if not view.table.known:
-        return []
-    ends = list(ends)  # read twice
-    found: dict[str, JobLink] = {}
-    for key in ends:
-        for link in view.port_jobs.get(key, ()):
-            found.setdefault(link.job.id, link)
-    if not found:
-        on_host = set(ends)
-        running = view.table.jobs
-        by_host = view.table.by_host()
-        for host, keys in view.host_ports.items():
-            if on_host.intersection(keys):
-                for job_id in by_host.get(host, ()):
-                    if job_id in running:
-                        found.setdefault(job_id, JobLink(running[job_id], "host"))
-    return list(found.values())
 
 
 def link_jobs_json(state: FabricState, links: Sequence[JobLink],

@@ -1,8 +1,8 @@
 """Which jobs run over which link: the scheduler's jobs joined with the fabric's ports and routes.
 
 ``Attributor.view`` is called once per published state and gives the ``JobsView`` the exporters
-read; ``jobs_on`` answers for any port (the API, ``ibmon explain``) from the latest view's
-indexes; ``annotate`` adds the jobs to events at the one place they leave the daemon.
+read, which answers for any port's link (the API, ``ibmon explain``: ``JobsView.on_link``) from
+that view's indexes; ``annotate`` adds the jobs to events at the one place they leave the daemon.
 
 What is indexed when (at 118,400 ports and 10,000 jobs a poll has about a second for
 everything, and attribution may take a tenth of it):
@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -172,6 +173,7 @@ class Attributor:
             port_jobs=MappingProxyType(port_jobs),
             affected=MappingProxyType({j: frozenset(c) for j, c in affected.items()}),
             routing=routing,
+            links_of=partial(_links, self._fabric, jobs, ports),
         )
 
     def _index_fabric(
@@ -265,37 +267,7 @@ class Attributor:
 
     def jobs_on(self, key: PortKey) -> tuple[JobLink, ...]:
         """The running jobs on the link of ``key`` (either end), most involved first."""
-        jobs, fab = self._jobs, self._fabric
-        if not jobs.table.known:
-            return ()
-        view = self._ports.get(key)
-        link = view.link if view is not None else None
-        peer = (link.remote_guid, link.remote_port) if link is not None else None
-        host = fab.host_of.get(key)
-        if host is not None:
-            return tuple(JobLink(job, "host") for job in jobs.by_host.get(host, ()))
-        if peer is None or view is None or view.identity.node_type != "switch":
-            return ()
-        if fab.routes is not None:
-            pairs = fab.routes.leaf_pairs(key) | fab.routes.leaf_pairs(peer)
-            if not pairs:
-                return ()
-            scored = []
-            for job in jobs.spanning:
-                leaves = jobs.leaves[job.id]
-                n = sum((s, d) in pairs for s in leaves for d in leaves if s != d)
-                if n:
-                    scored.append((-n, _id_order(job.id), job))
-            return tuple(JobLink(job, "route") for *_, job in sorted(scored))
-        leaf = key[0] if key[0] in fab.leaves else peer[0] if peer[0] in fab.leaves else None
-        if leaf is None:
-            return ()
-        scored = []
-        for job in jobs.spanning:
-            if leaf in jobs.leaves[job.id]:
-                under = sum(leaf in fab.host_leaves.get(h.lower(), ()) for h in job.hosts)
-                scored.append((-under, _id_order(job.id), job))
-        return tuple(JobLink(job, "leaf_span") for *_, job in sorted(scored))
+        return _links(self._fabric, self._jobs, self._ports, key)
 
     # -- events --------------------------------------------------------------------------------
 
@@ -339,6 +311,42 @@ class Attributor:
         if now - self._bug_logged >= BUG_LOG_SECONDS:
             self._bug_logged = now
             log.exception(what, consequence="this state's or event's jobs are left out")
+
+
+def _links(fab: _Fabric, jobs: _Jobs, ports: Mapping[PortKey, PortView], key: PortKey
+           ) -> tuple[JobLink, ...]:
+    """The running jobs on the link of ``key`` (either end), most involved first, as
+    ``fab`` and ``jobs`` index ``ports``."""
+    if not jobs.table.known:
+        return ()
+    view = ports.get(key)
+    link = view.link if view is not None else None
+    peer = (link.remote_guid, link.remote_port) if link is not None else None
+    host = fab.host_of.get(key)
+    if host is not None:
+        return tuple(JobLink(job, "host") for job in jobs.by_host.get(host, ()))
+    if peer is None or view is None or view.identity.node_type != "switch":
+        return ()
+    if fab.routes is not None:
+        pairs = fab.routes.leaf_pairs(key) | fab.routes.leaf_pairs(peer)
+        if not pairs:
+            return ()
+        scored = []
+        for job in jobs.spanning:
+            leaves = jobs.leaves[job.id]
+            n = sum((s, d) in pairs for s in leaves for d in leaves if s != d)
+            if n:
+                scored.append((-n, _id_order(job.id), job))
+        return tuple(JobLink(job, "route") for *_, job in sorted(scored))
+    leaf = key[0] if key[0] in fab.leaves else peer[0] if peer[0] in fab.leaves else None
+    if leaf is None:
+        return ()
+    scored = []
+    for job in jobs.spanning:
+        if leaf in jobs.leaves[job.id]:
+            under = sum(leaf in fab.host_leaves.get(h.lower(), ()) for h in job.hosts)
+            scored.append((-under, _id_order(job.id), job))
+    return tuple(JobLink(job, "leaf_span") for *_, job in sorted(scored))
 
 
 def _id_order(job_id: str) -> tuple[int, str]:

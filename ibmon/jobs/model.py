@@ -7,7 +7,7 @@ MQTT topic level, a file name or a shell word.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
@@ -85,7 +85,9 @@ class JobsView:
     receive) bytes per second summed over its hosts' ports (absent while no port has a rate).
     ``port_jobs``: for each port with a firing condition, the jobs on its link, most involved
     first. ``affected``: job id -> the conditions its links carry. ``routing``: what the
-    inter-switch attribution used.
+    inter-switch attribution used. ``links_of``: the jobs on any port's link, most involved
+    first, from the attribution's indexes as of this view (``on_link`` reads it); a view made
+    without it knows only ``port_jobs``.
     """
 
     table: JobTable = UNKNOWN_JOBS
@@ -100,3 +102,16 @@ class JobsView:
     )
     affected: Mapping[str, frozenset[str]] = field(default_factory=lambda: MappingProxyType({}))
     routing: Routing = "leaf_span"
+    links_of: Callable[[PortKey], tuple[JobLink, ...]] | None = None
+
+    def on_link(self, ends: Iterable[PortKey]) -> list[JobLink]:
+        """The jobs on the link of ``ends`` (a port and its peer), one entry per job, first
+        mention first; none while the jobs are unknown."""
+        if not self.table.known:
+            return []
+        links_of = self.links_of or (lambda key: self.port_jobs.get(key, ()))
+        found: dict[str, JobLink] = {}
+        for key in ends:
+            for link in links_of(key):
+                found.setdefault(link.job.id, link)
+        return list(found.values())

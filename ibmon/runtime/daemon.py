@@ -42,9 +42,8 @@ from exporters.prometheus import PrometheusExporter
 from ibmon.config import ConfigError, Settings, SourceConfig, load_settings
 from ibmon.detect.engine import ActiveCondition
 from ibmon.detect.events import Event, EventBus, EventFileWriter, EventLog, Subscription
-from ibmon.infiniband.model import PortKey
 from ibmon.jobs.attribute import Attributor
-from ibmon.jobs.model import JobLink, JobTable
+from ibmon.jobs.model import JobTable
 from ibmon.jobs.watch import JobMetrics, JobWatcher, SimulatedScheduler
 from ibmon.runtime.looplag import IDLE_PERIOD, LoopLagProbe, period_for
 from ibmon.runtime.metrics import Counter, Gauge
@@ -392,7 +391,6 @@ class Daemon:
             state=lambda: self.state,
             events=lambda: self.bus.history,
             ready=self.ready.is_set,
-            jobs_on=self._jobs_on,
         )
         exporter.add_routes(api_routes(provider))
         return exporter
@@ -527,11 +525,6 @@ class Daemon:
             watch = JobWatcher(_simulated_jobs(scheduled), interval, self._job_metrics)
         self._job_watch = watch
         self._job_task = tg.create_task(watch.run(), name="jobs")
-
-    def _jobs_on(self, key: PortKey) -> tuple[JobLink, ...]:
-        """The API's question, to the attributor of the running config (a reload makes a
-        new one, the API's routes stay)."""
-        return self.jobs.jobs_on(key)
 
     def _merged_forwarding(self) -> Mapping[str, bytes]:
         """Every pipeline's forwarding tables as one mapping, the same object until one of

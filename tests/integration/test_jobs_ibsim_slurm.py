@@ -9,7 +9,7 @@ the same tables, and the link carries the job when a trace leaves through either
 
 - a link fault on a host names exactly the job running there;
 - a fault on a leaf-spine link names the jobs routed over it (``how`` = ``route``, routing
-  ``tables``) and not the others;
+  ``tables``) and not the others, as the port's API answer did while the link was quiet;
 - a job that ends is gone from ``/api/v1/jobs`` and ``/metrics``, and a later fault on its
   host's link names no job.
 """
@@ -154,6 +154,10 @@ def test_faults_name_the_jobs_on_their_links(
                   if any(_egresses(sim, lids[a], lids[b]) & ends
                          for a, b in permutations(hosts, 2))}
         assert across in routed and far not in routed and alone not in routed
+        # before any fault: the API's answer for the quiet link names the same jobs
+        answer = _api(d, f"/api/v1/ports/{leaf}/{port}")["jobs"]
+        assert {j["id"]: j["how"] for j in answer["list"]} == dict.fromkeys(routed, "route")
+        assert answer["routing"] == "tables"
 
         # 1. a host's link: exactly the job on that host
         host001 = _host("host001")

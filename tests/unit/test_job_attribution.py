@@ -102,6 +102,13 @@ def test_without_tables_a_leaf_uplink_names_the_jobs_spanning_its_leaf() -> None
     far = views[uplink].link
     assert far is not None  # from the spine's end the leaf end decides alike
     assert [link.job.id for link in attr.jobs_on((far.remote_guid, far.remote_port))] == ["1"]
+    # the state's view answers alike for this quiet link (no condition: not in ``port_jobs``),
+    # and for its own jobs still once the next state's jobs are others
+    assert [(link.job.id, link.how) for link in view.on_link([uplink])] == [("1", "leaf_span")]
+    later = JobTable.of([Job("4", hosts=("host001", "host003"))], fetched=2.0)
+    attr.view(_state(views), later, {})
+    assert [link.job.id for link in attr.jobs_on(uplink)] == ["4"]
+    assert [link.job.id for link in view.on_link([uplink])] == ["1"]
 
 
 def test_with_tables_an_inter_switch_link_names_the_jobs_routed_over_it() -> None:

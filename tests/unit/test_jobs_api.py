@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -12,8 +13,7 @@ import pytest
 
 from exporters.api import ApiProvider, api_routes
 from exporters.prometheus import PrometheusExporter
-from ibmon.infiniband.model import PortKey
-from ibmon.jobs.model import JobLink, JobsView
+from ibmon.jobs.model import JobLink
 from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.state import FabricState
 from tests.job_outputs_state import (
@@ -31,14 +31,8 @@ from tests.job_outputs_state import (
 
 @pytest.fixture
 async def served() -> AsyncIterator[tuple[str, dict[str, Any]]]:
-    holder: dict[str, Any] = {"state": state(), "jobs_on": None}
-
-    def jobs_on(key: PortKey) -> tuple[JobLink, ...]:
-        fn = holder["jobs_on"]
-        return () if fn is None else tuple(fn(key))
-
-    provider = ApiProvider(state=lambda: holder["state"], events=lambda: [],
-                           ready=lambda: True, jobs_on=jobs_on)
+    holder: dict[str, Any] = {"state": state()}
+    provider = ApiProvider(state=lambda: holder["state"], events=lambda: [], ready=lambda: True)
     exporter = PrometheusExporter(listen="127.0.0.1:0", self_metrics=SelfMetrics())
     exporter.add_routes(api_routes(provider))
     async with exporter:
@@ -146,13 +140,14 @@ async def test_a_port_answer_lists_the_jobs_on_its_link(
     _, doc, _ = await get(base, f"/api/v1/ports/{CONGESTED_PORT[0]}/{CONGESTED_PORT[1]}")
     assert [(j["id"], j["how"]) for j in doc["jobs"]["list"]] == [("101", "route"),
                                                                   ("103", "route")]
-    # a quiet inter-switch link: only the attributor knows who crosses it
+    # a quiet inter-switch link: only the attribution's indexes know who crosses it
     _, doc, _ = await get(base, f"/api/v1/ports/{SPINE}/1")
     assert doc["jobs"]["total"] == 2  # its peer is the congested leaf port
-    quiet_view: JobsView = holder["state"].jobs
-    holder["jobs_on"] = lambda key: ([JobLink(quiet_view.table.jobs["102"], "leaf_span")]
-                                     if key == (SPINE, "1") else [])
-    holder["state"] = state(generated=2e9)
+    view = jobs_view()
+    spans = (JobLink(view.table.jobs["102"], "leaf_span"),)  # the same from either end
+    quiet = {(SPINE, "1"): spans, CONGESTED_PORT: spans}
+    holder["state"] = state(replace(view, links_of=lambda key: quiet.get(
+        key, view.port_jobs.get(key, ()))), generated=2e9)
     _, doc, _ = await get(base, f"/api/v1/ports/{SPINE}/1")
     assert [(j["id"], j["how"]) for j in doc["jobs"]["list"]] == [("102", "leaf_span")]
     _, doc, _ = await get(base, f"/api/v1/ports/{DOWN_PORT[0]}/{DOWN_PORT[1]}")
