@@ -292,7 +292,6 @@ class ApiWorker:
         self.share = share
         self._lock = asyncio.Lock()
         self._rest_until = 0.0
-        self.busy_seconds = 0.0
 
     @property
     def busy(self) -> bool:
@@ -318,7 +317,6 @@ class ApiWorker:
                 if not task.done():  # the client went away: keep the slot until the thread ends
                     await asyncio.wait({task})
                 cpu = spent[0] if spent else 0.0
-                self.busy_seconds += cpu
                 self._rest_until = time.monotonic() + cpu * (1 - self.share) / self.share
 
 

@@ -645,8 +645,6 @@ class DiagsSource(FabricSource):
         #: nodes of the last accepted discovery (before filters), and implausible ones in a row
         self._good_nodes = 0
         self._shrinks = 0
-        #: perfquery -E / -D processes run by the last poll (detail reads)
-        self.last_detail_reads = 0
         #: nodes (by LID) whose perfquery timed out: their query re-run in the background
         self._probes: dict[int, _Probe] = {}
 
@@ -1034,7 +1032,6 @@ class DiagsSource(FabricSource):
         late = details.moved(values, set(early))
         late_out = await asyncio.gather(*(self._read_details(view, r) for r in late))
         self._record_details(late, late_out, values, snap.errors)
-        self.last_detail_reads = len(early) + len(late)
         details.fill(values)
         details.report_learned(self.name)
         self._fill(snap, view, values)
