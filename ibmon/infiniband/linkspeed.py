@@ -2,8 +2,10 @@
 
 Rates: every source reports a port's ``rate_bps`` as the *data* rate after line encoding,
 computed here by ``effective_rate_bps`` from the active width and speed: lanes x the lane's data
-rate (8b/10b up to QDR, 64b/66b from FDR10 on: FDR's 14.0625 Gbaud carry 13.636 Gb/s). 4X QDR
-is 32 Gb/s, not the 40 Gb/s signalling rate sysfs prints; 4X FDR 54.55 Gb/s, not 56.
+rate (8b/10b up to QDR, 64b/66b for FDR10 to EDR: FDR's 14.0625 Gbaud carry 13.636 Gb/s; from
+HDR on the signalling rate covers Reed-Solomon FEC too, and a 53.125 Gb/s lane carries 50 Gb/s:
+docs/infiniband.md §3). 4X QDR is 32 Gb/s, not the 40 Gb/s signalling rate sysfs prints; 4X FDR
+54.55 Gb/s, not 56.
 Utilization is bytes moved against this rate, so it can reach 100 %.
 A RoCE/iWARP port (link layer Ethernet) is the exception, see ``port_rate_bps``.
 
@@ -60,7 +62,7 @@ LANE_SIGNAL_GBPS: dict[str, float] = {
     "NDR": 106.25,
     "XDR": 212.5,
 }
-#: Per-lane data rate after line encoding (8b/10b up to QDR, 64b/66b after): 4X = 8..800 Gb/s.
+#: Per-lane data rate after line encoding and FEC (docs/infiniband.md §3): 4X = 8..800 Gb/s.
 LANE_EFFECTIVE_GBPS: dict[str, float] = {
     "SDR": 2.0,
     "DDR": 4.0,

@@ -23,7 +23,8 @@ from ibmon.sources.sysfs import SysfsSource
 from mocks.sysfs import kernel_rate
 from tests.sysfs_tree import write_device, write_port
 
-#: 4X data rates in Gb/s, from the IBA lane tables (8b/10b to QDR, 64b/66b after).
+#: 4X data rates in Gb/s as vendors state them (8b/10b to QDR, 64b/66b to EDR; HDR, NDR, XDR:
+#: 4 x 50G, 100G, 200G PAM4 lanes, their FEC inside the signalling rate).
 DATA_4X = {"SDR": 8, "DDR": 16, "QDR": 32, "FDR10": 40, "FDR": 4 * 14.0625 * 64 / 66, "EDR": 100,
            "HDR": 200, "NDR": 400, "XDR": 800}
 #: What the kernel prints for 4X (rate_show, deci-Gb/s per lane x lanes).

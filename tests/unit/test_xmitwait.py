@@ -32,8 +32,8 @@ from ibmon.sources.sysfs import SysfsSource, SysfsSourceConfig
 from ibmon.track.tracker import Tracker
 from tests.sysfs_tree import write_device, write_port
 
-#: IBA per-lane data rates after line encoding, Gb/s: 8b/10b up to QDR, 64b/66b after
-#: (FDR10 10.3125 and FDR 14.0625 Gbaud x 64/66), HDR/NDR/XDR as the spec's data rates.
+#: Per-lane data rates after line encoding, Gb/s: 8b/10b up to QDR, 64b/66b to EDR
+#: (FDR10 10.3125 and FDR 14.0625 Gbaud x 64/66), HDR/NDR/XDR the data their PAM4 lanes carry.
 LANE_GBPS = {"SDR": 2.0, "DDR": 4.0, "QDR": 8.0, "FDR10": 10.0, "FDR": 14.0625 * 64 / 66,
              "EDR": 25.0, "HDR": 50.0, "NDR": 100.0, "XDR": 200.0}
 #: ibdiagnet's table: the Tick each family reports and whether its count is per lane.
