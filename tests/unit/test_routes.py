@@ -187,6 +187,29 @@ def test_a_lid_that_went_and_came_back_on_another_node_is_a_move() -> None:
     assert spine not in kept.tables
 
 
+def test_a_discovery_that_read_no_table_keeps_them_all_and_a_new_lid_moves_nothing() -> None:
+    fab = fat_tree(levels=2, leaves=4, hosts_per_leaf=2, radix=8)
+    tables = dmodk_tables(fab)
+    host1, host2 = [h.desc for h in fab.hosts()][:2]
+    kept = ForwardingTables()
+    # host1 is not there yet: its LID is nobody's
+    first = _discovery(fab, tables)
+    first.ports = {k: v for k, v in first.ports.items() if fab.nodes[k[0]].desc != host1}
+    kept.update(first)
+    # every table unread (every ibroute failed, or a refused discovery kept without tables),
+    # and host1 arrived with a LID nobody had: nothing moved, every table is kept
+    for _ in range(KEEP_DISCOVERIES):
+        assert kept.update(_discovery(fab, {})) == sorted(tables)
+        assert kept.tables == tables
+    assert kept.update(_discovery(fab, {})) == []
+    assert kept.tables == {}
+    # the highest unicast LID counts like any other
+    top = 0xBFFF
+    kept.update(_discovery(fab, tables, **{host1: top}))
+    moved = _discovery(fab, {}, **{host1: top - 1, host2: top})  # only LID top changed hands
+    assert kept.update(moved) == []
+
+
 def test_a_switch_that_left_is_not_kept_nor_a_source_without_tables() -> None:
     fab = fat_tree(levels=2, leaves=4, hosts_per_leaf=2, radix=8)
     tables = dmodk_tables(fab)
