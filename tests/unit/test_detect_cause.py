@@ -7,6 +7,7 @@ that reads them only when the aggregate moved produces them.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -268,3 +269,19 @@ def test_a_down_link_that_discovery_no_longer_shows_is_still_one_link() -> None:
     assert ev.peer.guid == HOST
     (done,) = step(engine, [leaf_view(), host_view()], 2)
     assert done.status == "resolved"
+    # re-cabled to another host, then down again with no neighbour shown: paired with the
+    # host it had last, not the one it had when it first went down
+    other = "0x0002c90a00000008"
+    to_other = LinkInfo(remote_guid=other, remote_port="1", remote_node_desc="gpu032 mlx5_0",
+                        active_width="4X", active_speed="EDR", max_width="4X", max_speed="EDR")
+
+    def other_view(**fields: Any) -> PortView:
+        view = host_view(**fields)
+        return dataclasses.replace(view, identity=dataclasses.replace(
+            view.identity, guid=other, node_desc="gpu032 mlx5_0", lid=10))
+
+    step(engine, [leaf_view(link=to_other), other_view()], 3)
+    downs = [e for e in step(engine, [leaf_view(state=1, link=None),
+                                      other_view(state=1, link=None)], 4)
+             if e.type == "port_down"]
+    assert [(e.port and e.port.guid, e.peer and e.peer.guid) for e in downs] == [(LEAF, other)]
