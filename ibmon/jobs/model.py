@@ -106,9 +106,7 @@ class JobsView:
 
     def on_link(self, ends: Iterable[PortKey]) -> list[JobLink]:
         """The jobs on the link of ``ends`` (a port and its peer), one entry per job, first
-        mention first; none while the jobs are unknown."""
-        if not self.table.known:
-            return []
+        mention first."""
         links_of = self.links_of or (lambda key: self.port_jobs.get(key, ()))
         found: dict[str, JobLink] = {}
         for key in ends:
