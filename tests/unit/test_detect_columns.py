@@ -179,6 +179,32 @@ def test_a_poll_with_a_port_the_rules_take_has_no_layout() -> None:
     assert tracker.resets_seen > 0 and type(views[key]) is not RowView
 
 
+@pytest.mark.parametrize("odd", ["a counter missing", "a port new to the fabric"])
+def test_a_poll_with_a_port_off_the_rows_has_no_layout(odd: str) -> None:
+    """A port whose sample the per-port rules take (a counter missing from it) or one that
+    arrives in this poll: its view is not among the rows the store accounted, so the tracker
+    lays out nothing for that poll, and again once every port is a row."""
+    clock = ManualClock()
+    source = MockSource.from_scenario("healthy", clock=clock)
+    tracker = _ColumnTracker()
+    laid: list[bool] = []
+    for t in range(6):
+        clock.t = float(t * 10)
+        snap = asyncio.run(source.sample())
+        if t == 2:
+            key, sample = next(iter(snap.ports.items()))
+            if odd == "a counter missing":
+                counters = dict(sample.counters)
+                del counters["symbol_errors"]
+                snap.ports[key] = dataclasses.replace(sample, counters=counters)
+            else:
+                new = dataclasses.replace(sample.identity, guid="0x00000000000fffff")
+                snap.ports[new.key] = dataclasses.replace(sample, identity=new)
+        tracker.update(snap)
+        laid.append(tracker.take_layout() is not None)
+    assert laid[1] and not laid[2] and laid[-1], laid  # the first poll: every port arrives
+
+
 def test_congestion_picks_from_a_laid_out_poll_what_it_picks_from_the_views(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """``congestion`` reads a laid-out poll's ratios from the store's array, and looks up only

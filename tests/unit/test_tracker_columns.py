@@ -127,7 +127,8 @@ def test_a_poll_of_the_last_polls_ports_accounts_as_the_dispatch_would(
     state between polls: a port forgotten while it still answers, state loaded into the same
     tracker, a poll with no time passed, a counter reset, a link going down and up, samples
     that are rows of their own (as ``mad`` hands them) or not of 64-bit values (dicts, a
-    list). Views of earlier polls never change meanwhile."""
+    list), the same ports in another order, the same counters in another column order.
+    Views of earlier polls never change meanwhile."""
     monkeypatch.setattr(_Columns, "same_polls", 0)
     clock = ManualClock()
     source = MockSource.from_scenario(name, clock=clock)
@@ -148,6 +149,16 @@ def test_a_poll_of_the_last_polls_ports_accounts_as_the_dispatch_would(
                                    list(s.counters.own()) if poll % 13 == 0  # type: ignore[attr-defined]
                                    else array("Q", s.counters.own())))  # type: ignore[attr-defined]
                 for k, s in snap.ports.items()}, list(snap.errors))
+        if poll % 17 == 0:  # the same ports in another order
+            snap = Snapshot(snap.source, snap.monotonic, snap.wall,
+                            dict(reversed(snap.ports.items())), list(snap.errors))
+        if poll % 19 == 0:  # the same counters in another column order, one index for all
+            first = next(iter(snap.ports.values())).counters
+            names = list(reversed(list(first)))
+            index = {name: i for i, name in enumerate(names)}
+            snap = Snapshot(snap.source, snap.monotonic, snap.wall, {k: dataclasses.replace(
+                s, counters=Totals(index, array("Q", [s.counters[n] for n in names])))
+                for k, s in snap.ports.items()}, list(snap.errors))
         if poll == 20:  # forgotten (left the fabric for good), yet it answers again
             key = next(iter(snap.ports))
             per_port.forget(key)
@@ -166,7 +177,7 @@ def test_a_poll_of_the_last_polls_ports_accounts_as_the_dispatch_would(
         down += sum(v.state not in (None, PortState.ACTIVE) for v in got.values())
     assert json.dumps(columns.dump(), sort_keys=True) == json.dumps(per_port.dump(), sort_keys=True)
     assert columns.resets_seen == per_port.resets_seen
-    assert _Columns.same_polls > 20
+    assert _Columns.same_polls > 15
     assert (down if name == "flap" else columns.resets_seen) > 0  # what each case is for
     assert all(view.totals.as_dict() == totals and dict(view.rates) == rates
                for totals, rates, view in kept)
@@ -195,6 +206,32 @@ def test_published_column_views_never_change() -> None:
     assert all(view.totals.as_dict() == totals and dict(view.rates) == rates
                for totals, rates, view in kept)
     assert any(_in_store(v.totals) for _, _, v in kept)
+
+
+def test_a_poll_with_its_counters_in_another_order_is_read_by_name() -> None:
+    """A poll of the last poll's ports whose samples pack the counters in another order (one
+    index for all, as a source hands them) is read by name, not as the last order: both
+    counters rise under either reading here, so no refusal would catch the mix-up."""
+    a, b = _PerPort(), _Columns()
+    order = ("receive_packets", "transmit_packets")
+
+    def poll(step: int, values: dict[str, int], names: tuple[str, ...]) -> Snapshot:
+        index = {name: i for i, name in enumerate(names)}
+        return Snapshot("x", float(step), 1e9 + step, {
+            (f"0x{p + 1:016x}", "1"): PortSample(
+                PortIdentity(f"0x{p + 1:016x}", "1"), state=4,
+                counters=Totals(index, array("Q", [values[n] for n in names])))
+            for p in range(4)})
+
+    steps = [({"receive_packets": 10, "transmit_packets": 10}, order),
+             ({"receive_packets": 11, "transmit_packets": 11}, order),
+             ({"receive_packets": 13, "transmit_packets": 12}, order[::-1])]
+    for step, (values, names) in enumerate(steps, 1):
+        snap = poll(step, values, names)
+        want, got = a.update(snap), b.update(snap)
+        assert got == want, step
+    assert all(v.totals["transmit_packets"] == 12 and v.totals["receive_packets"] == 13
+               for v in got.values())
 
 
 #: Link rates a source may report: unknown, zero, nonsense, and real ones (float and int).
