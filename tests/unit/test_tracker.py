@@ -218,6 +218,22 @@ def test_counter_read_from_a_64bit_field_does_not_saturate_at_the_narrow_maximum
     assert v.rates == {}
 
 
+def test_a_pinned_counter_read_from_a_64bit_field_above_the_maximum_is_no_longer_pinned(
+) -> None:
+    """Pinned in the narrow PortCounters field, then read wide (the source found the 64-bit
+    copy): the reading above the narrow maximum counts and has a rate, and the counter is no
+    longer flagged saturated."""
+    t = Tracker()
+    narrow_max = BY_NAME["symbol_errors"].max_value
+    one(t, 0.0, sample({"symbol_errors": narrow_max - 1}, wide=frozenset()))
+    v = one(t, 1.0, sample({"symbol_errors": narrow_max}, wide=frozenset()))
+    assert v.saturated == frozenset({"symbol_errors"})
+    v = one(t, 2.0, sample({"symbol_errors": narrow_max + 5}, wide=frozenset({"symbol_errors"})))
+    assert v.saturated == frozenset()
+    assert v.rates == {"symbol_errors": 5.0}
+    assert v.totals["symbol_errors"] == narrow_max + 5
+
+
 def test_64bit_only_counters_never_saturate() -> None:
     t = Tracker()
     top = (1 << 64) - 1
