@@ -42,6 +42,8 @@ class Fabric:
         self.silent: set[int] = set()  # asked, did not answer: a keyed SourceError
         self.gone: set[int] = set()  # not asked at all any more (topology dropped them)
         self.no_lid: set[int] = set()  # listed, nothing can be asked (no LID)
+        self.partial: set[int] = set()  # answered, with an error about part of the answer
+        self.hw_only: set[int] = set()  # only driver counters (sysfs ``hw_counters/``)
         self.state: dict[int, int] = {}
         self.wait: dict[int, int] = {}
         self.discovers = 0
@@ -66,9 +68,14 @@ class Fabric:
                 "transmit_data": self.words, "receive_data": self.words,
                 "transmit_wait": self.wait.get(i, 0), "link_downed": 0,
             }
+            if i in self.partial:
+                snap.errors.append(SourceError("parse", f"{k[0]} port 1: one field", k))
+            hw = {"out_of_buffer": self.words} if i in self.hw_only else {}
+            if hw:
+                counters = {}
             snap.ports[k] = PortSample(
                 identity=ident, state=state, phys_state=5 if state == 4 else 2, rate_bps=100e9,
-                counters=counters, wide=frozenset(counters),
+                counters=counters, wide=frozenset(counters), hw_counters=hw,
             )
         return snap
 
@@ -162,6 +169,36 @@ async def test_most_ports_silent_is_a_failed_poll_that_still_tracks_what_answere
     # Measured against every port it knows, stale ones included: the bar does not sink.
     assert await run(p, fab, now) == []
     assert metric(p, "ibmon_source_up") == 0
+
+
+async def test_the_bar_is_more_than_half_of_the_ports_that_ever_answered() -> None:
+    fab = Fabric(4)
+    p, now = make()
+    await run(p, fab, now, 2)
+    fab.silent = {0, 1}  # exactly half: half the fabric still answers
+    assert await run(p, fab, now) == []
+    # a port that answered with an error about part of its answer did answer
+    fab.silent, fab.partial = {0}, {1, 2, 3}
+    assert await run(p, fab, now) == []
+    assert metric(p, "ibmon_source_up") == 1
+    # ports that never answered (no LID yet) are not in the bar: 2 of the 3 that ever
+    # answered are silent, although 2 of 7 listed ports is few
+    listed = Fabric(7)
+    listed.no_lid = {3, 4, 5, 6}
+    q, qnow = make()
+    await run(q, listed, qnow, 2)
+    listed.silent = {0, 1}
+    assert await run(q, listed, qnow) == ["source_failed:firing"]
+    assert q.status.last_error == "ports_silent: 2 of 3 known ports did not answer"
+
+
+async def test_ports_with_driver_counters_only_answered() -> None:
+    fab = Fabric(2)
+    fab.hw_only = {0, 1}  # a RoCE port whose ``counters/`` the driver leaves empty
+    p, now = make()
+    assert await run(p, fab, now, 3) == []
+    assert metric(p, "ibmon_source_up") == 1
+    assert all(v.hw_totals for v in p.views.values())
 
 
 async def test_a_port_the_source_no_longer_asks_about_leaves() -> None:
