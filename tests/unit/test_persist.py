@@ -42,7 +42,8 @@ def test_missing_file_is_a_first_start(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("content", [b"{not json", b"[]", b'{"version": 7}', b"\xff\xfe",
-                                     b'{"version": 1, "sources": {"a": 3}}'])
+                                     b'{"version": 1, "sources": {"a": 3}}',
+                                     b'{"version": 2, "sources": {"a": {}}}'])
 def test_corrupt_file_is_moved_aside_and_replaced(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "state.json"
     path.write_bytes(content)
@@ -110,6 +111,19 @@ def test_a_file_larger_than_any_state_is_corrupt(
     assert (tmp_path / "state.json.corrupt").exists()
 
 
+def test_a_file_that_says_it_is_empty_is_still_read_no_further_than_the_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A regular file whose size says 0 but that reads on (procfs) is cut at the limit."""
+    import ibmon.state.persist
+
+    monkeypatch.setattr(ibmon.state.persist, "MAX_STATE_BYTES", 100)
+    path = tmp_path / "state.json"
+    path.symlink_to("/proc/self/status")  # st_size 0, over a kilobyte when read
+    result = StateFile(path).load()
+    assert result.problem == "corrupt" and "more than the 100 bytes" in result.detail
+
+
 def test_only_temporaries_of_dead_saves_are_removed(tmp_path: Path) -> None:
     import subprocess
     import sys
@@ -119,7 +133,7 @@ def test_only_temporaries_of_dead_saves_are_removed(tmp_path: Path) -> None:
     dead = tmp_path / f".state.json.{int(done.stdout)}.tmp"
     mine = tmp_path / f".state.json.{os.getpid()}.tmp"  # this process: not saving now
     live = tmp_path / f".state.json.{os.getppid()}.tmp"  # a live process, perhaps saving
-    old = tmp_path / f".state.json.{os.getppid()}0.tmp"
+    old = tmp_path / ".state.json.1.tmp"  # pid 1 lives; the file is older than any save
     other = tmp_path / ".other.json.1.tmp"  # another file's temporary
     for p in (dead, mine, live, old, other):
         p.write_bytes(b"{")
