@@ -167,6 +167,13 @@ async def test_reload_with_new_thresholds_keeps_active_conditions(tmp_path: Any)
         assert [a.type for a in daemon.conditions()] == ["congestion"]
         assert len(daemon.bus.history) == published  # not re-announced, not resolved
         assert daemon.settings.detect.tables() == {"congestion": {"warning": 0.2, "sustain": 5}}
+        # the engine runs the new rules: the port's 30 % is below a clear level of 40 %
+        cfg_file.write_text(base + "[detect.congestion]\nclear = 0.4\nwarning = 0.5\n"
+                            "critical = 0.6\nclear_polls = 2\n")
+        daemon.reload()
+        await until(lambda: daemon.conditions() == [])
+        assert [(e.type, e.status) for e in list(daemon.bus.history)[published:]] == [
+            ("congestion", "resolved")]
     finally:
         daemon.stop()
         await task

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -133,6 +135,20 @@ async def test_totals_survive_reload_and_bad_reload_is_rejected(tmp_path: Path) 
     await wait_for(lambda: made[0].polls >= polls + 3)  # the running sources were not touched
     assert len(made) == 1
     assert reloads("ibmon_config_last_reload_successful") == 0
+    # valid, but its listener cannot open (the port is taken): it fails whole, and the
+    # running config, its source included, stays (the new one renames the source)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cfg_file.write_text(good.replace("127.0.0.1:0", f"127.0.0.1:{port}")
+                            .replace('name = "good"', 'name = "other"'))
+        daemon.reload()
+        await wait_for(lambda: reloads("ibmon_config_reloads_total", {"result": "failed"}) == 1)
+    polls = made[0].polls
+    await wait_for(lambda: made[0].polls >= polls + 3)
+    assert daemon.settings.sources[0].label == "good" and len(made) == 1
+    assert (GUID, "1") in daemon.state.ports
     cfg_file.write_text(good)
     daemon.reload()
     await wait_for(lambda: len(made) == 2)
@@ -143,6 +159,27 @@ async def test_totals_survive_reload_and_bad_reload_is_rejected(tmp_path: Path) 
     after = daemon.state.ports[(GUID, "1")].totals["transmit_data"]
     assert after > before  # the tracker (and its totals) survived the reload
     assert daemon.settings.sources[0].label == "good"
+    daemon.stop()
+    await asyncio.wait_for(task, 2.0)
+
+
+async def test_a_reload_that_moves_the_state_file_saves_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("IBMON_STATE__PATH")  # the config file says where
+    cfg_file = tmp_path / "ibmon.toml"
+    base = ('[prometheus]\nlisten = "127.0.0.1:0"\n'
+            '[[sources]]\ntype = "sysfs"\nname = "good"\ninterval = "50ms"\n')
+    first, moved = tmp_path / "a" / "state.json", tmp_path / "b" / "state.json"
+    cfg_file.write_text(base + f'[state]\npath = "{first}"\nsave_interval = "1s"\n')
+    daemon = Daemon(load_settings(cfg_file), config_path=cfg_file,
+                    source_factory=lambda cfg: CountingSource(cfg.label))
+    task = asyncio.create_task(daemon.run())
+    await wait_for(first.exists)
+    cfg_file.write_text(base + f'[state]\npath = "{moved}"\nsave_interval = "1s"\n')
+    daemon.reload()
+    await wait_for(moved.exists)
+    assert json.loads(moved.read_text())["sources"]["good"]
     daemon.stop()
     await asyncio.wait_for(task, 2.0)
 
