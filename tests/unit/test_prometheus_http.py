@@ -105,8 +105,19 @@ def test_basic_auth_file(tmp_path: Path) -> None:
     assert not auth.check(_basic("nobody", "s3cret:with colon"))
     assert not auth.check(None)
     assert not auth.check("Bearer abc")
+    # right credentials, wrong scheme
+    assert not auth.check("Bearer " + _basic("grafana", "ünïcode").split()[1])
     assert not auth.check("Basic !!!not-base64")
     assert not auth.check("Basic " + base64.b64encode(b"no-colon").decode())
+    # no colon: not a user with an empty password either
+    empty = tmp_path / "empty"
+    empty.write_text(f"blank:{hash_password('')}\n", encoding="utf-8")
+    assert BasicAuth.from_file(empty).check(_basic("blank", ""))
+    assert not BasicAuth.from_file(empty).check(
+        "Basic " + base64.b64encode(b"blank").decode())
+    # an unknown user is compared with a stand-in hash for timing's sake; its password
+    # must not let anyone in
+    assert not auth.check(_basic("nobody", "ibmon: user does not exist"))
     assert not auth.check("Basic " + base64.b64encode(b"prometheus:\xff").decode())
 
 
