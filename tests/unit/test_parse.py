@@ -166,6 +166,9 @@ def test_perfquery_xmit_wait_dropped_without_capmask_bit12() -> None:
                             "PortSelect:......................5"), "says PortSelect 5"),
         (SIM_NARROW[:-3], "ends in the middle of a line"),
         ("PortXmitData:....1\n", "a field before any block header"),
+        # a block of another attribute (perfquery -c, -X): not one ibmon asked for
+        ("# PortSamplesControl: Lid 2 port 1\nTick:....0x07\n",
+         "a 'PortSamplesControl' block is not one ibmon asks for"),
     ],
 )
 def test_perfquery_refuses_the_whole_output(text: str, problem: str) -> None:
