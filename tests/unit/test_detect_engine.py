@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from detect_views import view
 
 from ibmon.config import ConfigError, load_settings
-from ibmon.detect.base import Finding, PortDetector, Verdict
+from ibmon.detect.base import Finding, IncreaseWindow, PortDetector, Verdict
 from ibmon.detect.engine import DETECTORS, Engine
 from ibmon.detect.events import EVENT_TYPES, SEVERITIES, Event, severity_rank
 from ibmon.detect.source import SourceFailed
@@ -183,3 +183,16 @@ def test_severities_are_one_ordered_list() -> None:
     assert set(SEVERITIES) == set(get_args(Event.model_fields["severity"].annotation))
     with pytest.raises(KeyError):
         severity_rank("fatal")
+
+
+def test_a_window_over_a_counter_that_rises_every_poll_holds_a_bounded_history() -> None:
+    """Increases closer together than the grain are merged (the BER window's symbol errors
+    may rise every poll): memory per port is at most window / grain entries, and the sum
+    within the window is off by at most what one grain holds."""
+    window = IncreaseWindow(600.0, grain=2.0)
+    key = ("0x0002c90a00000007", "1")
+    for t in range(3000):  # one more every second, for fifty minutes
+        total = window.observe(key, float(t), t)
+    assert 598 <= total <= 600
+    ((_, _, history),) = window.dump(0.0)["hist"]  # as the state file holds it
+    assert len(history) <= 301
