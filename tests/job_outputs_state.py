@@ -101,6 +101,8 @@ def jobs_view(jobs: tuple[Job, ...] = JOBS, *, known: bool = True,
         shared=frozenset(h for h, ids in by_host.items() if len(ids) > 1),
         rates=MappingProxyType(rates),
         port_jobs=MappingProxyType(port_jobs),
+        # the attribution's answer for any port: here, the ports above with jobs
+        links_of=lambda key: port_jobs.get(key, ()),
         affected=MappingProxyType(affected),
         routing="tables",
     )

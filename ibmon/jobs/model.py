@@ -86,8 +86,8 @@ class JobsView:
     ``port_jobs``: for each port with a firing condition, the jobs on its link, most involved
     first. ``affected``: job id -> the conditions its links carry. ``routing``: what the
     inter-switch attribution used. ``links_of``: the jobs on any port's link, most involved
-    first, from the attribution's indexes as of this view (``on_link`` reads it); a view made
-    without it knows only ``port_jobs``.
+    first, from the attribution's indexes as of this view (``on_link`` reads it); None while
+    the jobs are unknown.
     """
 
     table: JobTable = UNKNOWN_JOBS
@@ -107,7 +107,9 @@ class JobsView:
     def on_link(self, ends: Iterable[PortKey]) -> list[JobLink]:
         """The jobs on the link of ``ends`` (a port and its peer), one entry per job, first
         mention first."""
-        links_of = self.links_of or (lambda key: self.port_jobs.get(key, ()))
+        links_of = self.links_of
+        if links_of is None:
+            return []
         found: dict[str, JobLink] = {}
         for key in ends:
             for link in links_of(key):
