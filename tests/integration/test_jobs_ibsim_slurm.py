@@ -154,10 +154,13 @@ def test_faults_name_the_jobs_on_their_links(
                   if any(_egresses(sim, lids[a], lids[b]) & ends
                          for a, b in permutations(hosts, 2))}
         assert across in routed and far not in routed and alone not in routed
-        # before any fault: the API's answer for the quiet link names the same jobs
-        answer = _api(d, f"/api/v1/ports/{leaf}/{port}")["jobs"]
-        assert {j["id"]: j["how"] for j in answer["list"]} == dict.fromkeys(routed, "route")
-        assert answer["routing"] == "tables"
+        # before any fault: the API's answer for the quiet link names the same jobs (once a
+        # state built on every switch's table is served: diags reads them one ibroute a switch)
+        want = dict.fromkeys(routed, "route")
+        wait_for("the quiet link's answer to name the routed jobs",
+                 lambda: {j["id"]: j["how"] for j in _api(
+                     d, f"/api/v1/ports/{leaf}/{port}")["jobs"]["list"]} == want, timeout=60)
+        assert _api(d, f"/api/v1/ports/{leaf}/{port}")["jobs"]["routing"] == "tables"
 
         # 1. a host's link: exactly the job on that host
         host001 = _host("host001")
