@@ -696,7 +696,8 @@ class ConnectionGuard:
             conn.close_when_idle()
         if self._open:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._all_closed.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._all_closed.wait()
         for conn in list(self._open):
             conn.abort()
 

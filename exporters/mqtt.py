@@ -546,7 +546,8 @@ class MqttPublisher:
                 retry_in=round(delay, 2),
             )
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wait_stopping(), delay)
+                async with asyncio.timeout(delay):
+                    await self._wait_stopping()
 
     async def _wait_stopping(self) -> None:
         while not self._stopping:

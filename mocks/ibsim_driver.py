@@ -321,7 +321,8 @@ async def run_ibsim(
             if on_step is not None:
                 on_step(drv, stats)
             try:
-                await asyncio.wait_for(stop.wait(), timeout=interval)
+                async with asyncio.timeout(interval):
+                    await stop.wait()
             except TimeoutError:
                 continue
             return

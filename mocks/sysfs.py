@@ -232,7 +232,8 @@ async def run_sysfs(
         player.run_until(tick())
         await asyncio.to_thread(renderer.render)
         try:
-            await asyncio.wait_for(stop.wait(), timeout=interval)
+            async with asyncio.timeout(interval):
+                await stop.wait()
         except TimeoutError:
             continue
         return renderer

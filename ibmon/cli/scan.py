@@ -124,7 +124,8 @@ async def run_scan(cfg: SourceConfig, settings: Settings, *, interval: float) ->
         await _poll_twice(pipeline, source, interval)
     finally:
         try:
-            await asyncio.wait_for(source.close(), timeout=1.0)
+            async with asyncio.timeout(1.0):
+                await source.close()
         except Exception as exc:
             log.warning("source_close_failed", source=cfg.label, error=str(exc) or repr(exc))
     return _result(pipeline)

@@ -543,7 +543,8 @@ class Daemon:
         await _cancel([p.task for p in polls] + ([jobs] if jobs is not None else []))
         for p in polls:
             try:
-                await asyncio.wait_for(p.source.close(), timeout=CLOSE_TIMEOUT)
+                async with asyncio.timeout(CLOSE_TIMEOUT):
+                    await p.source.close()
             except Exception as exc:
                 log.warning(
                     "source_close_failed",
@@ -565,7 +566,8 @@ class Daemon:
                 # completes the write).
                 pipeline.save_due = False
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._saving(), timeout=interval)
+                    async with asyncio.timeout(interval):
+                        await self._saving()
             self._emit(events)
             await self._publish(pipeline)
             if first:
@@ -738,7 +740,8 @@ class Daemon:
         """Save periodically, and soon after events (so a kill -9 re-announces nothing)."""
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._dirty.wait(), self.settings.state.save_interval)
+                async with asyncio.timeout(self.settings.state.save_interval):
+                    await self._dirty.wait()
                 await asyncio.sleep(EVENT_SAVE_DELAY)
             self._dirty.clear()
             await self._saving()

@@ -425,9 +425,8 @@ class SubprocessRunner:
         transport = getattr(proc, "_transport", None)
         try:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    wait_exit(proc.pid, lambda: proc.returncode is not None), EOF_GRACE
-                )
+                async with asyncio.timeout(EOF_GRACE):
+                    await wait_exit(proc.pid, lambda: proc.returncode is not None)
             if close_scope:
                 left = await SCOPES.close(token, proc.pid)
         finally:
@@ -437,7 +436,8 @@ class SubprocessRunner:
                 transport.close()
         await asyncio.gather(*readers, return_exceptions=True)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(proc.wait()), EOF_GRACE)
+            async with asyncio.timeout(EOF_GRACE):
+                await asyncio.shield(proc.wait())
         return left
 
     async def aclose(self) -> None:

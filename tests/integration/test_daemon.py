@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import signal
@@ -11,7 +12,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,12 +28,15 @@ GUID = "0x0002c90300a1b2c3"
 
 
 class CountingSource:
-    """Data counter grows 1000 words a poll; fails on demand to prove a failure costs one poll."""
+    """Data counter grows 1000 words a poll; fails on demand to prove a failure costs one poll.
+    With ``resets`` it goes back every other poll instead: a reset, which a poll saves before it
+    publishes."""
 
-    def __init__(self, name: str, *, fail: bool = False) -> None:
+    def __init__(self, name: str, *, fail: bool = False, resets: bool = False) -> None:
         self.name = name
         self.polls = 0
         self.fail = fail
+        self.resets = resets
         self.closed = False
 
     async def discover(self) -> Topology:
@@ -48,7 +54,8 @@ class CountingSource:
             state=4,
             phys_state=5,
             rate_bps=100e9,
-            counters={"transmit_data": 1000 * self.polls, "symbol_errors": 0},
+            counters={"transmit_data": 1000 * (self.polls % 2 + 1 if self.resets else self.polls),
+                      "symbol_errors": 0},
         )
         return Snapshot(
             source=self.name,
@@ -182,6 +189,39 @@ async def test_a_reload_that_moves_the_state_file_saves_there(
     assert json.loads(moved.read_text())["sources"]["good"]
     daemon.stop()
     await asyncio.wait_for(task, 2.0)
+
+
+async def test_a_stop_as_a_poll_save_completes_still_ends_the_daemon(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stop that lands in the loop turn in which a poll's own save completes ends the daemon.
+
+    Python 3.11's ``asyncio.wait_for`` returned a finished inner result instead of raising the
+    cancellation that arrived with it; the poll loop that waited on its save that way lived on,
+    and ``run()`` never returned (a CI run saw it once). Each save here asks for the stop from
+    the save's own thread, which puts the cancellation in exactly that turn.
+    """
+    loop = asyncio.get_running_loop()
+    for _ in range(8):
+        daemon = Daemon(settings(SysfsSourceConfig(name="good", interval=0.02)),
+                        source_factory=lambda cfg: CountingSource(cfg.label, resets=True))
+        saves = itertools.count(1)
+        save = daemon._statefile.save
+
+        def save_then_stop(*args: Any, _daemon: Daemon = daemon, _save: Any = save,
+                           _saves: Iterator[int] = saves, **kwargs: Any) -> None:
+            _save(*args, **kwargs)
+            if next(_saves) >= 3:  # past the first polls: the saves now come from resets
+                loop.call_soon_threadsafe(_daemon.stop)
+
+        monkeypatch.setattr(daemon._statefile, "save", save_then_stop)
+        task = asyncio.create_task(daemon.run())
+        done, _ = await asyncio.wait({task}, timeout=3.0)
+        if not done:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        assert done, "the daemon did not stop"
+        assert daemon._pipelines["good"].tracker.resets_seen >= 1
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
