@@ -10,11 +10,12 @@ its ASICs count as lost bytes:
 - Switch-IB, Switch-IB 2, SwitchX (Tick = 31): one count = 32 bytes **per lane** (the IBA rule).
 
 So the fraction of time a port stalled is ``counts x bytes_per_count / (data rate x seconds)``
-(``stall_fraction``): the one formula the tracker, the simulator and docs/infiniband.md use. The
-rule that gives a port's ``bytes_per_count`` is decided once per discovery (``unit_for``) and
-exported with where it came from (``WaitUnit.source``): the ASIC family by PCI device ID
-(NodeInfo.DeviceID; sysfs ``hca_type`` is ``MT`` + the same ID in decimal), else the Tick the
-port reports, else a default, or the operator's configuration.
+(``stall_share``): the one formula the tracker and docs/infiniband.md use; the simulator
+makes counts with its inverse (``counts_for``). The rule that gives a port's
+``bytes_per_count`` is decided once per discovery (``unit_for``) and exported with where it
+came from (``WaitUnit.source``): the ASIC family by PCI device ID (NodeInfo.DeviceID; sysfs
+``hca_type`` is ``MT`` + the same ID in decimal), else the Tick the port reports, else a
+default, or the operator's configuration.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from ibmon.infiniband.linkspeed import WIDTH_LANES
 
@@ -38,6 +39,7 @@ __all__ = [
     "family_of",
     "parse_unit",
     "stall_fraction",
+    "stall_share",
     "unit_for",
 ]
 
@@ -156,15 +158,23 @@ def configured_unit(device: str, units: Mapping[str, WaitUnit]) -> WaitUnit | No
     return None
 
 
+def stall_share(wait_rate: Any, bytes_per_count: Any, link_bytes: Any, minimum: Any = min,
+                maximum: Any = max) -> Any:
+    """The formula: the share of a second a port stalled, from its PortXmitWait counts a
+    second, the bytes a count stands for and the link's data bytes a second, at most 1. Scalars,
+    or numpy columns with ``np.minimum``/``np.maximum`` (the tracker's column store)."""
+    return minimum(1.0, maximum(0.0, wait_rate * bytes_per_count / link_bytes))
+
+
 def stall_fraction(counts: float, bytes_per_count: float | None, rate_bytes: float | None,
                    seconds: float = 1.0) -> float | None:
-    """The fraction of ``seconds`` a port stalled: the bytes its ``counts`` stand for over the
-    bytes its link could have sent, at most 1. None where the link rate or the unit is unknown
-    (a port that is down has no rate), as for utilization."""
+    """The fraction of ``seconds`` a port stalled (``stall_share`` of the counts' rate). None
+    where the link rate or the unit is unknown (a port that is down has no rate), as for
+    utilization."""
     if (bytes_per_count is None or rate_bytes is None or not rate_bytes > 0
             or not seconds > 0 or not math.isfinite(rate_bytes)):
         return None
-    return min(1.0, max(0.0, counts * bytes_per_count / (rate_bytes * seconds)))
+    return float(stall_share(counts / seconds, bytes_per_count, rate_bytes))
 
 
 def counts_for(fraction: float, bytes_per_count: float, rate_bytes: float,

@@ -33,8 +33,9 @@ from typing import Final, cast
 import numpy as np
 import numpy.typing as npt
 
+from ibmon.infiniband.xmitwait import stall_share
 from ibmon.track.rowview import adopt_numpy
-from ibmon.track.tracker import at_maximum, increase, is_reset, per_second, stall_share, utilization
+from ibmon.track.tracker import at_maximum, increase, is_reset, per_second, utilization
 
 __all__ = ["Block", "Step", "advance"]
 

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ibmon.infiniband.counters import CATALOGUE
 from ibmon.infiniband.model import GUID_RE, PortKey, PortSample, PortState, PortView, Snapshot
-from ibmon.infiniband.xmitwait import WaitUnit
+from ibmon.infiniband.xmitwait import WaitUnit, stall_share
 from ibmon.runtime.sizes import fabric_sized
 from ibmon.track.rates import NO_RATE, Rates
 from ibmon.track.rowview import Layout, Rows, RowView
@@ -149,13 +149,6 @@ def utilization(data_rate: Any, link_bytes: Any, minimum: Any = min) -> Any:
     return minimum(1.0, data_rate / link_bytes)
 
 
-def stall_share(wait_rate: Any, bytes_per_count: Any, link_bytes: Any, minimum: Any = min,
-                maximum: Any = max) -> Any:
-    """``ibmon.infiniband.xmitwait.stall_fraction`` of one second for a known unit and link
-    rate, in its operations and order (its product by 1 s is exact): the same doubles."""
-    return minimum(1.0, maximum(0.0, wait_rate * bytes_per_count / link_bytes))
-
-
 class _Port:
     """Everything the tracker remembers about one port between polls (and across restarts).
 
@@ -225,7 +218,7 @@ class Tracker:
 
     ``xmit_wait_ratio`` is the stall fraction of the interval, from the PortXmitWait counts
     in the unit the source decided for the port (``PortIdentity.xmit_wait``) and the port's
-    data rate (``stall_share``: ``ibmon.infiniband.xmitwait.stall_fraction`` of one second).
+    data rate (``ibmon.infiniband.xmitwait.stall_share``).
     ``resets_seen``, ``saturations_seen`` and ``unknown_counters_seen`` count, over this
     process's lifetime, counter decreases, transitions into saturation and samples of names
     missing from the catalogue (a source bug), for self-metrics and logs.
