@@ -160,6 +160,31 @@ def test_deep_toml_is_one_line_not_a_recursion_error(
         load_settings(cfg)
 
 
+@pytest.mark.parametrize(
+    ("body", "expect"),
+    [
+        ("[detect.high_ber]\nwarning = 1e-10\ncritical = 1e-12\n",
+         "detect: high_ber: critical must not be below warning"),
+        ("[detect.congestion]\nwarning = 0.6\ncritical = 0.5\n",
+         "detect: congestion: need clear <= warning <= critical"),
+        ("[detect.congestion]\nclear = 0.2\n",  # above the default warning, 0.10
+         "detect: congestion: need clear <= warning <= critical"),
+        ("[detect.congestion]\nroce_clear = 5000\n",
+         "detect: congestion: need roce_clear <= roce_warning <= roce_critical"),
+    ],
+)
+def test_thresholds_out_of_order_are_refused(tmp_path: Path, body: str, expect: str) -> None:
+    """A warning level above its critical one (or a clear level above the warning) would
+    page at the wrong level or never resolve: refused by name, not run."""
+    cfg = tmp_path / "levels.toml"
+    cfg.write_text(body)
+    with pytest.raises(ConfigError, match=expect):
+        load_settings(cfg)
+    cfg.write_text(body.replace("1e-12", "1e-10").replace("0.5", "0.6").replace("0.2", "0.1")
+                   .replace("5000", "1000"))
+    load_settings(cfg)  # levels that meet are allowed
+
+
 def test_oversized_or_special_config_files_are_refused(tmp_path: Path) -> None:
     big = tmp_path / "big.toml"
     big.write_bytes(b"# " + b"x" * MAX_CONFIG_BYTES + b"\n")

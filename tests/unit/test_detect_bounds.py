@@ -14,7 +14,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from detect_views import view
+from detect_views import link, view
 
 from ibmon.detect.engine import Engine
 from ibmon.detect.events import Event
@@ -140,6 +140,19 @@ def test_majority_rate_at_exactly_its_minimum_port_count() -> None:
     assert (ev.type, ev.port and ev.port.port) == ("link_degraded", "3")
     assert step(Engine({"link_degraded": {"majority_min_ports": 4}}),
                 [view("1"), view("2"), view("3", rate_bps=25e9)], 0) == []
+
+
+def test_majority_rate_counts_only_ports_graded_by_rate() -> None:
+    """A port whose link names its best width and speed is graded by them, not by the
+    majority: four NDR switch links (400G, at their best) beside three HDR host ports that
+    name no best (200G) leave the host ports alone, as three hosts alone would."""
+    best = link("4X", "NDR", "4X", "NDR")
+    switches = [view(str(p), guid=SWITCH, rate_bps=400e9, link=best) for p in range(1, 5)]
+    hosts = [view("1", guid=f"0x0002c9030000001{i}", rate_bps=200e9) for i in range(3)]
+    assert step(Engine(), switches + hosts, 0) == []
+    (ev,) = step(Engine(), switches + hosts[:2] + [
+        view("1", guid="0x0002c90300000012", rate_bps=100e9)], 0)
+    assert (ev.type, ev.port and ev.port.guid) == ("link_degraded", "0x0002c90300000012")
 
 
 def test_degraded_rate_tolerance() -> None:

@@ -129,6 +129,31 @@ def test_breakdown_is_over_the_window_from_totals_not_one_sample() -> None:
     assert w2.increase(key, 1) == (4, {})
 
 
+@pytest.mark.parametrize("later", [1240, 0], ids=["still-rising", "stopped"])
+def test_details_first_read_at_the_first_move_name_the_cause_one_poll_later(later: int) -> None:
+    """``mad`` and ``diags`` read a port's detail counters only once its aggregate moved, so on
+    the poll the errors start the details have no earlier value to count from. The event waits
+    one poll for their increase and names the cause, instead of firing at once as
+    ``unknown``; it fires then even when the errors have stopped, with the rate that crossed."""
+    engine = Engine()
+    step(engine, [leaf_view(totals={"receive_errors": 0})], 0)  # details not read yet
+    history = dict.fromkeys(RECEIVE_DETAILS, 0) | {"receive_local_physical_errors": 70_000}
+    first = {"receive_errors": 1240, **history}
+    assert step(engine, [leaf_view(totals=first, rates={"receive_errors": 1240.0})], 1) == []
+    then = first | {"receive_errors": 1240 + later,
+                    "receive_local_physical_errors": 70_000 + later}
+    (ev,) = step(engine, [leaf_view(totals=then, rates={"receive_errors": float(later)})], 2)
+    assert ev.type == "receive_errors"
+    assert ev.value == 1240.0
+    if later:
+        assert ev.details["cause"] == "physical"
+        moved = {k: v for k, v in ev.details["breakdown"].items() if v}
+        assert moved == {"receive_local_physical_errors": later}  # not the 70,000 of history
+    else:  # nothing moved after the first read: nothing to name, and no history counted
+        assert ev.details["cause"] == "unknown"
+        assert ev.details["breakdown"] == {}
+
+
 def test_without_detail_counters_the_other_counters_decide() -> None:
     """sysfs ports have no details: symbol errors on the port mean the wire, else unknown."""
     engine = Engine()
