@@ -195,6 +195,7 @@ def test_small_parsers() -> None:
     assert parse_enum_prefix("4: ACTIVE\n") == 4
     assert parse_enum_prefix("5: LinkUp") == 5
     assert parse_enum_prefix("ACTIVE") is None
+    assert parse_enum_prefix("\u00b2: ACTIVE") is None  # a digit int() refuses: no exception
     assert parse_lid("0x12\n") == 18
     assert parse_lid("0xffff") == 65535
     assert parse_lid("7") == 7
@@ -234,11 +235,13 @@ async def test_identity_from_written_tree(tmp_path: Path) -> None:
     assert ident.device == "mlx5_0"
     assert ident.source == "local"
     assert snap.errors == []
-    # node_desc and lid are re-read every poll
+    # node_desc and lid are re-read every poll, each on its own
     write_file(class_dir(tmp_path) / "mlx5_0" / "node_desc", "renamed\n")
-    write_file(class_dir(tmp_path) / "mlx5_0" / "ports" / "1" / "lid", "0x2b\n")
     ident2 = (await src.sample()).ports[(GUID, "1")].identity
-    assert (ident2.node_desc, ident2.lid) == ("renamed", 0x2B)
+    assert (ident2.node_desc, ident2.lid) == ("renamed", 0x1A)
+    write_file(class_dir(tmp_path) / "mlx5_0" / "ports" / "1" / "lid", "0x2b\n")
+    ident3 = (await src.sample()).ports[(GUID, "1")].identity
+    assert (ident3.node_desc, ident3.lid) == ("renamed", 0x2B)
 
 
 async def test_counters_and_hw_counters(tmp_path: Path) -> None:
