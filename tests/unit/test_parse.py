@@ -159,6 +159,9 @@ def test_perfquery_xmit_wait_dropped_without_capmask_bit12() -> None:
         (SIM_EXT + "PortXmitData:....................123456789\n", "PortXmitData repeated"),
         (SIM_EXT + SIM_EXT, "port 4 printed twice"),
         (SIM_EXT.replace("PortRcvPkts:.....................14\n", ""), "incomplete"),
+        # perfquery prints the four unicast/multicast fields together or not at all
+        (SIM_EXT.replace("PortMulticastRcvPkts:............0\n", ""),
+         "incomplete (no PortMulticastRcvPkts)"),
         (SIM_EXT.replace("PortXmitPkts", "PortXmitPackets"), "PortXmitPackets does not belong"),
         (SIM_NARROW.replace("LinkDownedCounter:...............102",
                             "LinkDownedCounter:...............256"), "does not fit in 8 bits"),
