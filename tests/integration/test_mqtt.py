@@ -7,6 +7,7 @@ in a ``finally``. Subscribers are aiomqtt clients, as an automation consumer wou
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -150,6 +151,37 @@ async def test_events_retained_state_and_status(broker: Mosquitto) -> None:
             await asyncio.sleep(0.2)
         assert sorted(t for t, _, _ in after.messages) == sorted([STATUS, port_a])
         assert after.on(STATUS) == [b"offline"]
+    finally:
+        await pub.stop()
+
+
+async def test_retained_state_follows_every_field_it_shows(broker: Mosquitto) -> None:
+    """Each field of a port's retained state is republished when it alone changes (the
+    physical state of a port that stays down, the peer's description), and a port that left
+    (cleared) and came back unchanged is published again, not taken for already sent."""
+    pub = MqttPublisher(MqttConfig(port=broker.port), fabric="main", metrics=SelfMetrics(),
+                        **FAST)
+    topic = "ibmon/main/ports/0x0002c90300a1b2c3/1"
+    down = view(GUID_A, state=1)  # phys_state POLLING
+    disabled = dataclasses.replace(down, phys_state=3)
+    assert disabled.link is not None
+    renamed = dataclasses.replace(
+        disabled, link=dataclasses.replace(disabled.link, remote_node_desc="switch 2"))
+    try:
+        async with Collector(broker.port, "ibmon/main/ports/#").running() as watch:
+            await pub.start()
+            steps = [fabric(down), fabric(disabled), fabric(renamed), fabric(), fabric(renamed)]
+            for n, state in enumerate(steps, start=1):
+                pub.publish_state(state)
+                await watch.wait_for(lambda n=n: len(watch.messages) >= n)
+            await asyncio.sleep(0.2)  # nothing else may follow
+        got = [p for t, p, _ in watch.messages if t == topic]
+        assert len(got) == len(watch.messages) == 5
+        docs = [json.loads(p) if p else None for p in got]
+        assert [d and d["phys_state"] for d in docs] == [
+            "POLLING", "DISABLED", "DISABLED", None, "DISABLED"]
+        assert [d and d["peer"]["node_desc"] for d in docs] == [
+            "switch 1", "switch 1", "switch 2", None, "switch 2"]
     finally:
         await pub.stop()
 
