@@ -250,6 +250,53 @@ async def test_outage_keeps_newest_events_in_order_and_counts_drops(tmp_path: Pa
         mosq.stop()
 
 
+@pytest.mark.parametrize(("queue_size", "dropped"), [(1000, 0), (120, 30)])
+async def test_a_broker_lost_mid_batch_resends_that_batch_first(
+    tmp_path: Path, queue_size: int, dropped: int
+) -> None:
+    """Events sent but not acknowledged when the broker dies go back to the front of the
+    queue, ahead of those submitted after them: after the reconnect each arrives once, in
+    order. When they no longer all fit in ``queue_size`` the oldest are dropped, and counted."""
+    mosq = Mosquitto(require_binary("mosquitto"), tmp_path / "broker", persistence=True)
+    sub = Collector(mosq.port, "ibmon/main/events/#", identifier="ops-bot", clean_session=False)
+    metrics = SelfMetrics()
+    pub = MqttPublisher(MqttConfig(port=mosq.port, queue_size=queue_size), fabric="main",
+                        metrics=metrics, **FAST)
+    try:
+        mosq.start()
+        async with sub.running():
+            pass  # the subscriber's session; the broker keeps its events while it is away
+        mosq.stop()  # saved in the persistence file, which every later start loads
+        mosq.start()
+        await pub.start()
+        await until(lambda: pub.connected)
+        assert mosq.proc is not None
+        os.killpg(mosq.proc.pid, signal.SIGSTOP)  # takes publishes, acknowledges none
+        sent = [event("receive_errors", n=i) for i in range(150)]
+        pub.submit_many(sent[:100])
+        await until(lambda: pub.queued == 0)  # one batch of 100, in flight
+        pub.submit_many(sent[100:])
+        await asyncio.sleep(0.2)
+        assert pub.queued == 50  # behind the batch, which is still unacknowledged
+        os.killpg(mosq.proc.pid, signal.SIGKILL)
+        mosq.proc.wait()
+        mosq.proc = None
+        await until(lambda: not pub.connected)
+        assert pub.queued == 150 - dropped
+        assert metric(metrics, "ibmon_mqtt_dropped_total") == dropped
+        mosq.start()
+        await until(lambda: pub.connected and pub.queued == 0)
+        async with sub.running():
+            await sub.wait_for(lambda: len(sub.messages) >= 150 - dropped)
+            await asyncio.sleep(0.3)
+        got = [Event.model_validate_json(p) for _, p, _ in sub.messages]
+        assert got == sent[dropped:]
+        assert metric(metrics, "ibmon_mqtt_dropped_total") == dropped
+    finally:
+        await pub.stop()
+        mosq.stop()
+
+
 def _daemon_config(tmp_path: Path, mqtt_port: int) -> Path:
     root = tmp_path / "sys"
     write_device(root, "mlx5_0")
