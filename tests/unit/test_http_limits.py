@@ -19,6 +19,7 @@ import pytest
 from exporters.http import (
     FD_RESERVE,
     MAX_CONNECTIONS,
+    STALL_EVICT,
     RateLimitedLog,
     ServerLog,
     connection_cap,
@@ -162,6 +163,49 @@ async def test_a_client_being_answered_is_never_evicted_and_a_full_house_refuses
         assert await asyncio.gather(*busy) == ["released"] * 4
     with contextlib.suppress(Exception):
         await writer.wait_closed()
+
+
+async def test_at_the_cap_only_a_client_stalled_past_stall_evict_makes_room() -> None:
+    """A scraper that stopped reading its answer holds a place; at the cap it makes room
+    once its writes have waited ``STALL_EVICT`` (a slow reader that only paused keeps its
+    place: until then a newcomer gets a health-check place, and /metrics there a 503)."""
+    metrics = SelfMetrics()
+    big = b"x" * (32 << 20)  # more than loopback's socket buffers hold: writing pauses
+
+    async def huge(request: Request) -> Response:
+        return Response(big)
+
+    exporter = PrometheusExporter(listen="127.0.0.1:0", self_metrics=metrics,
+                                  max_connections=4, read_timeout=0.5)
+    exporter.add_routes([Route("/huge", huge)])
+
+    def closed(reason: str) -> float:
+        return metrics.registry.get_sample_value(
+            "ibmon_http_connections_closed_total", {"reason": reason}) or 0.0
+
+    async def metrics_status() -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", exporter.port)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        line = await asyncio.wait_for(reader.readline(), 5)
+        writer.close()
+        return line
+
+    async with exporter:
+        stuck = []
+        for _ in range(4):
+            reader, writer = await asyncio.open_connection("127.0.0.1", exporter.port)
+            writer.write(b"GET /huge HTTP/1.1\r\nHost: x\r\n\r\n")  # and never read
+            stuck.append((reader, writer))
+        stalled_at = asyncio.get_running_loop().time()
+        await asyncio.sleep(0.2)
+        assert (await metrics_status()).startswith(b"HTTP/1.1 503 ")
+        assert asyncio.get_running_loop().time() - stalled_at < STALL_EVICT
+        assert closed("evicted") == 0
+        await asyncio.sleep(STALL_EVICT)
+        assert (await metrics_status()).startswith(b"HTTP/1.1 200 ")
+        assert closed("evicted") == 1
+        for _, writer in stuck:
+            writer.close()
 
 
 async def test_tls_clients_that_never_finish_the_handshake_count_against_the_cap(
