@@ -194,6 +194,28 @@ def test_an_event_says_what_the_far_end_shows() -> None:
     assert ev.details["peer_shows"]["symbol_error_ber"] > 0
 
 
+@pytest.mark.parametrize(("far", "says"), [
+    ({"stale": True}, "the far end does not answer"),
+    ({"state": 1}, "the far end is down"),
+    ({"state": 2}, "the far end is init"),
+])
+def test_an_event_says_when_the_far_end_is_silent_or_not_active(
+    far: dict[str, Any], says: str
+) -> None:
+    """Receive errors on one end of a link whose other end does not answer, or has left
+    Active: the message says so (a link coming up or going down explains the errors)."""
+    engine = Engine()
+    base = dict.fromkeys(RECEIVE_DETAILS, 0)
+    step(engine, [leaf_view(totals={"receive_errors": 0, **base}), host_view()], 0)
+    evs = step(engine, [leaf_view(totals={"receive_errors": 100, **base,
+                                          "receive_local_physical_errors": 100},
+                                  rates={"receive_errors": 100.0}),
+                        host_view(**far)], 1)
+    (ev,) = [e for e in evs if e.type == "receive_errors"]
+    assert says in ev.message
+    assert "symbol errors are rising at the far end" not in ev.message
+
+
 def test_a_link_fault_is_raised_once_on_the_switch_end_with_both_ends_named() -> None:
     engine = Engine()
     step(engine, [leaf_view(), host_view()], 0)
