@@ -198,8 +198,8 @@ async def test_a_stop_as_a_poll_save_completes_still_ends_the_daemon(
 
     Python 3.11's ``asyncio.wait_for`` returned a finished inner result instead of raising the
     cancellation that arrived with it; the poll loop that waited on its save that way lived on,
-    and ``run()`` never returned (a CI run saw it once). Each save here asks for the stop from
-    the save's own thread, which puts the cancellation in exactly that turn.
+    and ``run()`` never returned. Each save here asks for the stop from the save's own thread,
+    which puts the cancellation in exactly that turn.
     """
     loop = asyncio.get_running_loop()
     for _ in range(8):
