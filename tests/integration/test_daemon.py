@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -191,6 +191,19 @@ async def test_a_reload_that_moves_the_state_file_saves_there(
     await asyncio.wait_for(task, 2.0)
 
 
+def _stop_after_save(daemon: Daemon, loop: asyncio.AbstractEventLoop) -> Callable[..., None]:
+    """The daemon's state save, which from the third save on (past the first polls, the
+    saves of resets) asks for the stop from the saving thread once the file is written."""
+    save, saves = daemon._statefile.save, itertools.count(1)
+
+    def save_then_stop(*args: Any, **kwargs: Any) -> None:
+        save(*args, **kwargs)
+        if next(saves) >= 3:
+            loop.call_soon_threadsafe(daemon.stop)
+
+    return save_then_stop
+
+
 async def test_a_stop_as_a_poll_save_completes_still_ends_the_daemon(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -205,16 +218,7 @@ async def test_a_stop_as_a_poll_save_completes_still_ends_the_daemon(
     for _ in range(8):
         daemon = Daemon(settings(SysfsSourceConfig(name="good", interval=0.02)),
                         source_factory=lambda cfg: CountingSource(cfg.label, resets=True))
-        saves = itertools.count(1)
-        save = daemon._statefile.save
-
-        def save_then_stop(*args: Any, _daemon: Daemon = daemon, _save: Any = save,
-                           _saves: Iterator[int] = saves, **kwargs: Any) -> None:
-            _save(*args, **kwargs)
-            if next(_saves) >= 3:  # past the first polls: the saves now come from resets
-                loop.call_soon_threadsafe(_daemon.stop)
-
-        monkeypatch.setattr(daemon._statefile, "save", save_then_stop)
+        monkeypatch.setattr(daemon._statefile, "save", _stop_after_save(daemon, loop))
         task = asyncio.create_task(daemon.run())
         done, _ = await asyncio.wait({task}, timeout=3.0)
         if not done:
