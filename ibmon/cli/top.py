@@ -16,6 +16,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
@@ -43,7 +44,7 @@ class SourceUnavailableError(OSError):
 
 
 def _pct(x: Any) -> str:
-    return "-" if x is None else f"{float(x) * 100:5.1f}%"
+    return "-" if x is None else f"{float(x) * 100:.1f}%"
 
 
 def _ber(x: Any) -> str:
@@ -60,29 +61,49 @@ def _markup(value: Any) -> str:
     return escape(_cell(value))
 
 
+#: The widest a port's name may make its column before the rest of the row runs short.
+_NAME_WIDTH = 32
+
+
 def render(ports: list[dict[str, Any]], events: list[dict[str, Any]], title: str,
            *, limit: int = 20) -> Group:
-    """The screen: worst ports first (as the API orders them), then the newest events."""
-    table = Table(title=_markup(title), expand=True, header_style="bold")
-    for col in ("port", "state", "tx", "rx", "xmit wait", "BER", "conditions"):
-        table.add_column(col, justify="right" if col in ("tx", "rx", "xmit wait", "BER")
-                         else "left")
-    for p in ports[:limit]:
-        name = _markup(f"{p.get('node_desc') or p.get('device') or p['guid']} [{p['port']}]")
+    """The screen: worst ports first (as the API orders them), then the newest events.
+
+    One line per port and per event at any terminal width, as ``top`` keeps its rows: a
+    wrapped row would push the worst ports off an 80-column screen. A cell that does not fit
+    ends with an ellipsis; the port's name keeps its width first (it says which cable), the
+    conditions and the event's message take what is left (the API has them whole). A port whose
+    source did not answer says ``stale:`` before its last known state, where no width cuts it.
+    """
+    shown = ports[:limit]
+    names = [f"{p.get('node_desc') or p.get('device') or p['guid']} [{p['port']}]"
+             for p in shown]
+    table = Table(title=_markup(title), expand=True, header_style="bold", box=box.SIMPLE_HEAD,
+                  padding=0, show_edge=False)
+    table.add_column("port", no_wrap=True, overflow="ellipsis",
+                     min_width=min(_NAME_WIDTH, max(map(len, names), default=4)))
+    table.add_column("state", no_wrap=True, overflow="ellipsis", max_width=14)
+    for col in ("tx", "rx", "wait", "BER"):  # "100.0%", "1.0e-09": the widths they need
+        table.add_column(col, no_wrap=True, justify="right", min_width=7 if col == "BER" else 6)
+    table.add_column("conditions", no_wrap=True, overflow="ellipsis", ratio=1)
+    for p, raw_name in zip(shown, names, strict=True):
+        name = _markup(raw_name)
         worst = max((str(a.get("severity", "info")) for a in p.get("active", [])),
                     key=severity_rank, default=None)
         conds = _cell(", ".join(str(c) for c in p.get("conditions", [])))
         util = p.get("utilization") or {}
         state = state_label(p.get("state"), p.get("phys_state"))
         table.add_row(
-            name, _markup(f"{state} (stale)" if p.get("stale") else state),
+            name, _markup(f"stale: {state}" if p.get("stale") else state),
             _pct(util.get("transmit")), _pct(util.get("receive")),
             _pct(p.get("transmit_wait_ratio")), _ber(p.get("symbol_error_ber")),
             Text(conds, style=_STYLE.get(worst or "", "")),
         )
-    log = Table(title="recent events", expand=True, show_header=True, header_style="bold")
-    for col in ("time", "status", "severity", "type", "message"):
-        log.add_column(col)
+    log = Table(title="recent events", expand=True, header_style="bold", box=box.SIMPLE_HEAD,
+                padding=0, show_edge=False)
+    for col in ("time", "status", "severity", "type"):
+        log.add_column(col, no_wrap=True, overflow="ellipsis")
+    log.add_column("message", no_wrap=True, overflow="ellipsis", ratio=1)
     for e in reversed(events[-10:]):
         severity = _cell(e.get("severity", ""))
         log.add_row(_markup(str(e.get("time", ""))[11:19]), _markup(e.get("status", "")),

@@ -44,3 +44,29 @@ def test_top_rejects_a_non_http_url() -> None:
     assert out.returncode == 2
     assert "--url must start with http" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_every_port_and_event_is_one_line_on_an_80_column_terminal() -> None:
+    """A wrapped row would push the worst ports off the screen: each port and each event keeps
+    one line, the port's name whole, a stale port marked where the width does not cut it."""
+    ports = [{"guid": "0x1", "port": "1", "node_desc": "gpu-node-0421 mlx5_3", "state": 4,
+              "utilization": {"transmit": 0.5, "receive": 1.0}, "transmit_wait_ratio": 0.3,
+              "symbol_error_ber": 1e-9, "active": [{"severity": "critical"}],
+              "conditions": ["link_degraded_width", "high_ber", "congestion"]},
+             {"guid": "0x2", "port": "3", "node_desc": "leaf02", "state": 1, "phys_state": 2,
+              "stale": True, "conditions": ["link_down"], "active": [{"severity": "critical"}]}]
+    message = ("leaf02 port 3 (to host021 mlx5_0 port 1) runs at 2X of 4X (width): cable or "
+               "transceiver fault on this link: reseat or replace the cable")
+    events = [{"time": "2026-01-01T10:11:12Z", "status": "firing", "severity": "critical",
+               "type": "link_degraded", "message": message}] * 3
+    console = Console(record=True, width=80, color_system=None)
+    console.print(render(ports, events, "ibmon top - http://127.0.0.1:9683 - 118400 ports"))
+    lines = console.export_text().splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    (first,) = [line for line in lines if "gpu-node-0421 mlx5_3 [1]" in line]
+    assert "50.0%" in first and "100.0%" in first and "30.0%" in first and "1.0e-09" in first
+    (second,) = [line for line in lines if "leaf02 [3]" in line]
+    assert "stale: DOWN" in second
+    rows = [line for line in lines if "10:11:12" in line]
+    assert len(rows) == 3 and all(row.rstrip().endswith("…") for row in rows)
+    assert lines.index(second) == lines.index(first) + 1  # no continuation line between
