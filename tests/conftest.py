@@ -8,14 +8,20 @@
   CI run never reports green with a part of the suite not run.
 - Fabric paths by default: in-process tests run every poll the way a fabric-sized one runs
   (``ibmon.runtime.sizes.OFFLOAD_PORTS`` is 1); ``@pytest.mark.node_sized`` keeps the node path.
+- A SIGTERM (a cancelled CI job, ``timeout``, ``kill``) ends a run the way Ctrl-C does, with
+  every fixture's teardown: ibsim, opensm, Mosquitto and the other real components run in
+  sessions of their own, out of reach of a signal to the run's process group, and would
+  otherwise outlive the run, holding a CPU and their temporary directories.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 
 import pytest
 
@@ -63,6 +69,17 @@ def _process_wide_defaults() -> Iterator[None]:
     # (``ibmon.runtime.gcpause``, as the daemon's first poll does): a cycle some test left would
     # then never be collected.
     gc.unfreeze()
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends a teardown that hangs
+    raise KeyboardInterrupt
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before every test, not once: an in-process daemon's signal handling (asyncio's
+    ``remove_signal_handler``) puts SIGTERM back to its default when it stops."""
+    signal.signal(signal.SIGTERM, _interrupt)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
