@@ -9,11 +9,14 @@ leaf-span fallback, routes from forwarding tables, congestion roots, unknown job
 from __future__ import annotations
 
 import dataclasses
+import time
 from types import MappingProxyType
+
+import pytest
 
 from ibmon.detect.events import Event, PortRef
 from ibmon.infiniband.model import PortKey, PortView
-from ibmon.jobs.attribute import Attributor, host_name
+from ibmon.jobs.attribute import REINDEX_SECONDS, Attributor, host_name
 from ibmon.jobs.model import Job, JobTable
 from ibmon.jobs.routes import RouteIndex
 from ibmon.jobs.slurm import SlurmConfig
@@ -187,3 +190,149 @@ def test_a_job_that_ends_leaves_the_view_and_the_events() -> None:
     assert "101" not in view.rates and small.DOWN_PORT not in view.port_jobs
     (event,) = attr.annotate([_event(small.DOWN_PORT)])
     assert event.details["jobs"] == [] and event.details["jobs_total"] == 0
+
+
+def test_the_fabric_index_follows_ports_tables_and_renamed_hosts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fabric index is rebuilt when the port count or the tables change, and at least every
+    ``REINDEX_SECONDS`` otherwise; the running jobs' ports are taken again from the new index."""
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    table = JobTable.of(small.JOBS, fetched=1.0)
+    no_tables: dict[str, bytes] = {}  # one object, as the daemon's tables between discoveries
+    host01 = (small.HOSTS["host01"], "1")
+    attr = Attributor()
+    # host01's HCA port is not read yet: job 101 has host02's port only
+    without = {k: v for k, v in small.ports().items() if k != host01}
+    view = attr.view(_state(without), table, no_tables)
+    assert "host01" not in view.host_ports and view.rates["101"] == (1e8, 2e8)
+    # it answers (one port more), the jobs are the same: job 101 has both hosts' ports
+    view = attr.view(_state(small.ports()), table, no_tables)
+    assert view.host_ports["host01"] == (host01,) and view.rates["101"] == (2e8, 4e8)
+    # host03 renamed in place (same ports, same tables): the old name until the next reindex
+    renamed = {k: dataclasses.replace(v, identity=dataclasses.replace(
+        v.identity, node_desc="host77 mlx5_0")) if v.identity.node_desc == "host03 mlx5_0"
+        else v for k, v in small.ports().items()}
+    clock[0] += REINDEX_SECONDS - 1
+    assert attr.view(_state(renamed), table, no_tables).rates["103"] == (1e8, 2e8)
+    clock[0] += 1
+    view = attr.view(_state(renamed), table, no_tables)
+    assert "103" not in view.rates and view.unmatched == {"host03", "host99"}
+    # the same ports with tables read, then without: the routing follows the tables
+    views, tables = _two_level()
+    assert attr.view(_state(views), table, tables).routing == "tables"
+    assert attr.view(_state(views), table, no_tables).routing == "leaf_span"
+
+
+def test_tables_missing_a_switch_fall_back_to_leaf_spans() -> None:
+    """A route through a switch whose table was not read ends there: with any switch's table
+    missing, inter-switch links are named by leaf spans, not by half-followed routes."""
+    views, tables = _two_level()
+    spine = _guid(views, "spine01")
+    partial = {g: t for g, t in tables.items() if g != spine}
+    table = JobTable.of([Job("1", hosts=("host001", "host003"))], fetched=1.0)
+    attr = Attributor()
+    assert attr.view(_state(views), table, partial).routing == "leaf_span"
+    assert attr.view(_state(views), table, tables).routing == "tables"
+
+
+def test_a_job_has_no_rate_until_one_of_its_ports_has_one() -> None:
+    """On the first poll no port has a rate: the jobs have none either (absent, not 0 B/s, which
+    a dashboard would draw as an idle job)."""
+    first = {k: dataclasses.replace(v, rates={}) for k, v in small.ports().items()}
+    table = JobTable.of(small.JOBS, fetched=1.0)
+    attr = Attributor()
+    assert attr.view(_state(first), table, {}).rates == {}
+    assert attr.view(_state(small.ports()), table, {}).rates["101"] == (2e8, 4e8)
+
+
+def test_only_a_congestion_event_names_a_congestion_root() -> None:
+    """The root a congested victim port points at belongs to its congestion: another event on
+    the same port (its link went down) says nothing of a root."""
+    views, tables = _two_level()
+    index = RouteIndex.build(tables, views)
+    leaf02 = _guid(views, "leaf02")
+    host003 = _guid(views, "host003 mlx5_0")
+    root = next(k for k, v in views.items()
+                if k[0] == leaf02 and v.link is not None and v.link.remote_guid == host003)
+    victim = next(k for k, v in views.items() if v.identity.node_type == "switch"
+                  and v.link is not None and v.link.remote_guid == leaf02
+                  and root in index.downstream(k))
+    for key in (root, victim):
+        views[key] = dataclasses.replace(views[key], conditions=frozenset({"congestion"}))
+    attr = Attributor()
+    attr.view(_state(views), JobTable.of([Job("2", hosts=("host001", "host003"))], fetched=1.0),
+              tables)
+    congestion, down = attr.annotate([_event(victim, "congestion"), _event(victim)])
+    assert congestion.details["congestion_root"]["guid"] == root[0]
+    assert "congestion_root" not in down.details and down.details["jobs"]
+
+
+def test_a_link_names_the_jobs_routed_over_it_in_either_direction() -> None:
+    """Routes need not come back the way they went: with one host a leaf, leaf01 -> leaf02
+    crosses spine01 while leaf02 -> leaf01 crosses spine03. The link leaf02 / spine01 carries
+    the job's traffic only towards leaf02, and is still its link, asked from either end."""
+    fabric = fat_tree(levels=2, radix=4, leaves=4, hosts_per_leaf=1)
+    views = port_views(fabric)
+    for key, v in views.items():
+        views[key] = dataclasses.replace(v, identity=dataclasses.replace(
+            v.identity, node_desc=fabric.nodes[key[0]].desc))
+    tables = dmodk_tables(fabric)
+    index = RouteIndex.build(tables, views)
+    leaf02, spine01 = _guid(views, "leaf02"), _guid(views, "spine01")
+    up = next(k for k, v in views.items() if k[0] == leaf02 and v.link is not None
+              and v.link.remote_guid == spine01)
+    link = views[up].link
+    assert link is not None
+    down = (link.remote_guid, link.remote_port)
+    assert not index.leaf_pairs(up) and index.leaf_pairs(down)  # one direction only
+    attr = Attributor()
+    attr.view(_state(views), JobTable.of([Job("1", hosts=("host001", "host002"))],
+                                         fetched=1.0), tables)
+    assert [(link.job.id, link.how) for link in attr.jobs_on(up)] == [("1", "route")]
+    assert [link.job.id for link in attr.jobs_on(down)] == ["1"]
+
+
+def test_the_jobs_on_a_link_come_most_routes_first() -> None:
+    """A link's jobs are ordered by how many of their (source leaf, destination leaf) routes
+    cross it, the most first: the job that loses most when the link fails leads the list (and
+    the event's capped ``jobs``)."""
+    views, tables = _two_level()
+    index = RouteIndex.build(tables, views)
+    wide = Job("9", hosts=("host001", "host003", "host005", "host007"))  # all four leaves
+    narrow = Job("10", hosts=("host001", "host003"))  # leaf01 and leaf02
+    attr = Attributor()
+    attr.view(_state(views), JobTable.of([narrow, wide], fetched=1.0), tables)
+    leaves = {name: _guid(views, name) for name in ("leaf01", "leaf02")}
+    pair = (leaves["leaf01"], leaves["leaf02"])
+    checked = 0
+    for key, v in views.items():
+        if v.identity.node_type != "switch" or v.link is None:
+            continue
+        far = (v.link.remote_guid, v.link.remote_port)
+        pairs = index.leaf_pairs(key) | index.leaf_pairs(far)
+        if views[far].identity.node_type == "switch" and pair in pairs and len(pairs) > 2:
+            assert [link.job.id for link in attr.jobs_on(key)] == ["9", "10"], key
+            checked += 1
+    assert checked
+
+
+def test_without_tables_the_jobs_on_an_uplink_come_most_hosts_under_its_leaf_first() -> None:
+    views, _ = _two_level()
+    leaf01 = _guid(views, "leaf01")
+    uplink = next(k for k, v in views.items() if k[0] == leaf01 and v.link is not None
+                  and views[(v.link.remote_guid, v.link.remote_port)].identity.node_type
+                  == "switch")
+    table = JobTable.of([Job("9", hosts=("host001", "host003")),               # 1 under leaf01
+                         Job("10", hosts=("host001", "host002", "host005"))],  # 2 under leaf01
+                        fetched=1.0)
+    attr = Attributor()
+    attr.view(_state(views), table, {})
+    assert [(link.job.id, link.how) for link in attr.jobs_on(uplink)] == [
+        ("10", "leaf_span"), ("9", "leaf_span")]
+    # a tie goes by job id as Slurm numbers them: 9 before 10
+    attr.view(_state(views), JobTable.of([Job("10", hosts=("host001", "host003")),
+                                          Job("9", hosts=("host002", "host005"))],
+                                         fetched=2.0), {})
+    assert [link.job.id for link in attr.jobs_on(uplink)] == ["9", "10"]
