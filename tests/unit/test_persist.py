@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
 
 from ibmon.detect.engine import Engine
 from ibmon.infiniband.model import PortIdentity, PortSample, Snapshot
-from ibmon.state.persist import StateFile
+from ibmon.state.persist import STALE_TEMP_SECONDS, StateFile
 from ibmon.track.tracker import Tracker
 
 
@@ -137,7 +139,42 @@ def test_only_temporaries_of_dead_saves_are_removed(tmp_path: Path) -> None:
     other = tmp_path / ".other.json.1.tmp"  # another file's temporary
     for p in (dead, mine, live, old, other):
         p.write_bytes(b"{")
-    os.utime(old, (1.0, 1.0))  # older than any save takes, whoever has that pid now
+    stale = time.time() - 2 * STALE_TEMP_SECONDS  # older than any save takes
+    os.utime(old, (stale, stale))  # whoever has that pid now
     removed = StateFile(tmp_path / "state.json").remove_stale_temporaries()
     assert sorted(removed) == sorted([dead, mine, old])
     assert live.exists() and other.exists()
+
+
+def test_a_save_that_fails_to_write_leaves_the_old_state_and_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk in the middle of a save: the save raises (the daemon logs and counts it),
+    the last good state stays as it was, and no half-written temporary is left to fill the
+    disk further."""
+    path = tmp_path / "state.json"
+    sf = StateFile(path)
+    sf.save({"a": {"n": 1}})
+
+    def full(fd: int, data: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(OSError, match="No space left"):
+        sf.save({"a": {"n": 2}})
+    monkeypatch.undo()
+    assert json.loads(path.read_text())["sources"] == {"a": {"n": 1}}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
+
+
+def test_a_dangling_symlink_at_the_state_path_is_replaced_like_a_missing_file(
+    tmp_path: Path,
+) -> None:
+    """Nothing is behind a dangling link to protect (a state directory moved away): the first
+    save writes a regular file in its place instead of refusing every save."""
+    path = tmp_path / "state.json"
+    path.symlink_to(tmp_path / "gone" / "state.json")
+    sf = StateFile(path)
+    assert sf.load().problem == "missing"
+    sf.save({"a": {"n": 1}})
+    assert not path.is_symlink() and sf.load().sources == {"a": {"n": 1}}
