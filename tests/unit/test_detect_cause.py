@@ -261,6 +261,40 @@ def test_a_hidden_far_end_does_not_hold_the_link_fault_open() -> None:
     assert done.status == "resolved"
 
 
+def test_a_hidden_carrying_end_leaves_the_far_end_to_decide() -> None:
+    """The other way round: the switch that carries a host link's fault stops answering (a
+    hung switch); the host end, which answers, says the link is up again, and that ends it."""
+    engine = Engine()
+    step(engine, [leaf_view(), host_view()], 0)
+    (ev,) = step(engine, [leaf_view(state=1), host_view(state=1)], 1)
+    assert ev.port is not None and ev.port.guid == LEAF
+    assert step(engine, [leaf_view(state=1, stale=True), host_view(state=1)], 2) == []
+    (done,) = step(engine, [leaf_view(state=1, stale=True), host_view()], 3)
+    assert (done.status, done.port and done.port.guid) == ("resolved", LEAF)
+
+
+def test_no_end_with_an_opinion_leaves_the_link_fault_as_it_is() -> None:
+    """The host end is silent and the switch end's state could not be read this poll (no
+    opinion): nothing says the link is up, so its fault stays; a state read says so."""
+    engine = Engine()
+    step(engine, [leaf_view(), host_view()], 0)
+    (fired,) = step(engine, [leaf_view(state=1), host_view(state=1)], 1)
+    assert fired.status == "firing"
+    assert step(engine, [leaf_view(state=None, phys_state=None), host_view(stale=True)], 2) == []
+    assert [a.type for a in engine.active()] == ["port_down"]
+    (done,) = step(engine, [leaf_view(), host_view(stale=True)], 3)
+    assert done.status == "resolved"
+
+
+def test_one_end_up_ends_the_link_fault_the_other_end_has_no_opinion_of() -> None:
+    engine = Engine()
+    step(engine, [leaf_view(), host_view()], 0)
+    (fired,) = step(engine, [leaf_view(state=1), host_view(state=1)], 1)
+    assert fired.status == "firing"
+    (done,) = step(engine, [leaf_view(), host_view(state=None, phys_state=None)], 2)
+    assert (done.status, done.port and done.port.guid) == ("resolved", LEAF)
+
+
 def test_the_cause_stays_as_announced_while_the_condition_holds() -> None:
     engine = Engine()
     (ev,) = receive_errors(engine, {"receive_local_physical_errors": 1240})

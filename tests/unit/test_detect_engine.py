@@ -196,3 +196,31 @@ def test_a_window_over_a_counter_that_rises_every_poll_holds_a_bounded_history()
     assert 598 <= total <= 600
     ((_, _, history),) = window.dump(0.0)["hist"]  # as the state file holds it
     assert len(history) <= 301
+
+
+def test_a_port_that_does_not_answer_keeps_its_condition_until_it_answers() -> None:
+    """Stale views count as present but are not judged: a flapping port that stops answering
+    (its switch is hung) stays flapping for as long as it is silent, even past the window that
+    would have cleared it; once it answers, the window decides again."""
+    engine = Engine()
+    fired = []
+    for t in range(5):
+        fired += step(engine, t, totals={"link_downed": 1 + t})
+    assert [(e.type, e.status) for e in fired] == [("link_flapping", "firing")]
+    for t in range(10, 1000, 10):
+        assert step(engine, t, stale=True, totals={"link_downed": 5}) == []
+    assert [a.type for a in engine.active()] == ["link_flapping"]
+    (done,) = step(engine, 1000, totals={"link_downed": 5})
+    assert (done.type, done.status) == ("link_flapping", "resolved")
+
+
+def test_a_condition_that_holds_shows_todays_value_with_the_words_it_fired_with() -> None:
+    """The API and ``ibmon explain`` read an active condition's value: it follows the port
+    each poll, while the severity, message and cause stay as announced (no new event)."""
+    engine = Engine()
+    fired = [e for t in range(3) for e in step(engine, t, xmit_wait_ratio=0.3)]
+    assert [(e.type, e.severity) for e in fired] == [("congestion", "warning")]
+    assert step(engine, 3, xmit_wait_ratio=0.42) == []
+    (now,) = engine.active()
+    assert now.finding.value == pytest.approx(0.42)
+    assert (now.finding.severity, now.finding.message) == ("warning", fired[0].message)
