@@ -116,14 +116,21 @@ async def test_a_failing_source_is_a_failed_poll_and_its_ports_stay() -> None:
     src = FakeFabric(clock=clock)
     p = pipeline(clock=clock, tables={"source_failed": {"after": 1}})
     await p.poll(src)
+    good = p.status.last_success
+    assert good is not None
     src.raise_ = OSError("cannot open MAD port")
+    clock.t += 1.0
     events = await p.poll(src)
     assert [(e.type, e.status) for e in events] == [("source_failed", "firing")]
     assert await p.poll(src) == []  # an edge, not one event per failed poll
     assert p.error == "cannot open MAD port"
     assert not p.status.up and p.status.last_error == "poll_failed: cannot open MAD port"
-    assert p.status.ports == 1 and (GUID, "1") in p.views
+    assert p.status.ports == 1 and (GUID, "1") in p.views and p.views[(GUID, "1")].stale
+    assert p.status.last_success == good  # when it last answered, for the API and the alert
     assert metric(p, "ibmon_source_up", source="src") == 0
+    # the port stays, stale: none answered this poll
+    assert metric(p, "ibmon_source_ports", source="src") == 0
+    assert metric(p, "ibmon_source_stale_ports", source="src") == 1
     assert metric(p, "ibmon_source_poll_errors_total", source="src", reason="poll_failed") == 2
     src.raise_ = None
     events = await p.poll(src)
@@ -215,3 +222,49 @@ def test_a_port_that_is_not_active_has_no_rates_but_keeps_counting() -> None:
     assert back.rates["transmit_data"] == 0.0 and back.utilization_tx == 0.0
     unknown = tracker.update(snap(7.0, None, 2 * 10**9, 6 * 10**6))[(GUID, "1")]  # type: ignore[arg-type]
     assert unknown.rates  # a source that cannot tell the state: rates as usual
+
+
+def test_a_reset_a_saturation_or_a_new_key_asks_for_a_save_before_publishing() -> None:
+    """What a crash right after the poll would lose: a reset's carried-over total, a pinned
+    counter, the totals' new key once a GUID arrives. Each asks the daemon to save before it
+    publishes (``save_due``); a plain poll does not."""
+    p = pipeline()
+    t = [0.0]
+
+    def poll(guid: str, counters: dict[str, int], renamed: dict[Any, Any] | None = None) -> None:
+        t[0] += 1.0
+        ident = PortIdentity(guid=guid, port="1", node_desc="host1", source="src")
+        sample = PortSample(identity=ident, state=4, phys_state=5, rate_bps=100e9,
+                            counters=counters, wide=frozenset({"transmit_data"}))
+        snap = Snapshot("src", monotonic=t[0], wall=1.7e9 + t[0], ports={ident.key: sample},
+                        renamed=renamed or {})
+        p.save_due = False
+        p.ingest(snap)
+
+    poll("", {"transmit_data": 100, "link_downed": 1})
+    poll("", {"transmit_data": 200, "link_downed": 1})
+    assert not p.save_due
+    poll("", {"transmit_data": 50, "link_downed": 1})  # reset
+    assert p.save_due
+    poll("", {"transmit_data": 60, "link_downed": 255})  # link_downed pinned at 8 bits
+    assert p.save_due
+    poll("", {"transmit_data": 70, "link_downed": 255})
+    assert not p.save_due
+    poll(GUID, {"transmit_data": 80, "link_downed": 255}, renamed={("", "1"): (GUID, "1")})
+    assert p.save_due and p.views[(GUID, "1")].totals["transmit_data"] > 80 * 4
+
+
+def test_a_corrupt_part_of_the_saved_state_costs_only_that_part() -> None:
+    """Totals that cannot be restored do not take the active conditions with them: the
+    restart re-announces nothing it had announced."""
+    from ibmon.detect.engine import Engine
+    from tests.detect_views import view
+
+    engine = Engine()
+    for t in range(3):
+        v = view(xmit_wait_ratio=0.3)
+        engine.process({v.key: v}, monotonic=t, wall=1e9 + t)
+    p = pipeline()
+    with pytest.raises(ValueError, match=r"tracker|state"):
+        p.load({"tracker": {"version": 99}, "engine": engine.dump()})
+    assert [a.type for a in p.active()] == ["congestion"]

@@ -66,7 +66,7 @@ class Fabric:
             state = self.state.get(i, 4)
             counters: dict[str, int] = {} if i in self.no_lid else {
                 "transmit_data": self.words, "receive_data": self.words,
-                "transmit_wait": self.wait.get(i, 0), "link_downed": 0,
+                "transmit_wait": self.wait.get(i, 0), "link_downed": 0, "symbol_errors": 0,
             }
             if i in self.partial:
                 snap.errors.append(SourceError("parse", f"{k[0]} port 1: one field", k))
@@ -114,6 +114,7 @@ async def test_a_poll_in_which_no_port_answered_fails_and_every_port_stays_stale
     p, now = make()
     await run(p, fab, now, 2)
     before = {k: dict(v.totals) for k, v in p.views.items()}
+    assert all(v.symbol_error_ber == 0.0 for v in p.views.values())  # measured: no errors
     fab.silent = set(range(4))
     events = await run(p, fab, now)
     assert events == ["source_failed:firing"]
@@ -125,6 +126,7 @@ async def test_a_poll_in_which_no_port_answered_fails_and_every_port_stays_stale
     for k, v in p.views.items():
         assert v.stale and v.totals == before[k]
         assert v.rates == {} and v.utilization_tx is None and v.xmit_wait_ratio is None
+        assert v.utilization_rx is None and v.symbol_error_ber is None  # nothing measured
     # Blind for a while: one edge, never a vanished port, last_success does not move.
     last = metric(p, "ibmon_source_last_success_timestamp_seconds")
     assert await run(p, fab, now, 5) == []
@@ -190,6 +192,14 @@ async def test_the_bar_is_more_than_half_of_the_ports_that_ever_answered() -> No
     listed.silent = {0, 1}
     assert await run(q, listed, qnow) == ["source_failed:firing"]
     assert q.status.last_error == "ports_silent: 2 of 3 known ports did not answer"
+    # nor are they silent when asked in vain: the 3 that ever answered all still do
+    quiet = Fabric(7)
+    quiet.no_lid = {3, 4, 5, 6}
+    r, rnow = make()
+    await run(r, quiet, rnow, 2)
+    quiet.silent = {3, 4, 5, 6}
+    assert await run(r, quiet, rnow) == []
+    assert metric(r, "ibmon_source_up") == 1
 
 
 async def test_ports_with_driver_counters_only_answered() -> None:
