@@ -88,6 +88,21 @@ def test_walking_the_cursor_gives_every_port_once_worst_first(condition: str | N
     assert pages == max(1, -(-len(want) // 100))
 
 
+def test_worst_first_weighs_the_busier_direction_then_numbers_ports_as_numbers() -> None:
+    """Among ports with nothing firing, the one receiving most comes before one sending
+    less (utilization is the busier direction of the two); equally quiet ports come by GUID
+    and port number, port 2 before port 10 (as ``ibmon top`` and the switch label them)."""
+    def port(guid: str, port: str, tx: float = 0.0, rx: float = 0.0) -> PortView:
+        return PortView(identity=PortIdentity(guid=guid, port=port), state=4, phys_state=5,
+                        utilization_tx=tx, utilization_rx=rx)
+
+    views = [port("0x01", "10"), port("0x01", "2"), port("0x02", "1", tx=0.5),
+             port("0x03", "1", tx=0.2, rx=0.9)]
+    state = FabricState(generated=1.0, ports={v.key: v for v in views})
+    assert [v.key for v, _ in worst_first(state, [])] == [
+        ("0x03", "1"), ("0x02", "1"), ("0x01", "2"), ("0x01", "10")]
+
+
 def test_query_numbers_are_ascii_digits_only() -> None:
     assert query_count({}, "limit", default=7, maximum=10) == 7
     assert query_count({"limit": "0"}, "limit", default=7, maximum=10) == 0
