@@ -116,7 +116,12 @@ def test_counter_saturated_fires_and_resolves() -> None:
     (ev,) = step(engine, [view(saturated=frozenset({"transmit_wait"}))], 0)
     assert (ev.type, ev.details["counter"]) == ("counter_saturated", "transmit_wait")
     assert step(engine, [view(saturated=frozenset({"transmit_wait"}))], 1) == []
-    (done,) = step(engine, [view()], 2)
+    # a second counter pinned: no new event, but the condition the API shows names both
+    both = frozenset({"transmit_wait", "symbol_errors"})
+    assert step(engine, [view(saturated=both)], 2) == []
+    (held,) = engine.active()
+    assert held.finding.details["counters"] == ["symbol_errors", "transmit_wait"]
+    (done,) = step(engine, [view()], 3)
     assert (done.type, done.status) == ("counter_saturated", "resolved")
 
 
@@ -136,6 +141,18 @@ def test_topology_changes_after_the_baseline() -> None:
     assert gone.message == "host042 mlx5_0 port 2 vanished"
     (new,) = step(engine, [view("1", link=moved), view("3")], 4)
     assert new.details["change"] == "appeared"
+
+
+def test_only_polls_in_a_row_without_a_port_make_it_vanish() -> None:
+    """A port that misses a poll now and then (a flaky PMA) never vanishes: its count starts
+    again each time it answers; only ``absent_polls`` misses in a row are a removed cable."""
+    engine = Engine({"topology_changed": {"absent_polls": 3}})
+    both, one = [view("1"), view("2")], [view("1")]
+    assert step(engine, both, 0) == []
+    for t, polled in enumerate([one, one, both, one, one, both, one, one], start=1):
+        assert step(engine, polled, t) == [], t
+    (gone,) = step(engine, one, 9)
+    assert gone.details["change"] == "vanished"
 
 
 def test_a_restored_port_no_poll_names_vanishes_though_the_polls_stay_alike() -> None:
