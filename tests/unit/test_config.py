@@ -82,6 +82,15 @@ def test_toml_env_and_override_priority(tmp_path: Path, monkeypatch: pytest.Monk
         ("[detect\n", "TOML syntax error"),
         ("unknown_key = 1\n", "unknown_key"),
         ('[[sources]]\ntype = "sysfs"\n[[sources]]\ntype = "sysfs"\n', "share the name"),
+        # a source's name is a label value, an event id part and a state file key
+        ('[[sources]]\ntype = "sysfs"\nname = "rack 1/a"\n', "sources.0.name"),
+        ("[prometheus]\nmax_connections = 0\n", "prometheus.max_connections"),
+        ("[events]\nmax_bytes = 100\n", "events.max_bytes"),
+        ("[events]\nqueue_size = 0\n", "events.queue_size"),
+        ('[mqtt]\ntls = {key_file = "/etc/ibmon/key.pem"}\n', "key_file needs cert_file"),
+        ('[mqtt]\nkeepalive = "500ms"\n', "keepalive must be between 1s and 65535s"),
+        ('[mqtt]\npassword_file = "/etc/ibmon/mqtt"\n', "password_file needs a username"),
+        ('[mqtt]\nprefix = "ibmon/#"\n', "mqtt.prefix"),  # a wildcard is no topic to publish to
     ],
 )
 def test_bad_config_names_the_field(tmp_path: Path, body: str, expect: str) -> None:
