@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporters.jobs import MAX_LABEL_JOBS, render_jobs
+from exporters.jobs import MAX_LABEL_JOBS, JobRenderer, jobs_label, render_jobs
 from exporters.prometheus import PrometheusExporter, exposition
 from ibmon.jobs.model import Job, JobLink, JobsView, JobTable
 from ibmon.runtime.selfmetrics import SelfMetrics
@@ -102,6 +102,31 @@ def test_port_jobs_label_is_capped_and_only_for_firing_ports() -> None:
     ids = labels["jobs"].split(",")
     assert ids[:MAX_LABEL_JOBS] == [str(1000 + i) for i in range(MAX_LABEL_JOBS)]
     assert ids[MAX_LABEL_JOBS:] == ["+5"]
+
+
+def test_the_jobs_label_names_each_job_once_and_counts_every_one_left_out() -> None:
+    """A job on both ends of a link is one id; one job past the cap is ``+1``, not dropped."""
+    jobs = [Job(str(i)) for i in range(1, MAX_LABEL_JOBS + 2)]
+    twice = [JobLink(jobs[0], "host"), JobLink(jobs[1], "host"), JobLink(jobs[0], "host")]
+    assert jobs_label(twice) == "1,2"
+    over = jobs_label([JobLink(j, "route") for j in jobs])
+    assert over.split(",")[-1] == "+1" and len(over.split(",")) == MAX_LABEL_JOBS + 1
+    assert "+" not in jobs_label([JobLink(j, "route") for j in jobs[:MAX_LABEL_JOBS]])
+
+
+def test_the_exporter_follows_a_host_that_becomes_shared_while_the_jobs_stay() -> None:
+    """The job lines kept between states are kept only while both the jobs and the shared
+    hosts are the same: a host matched to a second job (a renamed node description) changes
+    ``ibmon_job_shared_hosts`` at once."""
+    renderer = JobRenderer("main")
+    view = jobs_view()
+    shared = {labels["job_id"]: v for labels, v in
+              samples(renderer.render(state(view)))["ibmon_job_shared_hosts"]}
+    assert shared["103"] == 0
+    more = dataclasses.replace(view, shared=view.shared | {"host03"})
+    shared = {labels["job_id"]: v for labels, v in
+              samples(renderer.render(state(more)))["ibmon_job_shared_hosts"]}
+    assert shared["103"] == 1
 
 
 def test_a_job_listed_on_a_port_but_no_longer_running_is_not_named() -> None:

@@ -103,6 +103,7 @@ async def test_unknown_job_is_404_and_unknown_jobs_are_503(
     status, doc, _ = await get(base, "/api/v1/jobs")
     assert status == 200
     assert (doc["known"], doc["error"], doc["count"], doc["jobs"]) == (False, "timeout", 0, [])
+    assert doc["hosts_unmatched"] is None and doc["fetched"] is None  # unknown, not zero
     # no job source at all: said so, not "no jobs"
     holder["state"] = FabricState(generated=3e9, ports=state().ports)
     status, doc, _ = await get(base, "/api/v1/jobs")
@@ -152,3 +153,21 @@ async def test_a_port_answer_lists_the_jobs_on_its_link(
     assert [(j["id"], j["how"]) for j in doc["jobs"]["list"]] == [("102", "leaf_span")]
     _, doc, _ = await get(base, f"/api/v1/ports/{DOWN_PORT[0]}/{DOWN_PORT[1]}")
     assert [j["id"] for j in doc["jobs"]["list"]] == ["101"]
+
+
+def test_a_rate_that_is_not_finite_is_unknown_in_the_json() -> None:
+    """JSON has no NaN or infinity (a strict client refuses the whole answer): such a job
+    rate is null, like a rate not measured yet."""
+    from types import MappingProxyType
+
+    from exporters.jobs import job_detail_json, jobs_json
+
+    view = jobs_view()
+    odd = replace(view, rates=MappingProxyType(
+        {**view.rates, "101": (float("nan"), float("inf"))}))
+    doc = jobs_json(state(odd))
+    (job,) = [j for j in doc["jobs"] if j["id"] == "101"]
+    assert (job["transmit_bytes_per_second"], job["receive_bytes_per_second"]) == (None, None)
+    detail = job_detail_json(state(odd), "101")
+    assert detail is not None and detail["transmit_bytes_per_second"] is None
+    json.dumps(doc, allow_nan=False)
