@@ -88,12 +88,17 @@ def _guid(views: dict[PortKey, PortView], desc: str) -> str:
     return next(k[0] for k, v in views.items() if v.identity.node_desc == desc)
 
 
+def _uplink(views: dict[PortKey, PortView], leaf: str) -> PortKey:
+    """A port of switch ``leaf`` cabled to another switch."""
+    guid = _guid(views, leaf)
+    return next(k for k, v in views.items() if k[0] == guid and v.link is not None
+                and views[(v.link.remote_guid, v.link.remote_port)].identity.node_type
+                == "switch")
+
+
 def test_without_tables_a_leaf_uplink_names_the_jobs_spanning_its_leaf() -> None:
     views, _ = _two_level()
-    leaf01 = _guid(views, "leaf01")
-    uplink = next(k for k, v in views.items() if k[0] == leaf01 and v.link is not None
-                  and views[(v.link.remote_guid, v.link.remote_port)].identity.node_type
-                  == "switch")
+    uplink = _uplink(views, "leaf01")
     table = JobTable.of([Job("1", hosts=("host001", "host003")),   # leaf01 and leaf02
                          Job("2", hosts=("host001", "host002")),   # leaf01 only
                          Job("3", hosts=("host005", "host007"))],  # leaf03 and leaf04
@@ -164,6 +169,10 @@ def test_a_congestion_victim_points_at_its_root_and_lists_the_roots_jobs_first()
     assert [j["id"] for j in event.details["jobs"]] == ["2", "1"]
     (event,) = attr.annotate([_event(root, "congestion")])
     assert "congestion_root" not in event.details  # the root itself has none
+    # the root belongs to the congestion: another event on the victim (its link went down)
+    # names the link's jobs and no root
+    (down,) = attr.annotate([_event(victim)])
+    assert "congestion_root" not in down.details and down.details["jobs"]
 
 
 def test_events_carry_capped_jobs_and_say_when_jobs_are_unknown() -> None:
@@ -247,28 +256,6 @@ def test_a_job_has_no_rate_until_one_of_its_ports_has_one() -> None:
     assert attr.view(_state(small.ports()), table, {}).rates["101"] == (2e8, 4e8)
 
 
-def test_only_a_congestion_event_names_a_congestion_root() -> None:
-    """The root a congested victim port points at belongs to its congestion: another event on
-    the same port (its link went down) says nothing of a root."""
-    views, tables = _two_level()
-    index = RouteIndex.build(tables, views)
-    leaf02 = _guid(views, "leaf02")
-    host003 = _guid(views, "host003 mlx5_0")
-    root = next(k for k, v in views.items()
-                if k[0] == leaf02 and v.link is not None and v.link.remote_guid == host003)
-    victim = next(k for k, v in views.items() if v.identity.node_type == "switch"
-                  and v.link is not None and v.link.remote_guid == leaf02
-                  and root in index.downstream(k))
-    for key in (root, victim):
-        views[key] = dataclasses.replace(views[key], conditions=frozenset({"congestion"}))
-    attr = Attributor()
-    attr.view(_state(views), JobTable.of([Job("2", hosts=("host001", "host003"))], fetched=1.0),
-              tables)
-    congestion, down = attr.annotate([_event(victim, "congestion"), _event(victim)])
-    assert congestion.details["congestion_root"]["guid"] == root[0]
-    assert "congestion_root" not in down.details and down.details["jobs"]
-
-
 def test_a_link_names_the_jobs_routed_over_it_in_either_direction() -> None:
     """Routes need not come back the way they went: with one host a leaf, leaf01 -> leaf02
     crosses spine01 while leaf02 -> leaf01 crosses spine03. The link leaf02 / spine01 carries
@@ -320,10 +307,7 @@ def test_the_jobs_on_a_link_come_most_routes_first() -> None:
 
 def test_without_tables_the_jobs_on_an_uplink_come_most_hosts_under_its_leaf_first() -> None:
     views, _ = _two_level()
-    leaf01 = _guid(views, "leaf01")
-    uplink = next(k for k, v in views.items() if k[0] == leaf01 and v.link is not None
-                  and views[(v.link.remote_guid, v.link.remote_port)].identity.node_type
-                  == "switch")
+    uplink = _uplink(views, "leaf01")
     table = JobTable.of([Job("9", hosts=("host001", "host003")),               # 1 under leaf01
                          Job("10", hosts=("host001", "host002", "host005"))],  # 2 under leaf01
                         fetched=1.0)
