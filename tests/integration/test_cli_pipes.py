@@ -120,11 +120,11 @@ def test_top_once_reads_back(tree: Path) -> None:
     proc = ibmon("top", "--source", "sysfs", "--once", "--interval", "0.1", root=tree)
     lines = proc.stdout.splitlines()
     assert "3 ports" in lines[0]
-    cells = [[c.strip() for c in ln.strip("│").split("│")] for ln in lines if ln.count("│") > 3]
-    rows = {c[0]: c for c in cells if c[0] != "port"}
-    assert rows["host01 HCA-1 [2]"][1] == "DOWN/Polling"
-    assert rows["host01 HCA-1 [2]"][2] == "-"  # no utilization for a port that is down
-    assert rows["host01 HCA-1 [1]"][1] == "ACTIVE"
+    # a row: the port's name (it ends in "[port]"), then state, tx, rx, wait, BER, conditions
+    rows = {m[1]: m[2].split() for ln in lines if (m := re.match(r"^(.+? \[\d+\]) +(.*)$", ln))}
+    assert rows["host01 HCA-1 [2]"][0] == "DOWN/Polling"
+    assert rows["host01 HCA-1 [2]"][1] == "-"  # no utilization for a port that is down
+    assert rows["host01 HCA-1 [1]"][0] == "ACTIVE"
     log_lines(proc.stderr)
 
 
