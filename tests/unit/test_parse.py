@@ -372,6 +372,44 @@ def test_hostile_descriptions_in_ports_format() -> None:
     assert ports[1].desc == "host ' - ' x\\y" and ports[1].remote_desc == "it's a - switch"
 
 
+_SW = "SW     3  1 0x0000000000200001 4x EDR - CA     4  1 0x0000000000100004 ( 'sw' - 'h' )\n"
+_CA = "CA     4  1 0x0000000000100004 4x EDR - SW     3  1 0x0000000000200001 ( 'h' - 'sw' )\n"
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("SW 65536  1 0x0000000000200001 4x EDR 'sw'\n", "LID 65536 out of range"),
+    ("SW     3  0 0x0000000000200001 4x EDR 'sw'\n", "port 0 out of range"),
+    ("SW     3 255 0x0000000000200001 4x EDR 'sw'\n", "port 255 out of range"),
+    ("SW     3  1 0x0000000000200001 3x EDR 'sw'\n", "link width 3x does not exist"),
+    ("SW     3  1 0x0000000000200001 4x EDR '\n", "unbalanced quotes"),
+    (_SW + _SW, "printed twice"),
+    (_SW + _SW.replace("  1 0x0000000000200001", "  2 0x0000000000200001", 1),
+     "far end of two ports"),
+    (_SW + "SW     5  2 0x0000000000200001 4x EDR 'sw'\n", "has LIDs 3 and 5"),
+    (_SW.replace("CA     4", "CA     9") + _CA, "disagree about their link"),
+])
+def test_ibnetdiscover_output_that_cannot_be_a_fabric_is_refused_whole(text: str,
+                                                                       why: str) -> None:
+    """Values out of the protocol's range and lines that contradict each other are a broken
+    or foreign output, never a topology: the whole output is refused, saying why."""
+    with pytest.raises(ParseError, match=re.escape(why)):
+        parse_ibnetdiscover_ports(text)
+    assert len(parse_ibnetdiscover_ports(_SW + _CA)) == 2
+
+
+def test_an_ambiguous_link_line_takes_the_descriptions_the_nodes_give_elsewhere() -> None:
+    """``( 'x' - 'y' - 'z' )`` splits two ways. Only lines that cannot be misread vote: the
+    nodes' own unlinked ports say ``x' - 'y`` and ``z``, and that split wins."""
+    text = (
+        "SW     3  1 0x0000000000200001 4x EDR - CA     4  1 0x0000000000100004 "
+        "( 'x' - 'y' - 'z' )\n"
+        "SW     3  2 0x0000000000200001 4x EDR 'x' - 'y'\n"
+        "CA     4  2 0x0000000000100004 4x EDR 'z'\n"
+    )
+    link = parse_ibnetdiscover_ports(text)[0]
+    assert (link.desc, link.remote_desc) == ("x' - 'y", "z")
+
+
 def test_clean_node_desc_like_infiniband_diags() -> None:
     assert clean_node_desc("leaf ü01".encode()) == "leaf   01"
     assert clean_node_desc(b"a\nb\tc\x7f" + b"\0garbage") == "a b c "
