@@ -46,6 +46,9 @@ def test_a_description_with_odd_characters_is_only_a_description() -> None:
         (LEAF02.replace("15 valid", "16 valid"), "announced"),
         (LEAF02.replace("0x0003 007 \n", "0x0003 007 : (Switch portguid 0x1: 'x')\n"), "entry"),
         (LEAF02.replace("0x0004 003 \n", "0x0002 003 \n"), "order"),
+        (LEAF02.replace("0x0004 003 \n", "0x0003 003 \n"), "order"),  # a LID twice
+        (LEAF02.replace("[0x0-0xf]", "[0x1-0xf]"), "0..LinearFDBTop"),
+        (LEAF02.replace("[0x0-0xf]", "[0x0-0xc000]"), "0..LinearFDBTop"),  # multicast LIDs
         (LEAF02.replace("0x000f 008 \n", "0x0010 008 \n"), "top"),
         (LEAF02.replace("0x000e 007 \n", "0x000e 009 \n"), "ports"),
         (LEAF02.replace("Lid 5 ", "Lid 6 "), "another switch"),
@@ -58,3 +61,9 @@ def test_a_description_with_odd_characters_is_only_a_description() -> None:
 def test_junk_is_refused_whole(text: str, why: str) -> None:
     with pytest.raises(ParseError, match=why):
         parse_ibroute(text, lid=5, num_ports=8)
+
+
+def test_without_the_port_count_a_port_past_254_is_refused() -> None:
+    """Port 255 is "no route" in the table itself: ibroute never prints it as an egress."""
+    with pytest.raises(ParseError, match="254 ports"):
+        parse_ibroute(LEAF02.replace("0x000e 007 \n", "0x000e 255 \n"))
