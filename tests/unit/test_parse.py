@@ -410,6 +410,45 @@ def test_an_ambiguous_link_line_takes_the_descriptions_the_nodes_give_elsewhere(
     assert (link.desc, link.remote_desc) == ("x' - 'y", "z")
 
 
+_TOPO_SW = ('switchguid=0x0000000000200001(200001)\n'
+            'Switch\t4 "S-0000000000200001"\t\t# "sw" base port 0 lid 3 lmc 0\n'
+            '[1]\t"H-0000000000100004"[1](100004) \t\t# "h" lid 4 4xEDR\n\n')
+_TOPO_CA = ('caguid=0x0000000000100004\n'
+            'Ca\t1 "H-0000000000100004"\t\t# "h"\n'
+            '[1](100004) \t"S-0000000000200001"[1]\t\t# lid 4 lmc 0 "sw" lid 3 4xEDR\n')
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    (_TOPO_SW.replace("lid 3 lmc", "lid 70000 lmc"), "LID 70000 out of range"),
+    (_TOPO_SW.replace("switchguid=0x0000000000200001(200001)\n", "").replace(
+        '"S-0000000000200001"\t', '"sw-1"\t'), "a node record without a GUID"),
+    (_TOPO_SW.replace("lmc 0\n", "lmc 0\njunk\n", 1), "not a topology-file line"),
+    (_TOPO_SW.replace('"S-0000000000200001"\t\t#', '"S-0000000000200001" junk #'),
+     "unreadable text after a node header"),
+    (_TOPO_SW + _TOPO_SW, "recorded twice"),
+    (_TOPO_SW.replace("[1](100004)", "[0](100004)"), "port number out of range"),
+    (_TOPO_SW.replace("[1]\t", "[0]\t"), "port number out of range"),
+    (_TOPO_SW.replace("(100004) \t\t#", "(100004) junk #"), "unreadable text after a port"),
+    (_TOPO_SW + _TOPO_CA + _TOPO_CA.split("\n")[2] + "\n", "given twice"),
+    (_TOPO_CA.replace("# lid 4 lmc", "# lid 70000 lmc"), "LID out of range"),
+    (_TOPO_SW.replace("4xEDR", "3xEDR"), "link width 3x does not exist"),
+    (_TOPO_SW.replace('"H-0000000000100004"[1]', '"nobody"[1]'), "neither a record nor a GUID"),
+])
+def test_a_topology_file_that_cannot_be_a_fabric_is_refused_whole(text: str, why: str) -> None:
+    with pytest.raises(ParseError, match=re.escape(why)):
+        parse_topology_file(text)
+
+
+def test_a_topology_file_gives_each_record_its_own_guid_and_peers_their_type() -> None:
+    """A ``switchguid=`` line names only the record after it; a peer that has no record of its
+    own (an excerpt) is typed by its id (``S-`` a switch)."""
+    both = parse_topology_file(_TOPO_SW + _TOPO_CA.replace("caguid=0x0000000000100004\n", ""))
+    assert sorted((p.guid, p.node_type) for p in both) == [
+        ("0x0000000000100004", "ca"), ("0x0000000000200001", "switch")]
+    (ca,) = parse_topology_file(_TOPO_CA)
+    assert (ca.remote_guid, ca.remote_type, ca.remote_lid) == ("0x0000000000200001", "switch", 3)
+
+
 def test_clean_node_desc_like_infiniband_diags() -> None:
     assert clean_node_desc("leaf ü01".encode()) == "leaf   01"
     assert clean_node_desc(b"a\nb\tc\x7f" + b"\0garbage") == "a b c "
