@@ -427,10 +427,14 @@ class MqttPublisher:
         still queued are counted as lost.
         """
         if self._bus_task is not None:
-            self._bus_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._bus_task
-            self._bus_task = None
+            bus_task, self._bus_task = self._bus_task, None
+            bus_task.cancel()
+            try:
+                await bus_task
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise  # our caller cancelled us: that is theirs to see, not the event task's
         if self._bus is not None and self._sub is not None:
             self._bus.unsubscribe(self._sub)
             self.submit_many(self._sub.drain(self._sub.queue.qsize()))
