@@ -269,7 +269,19 @@ class Daemon:
                 await self._publish()
 
     async def _shutdown(self) -> None:
-        """Stop polling, let consumers take the last events, stop outputs, end the chores."""
+        """Stop polling, let consumers take the last events, stop outputs, end the chores.
+
+        Runs to its end even when ``run`` is cancelled meanwhile (each step is bounded), so a
+        cancelled daemon still closes its sources and listeners; the cancellation goes on after.
+        """
+        steps = asyncio.create_task(self._shutdown_steps(), name="shutdown")
+        try:
+            await asyncio.shield(steps)
+        except asyncio.CancelledError:
+            await steps
+            raise
+
+    async def _shutdown_steps(self) -> None:
         notify("STOPPING=1")
         await self._stop_polls()
         await self._drain([c.subscription for c in self._all_feeds()])

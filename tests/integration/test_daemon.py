@@ -307,3 +307,40 @@ async def test_loop_lag_probe_wakes_as_often_as_the_port_count_needs(ports: int)
     await wait_for(lambda: (count("ibmon_event_loop_lag_seconds_count") or 0) >= 2, 5.0)
     daemon.stop()
     await asyncio.wait_for(task, 5.0)
+
+
+async def test_a_daemon_cancelled_while_it_stops_still_closes_everything(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cancellation that lands mid-shutdown (an embedding program's deadline, a second Ctrl-C
+    where signals cannot be handled) ends ``run`` with CancelledError, but only once every
+    shutdown step ran: its sources are closed and its listener no longer accepts."""
+    made: list[CountingSource] = []
+
+    def factory(cfg: SourceConfig) -> Source:
+        made.append(CountingSource(cfg.label))
+        return made[-1]
+
+    daemon = Daemon(settings(SysfsSourceConfig(name="good", interval=0.05)),
+                    source_factory=factory)
+    entered = asyncio.Event()
+    stop_polls = daemon._stop_polls
+
+    async def slow_stop_polls() -> None:
+        entered.set()
+        await asyncio.sleep(0.2)  # where the cancellation lands
+        await stop_polls()
+
+    monkeypatch.setattr(daemon, "_stop_polls", slow_stop_polls)
+    task = asyncio.create_task(daemon.run())
+    await daemon.ready.wait()
+    assert daemon.exporter is not None
+    port = daemon.exporter.port
+    daemon.stop()
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert made and all(s.closed for s in made)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
