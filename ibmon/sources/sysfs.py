@@ -193,12 +193,12 @@ def pread_sysfs(fd: int) -> bytes:
     return os.pread(fd, _READ_SIZE, 0)
 
 
-def on_sysfs(path: str) -> bool:
+def on_sysfs(path: str, mountinfo: str = "/proc/self/mountinfo") -> bool:
     """Whether ``path`` lies on a ``sysfs`` mount (the longest mount point above it in
-    ``/proc/self/mountinfo``); False when that cannot be told."""
+    ``mountinfo``); False when that cannot be told."""
     try:
         real = os.path.realpath(path)
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as fh:
+        with open(mountinfo, encoding="utf-8", errors="replace") as fh:
             lines = fh.read().splitlines()
     except OSError:
         return False

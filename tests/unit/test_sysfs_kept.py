@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -254,3 +255,84 @@ async def test_rediscovery_and_close_release_every_descriptor(
     assert open_fds() - baseline == 2 * kept
     await source.close()
     assert open_fds() == baseline
+
+
+_MOUNTINFO = """\
+22 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw
+24 23 0:23 / /sys/fs/cgroup rw,relatime - cgroup2 cgroup2 rw
+23 22 0:22 / /sys rw,relatime - sysfs sysfs rw
+30 22 8:17 / /sysroot rw,relatime - ext4 /dev/sdb1 rw
+31 22 0:31 / /mnt/a\\040b rw,relatime - sysfs sysfs rw
+32 22 0:32 / /mnt/copy rw,relatime - tmpfs tmpfs rw
+"""
+
+
+@pytest.mark.parametrize(("path", "expected"), [
+    ("/sys/class/infiniband", True),
+    ("/sys", True),
+    ("/sys/fs/cgroup/x", False),  # the longest mount point above it decides, wherever listed
+    ("/system/class/infiniband", False),  # a mount point is a whole path component
+    ("/sysroot/class/infiniband", False),
+    ("/mnt/a b/class/infiniband", True),  # mountinfo's octal escapes
+    ("/mnt/copy/sys/class/infiniband", False),  # a copied tree: files may be replaced
+    ("/home/x", False),
+])
+def test_only_a_tree_on_a_sysfs_mount_is_read_through_kept_descriptors(
+    tmp_path: Path, path: str, expected: bool
+) -> None:
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(_MOUNTINFO)
+    assert sysfs_mod.on_sysfs(path, str(mountinfo)) is expected
+
+
+def test_where_the_mounts_cannot_be_read_nothing_is_kept_open(tmp_path: Path) -> None:
+    assert sysfs_mod.on_sysfs("/sys/class/infiniband", str(tmp_path / "absent")) is False
+    assert sysfs_mod.on_sysfs(str(tmp_path)) is False  # this machine's own: tmp is no sysfs
+
+
+async def test_kept_descriptors_are_a_quarter_of_the_open_file_limit(tree: Path) -> None:
+    """``LimitNOFILE`` of 200 keeps 50 descriptors, however many files a poll reads."""
+    for port in (2, 3):
+        write_port(tree, "mlx5_0", port, hw_counters=HW)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    src = SysfsSource(root=tree, keep_open=True)
+    baseline = open_fds()
+    resource.setrlimit(resource.RLIMIT_NOFILE, (200, hard))
+    try:
+        await src.discover()
+        snap = await src.sample()
+        assert snap.errors == []
+        assert len(snap.ports) == 3
+        assert open_fds() - baseline == 50
+    finally:
+        await src.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert open_fds() == baseline
+
+
+async def test_a_file_that_cannot_be_opened_costs_its_value_not_the_kept_descriptors(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a process out of descriptors gives kept ones back; EACCES on one file is that
+    file's error, every poll, and the other descriptors stay kept."""
+    plain = SysfsSource(root=tree, keep_open=True)
+    baseline = open_fds()
+    await plain.sample()
+    all_kept = open_fds() - baseline
+    await plain.close()
+    denied = str(counter(tree, "port_rcv_errors"))
+    real_open = sysfs_mod.open_sysfs
+
+    def open_denied(path: str) -> int:
+        if path == denied:
+            raise PermissionError(errno.EACCES, "Permission denied")
+        return real_open(path)
+
+    monkeypatch.setattr(sysfs_mod, "open_sysfs", open_denied)
+    src = SysfsSource(root=tree, keep_open=True)
+    for _ in range(3):
+        snap = await src.sample()
+        assert [(e.reason, e.detail) for e in snap.errors] == [("eacces", denied)]
+        assert "receive_errors" not in values(snap)
+        assert open_fds() - baseline == all_kept - 1
+    await src.close()

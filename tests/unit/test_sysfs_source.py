@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import errno
+import os
 import shutil
+import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
 from ibmon.infiniband.model import GUID_RE, PortSample, Snapshot
+from ibmon.infiniband.xmitwait import parse_unit
 from ibmon.sources import Source
 from ibmon.sources import sysfs as sysfs_mod
 from ibmon.sources.sysfs import (
@@ -381,6 +385,8 @@ def failing_reader(bad: dict[str, OSError]) -> Callable[[str], bytes]:
         (PermissionError(errno.EPERM, "Operation not permitted"), "eacces"),
         (OSError(errno.EOPNOTSUPP, "Operation not supported"), "unsupported"),
         (OSError(errno.EIO, "Input/output error"), "io"),
+        (OSError(errno.ENODEV, "No such device"), "missing"),  # the device is being removed
+        (OSError(errno.ESTALE, "Stale file handle"), "missing"),
     ],
 )
 async def test_read_errors_cost_one_value(
@@ -615,8 +621,19 @@ async def test_ports_are_seen_without_a_link_count_and_by_the_periodic_listing(
     assert seen[-1] == ["1", "3"]  # the listing on the third check
     assert seen[0] != ["1", "3"]  # the stat alone could not tell (this is what the net is for)
 
+    real_stat = os.stat
+
+    def no_link_count(path: str, *args: Any, **kwargs: Any) -> os.stat_result:
+        """A directory's stat on btrfs or overlayfs: a link count of 1, whatever it holds."""
+        st = real_stat(path, *args, **kwargs)
+        if str(path).endswith("/ports"):
+            fields = list(st)
+            fields[stat.ST_NLINK] = 1
+            return os.stat_result(fields)
+        return st
+
     no_count = SysfsSource(root=tmp_path)
-    monkeypatch.setattr(sysfs_mod, "_dir_stat", lambda path: None)
+    monkeypatch.setattr(os, "stat", no_link_count)
     assert sorted(p for _, p in (await no_count.sample()).ports) == ["1", "3"]
     write_port(tmp_path, "mlx5_0", 4)
     assert sorted(p for _, p in (await no_count.sample()).ports) == ["1", "3", "4"]
@@ -648,3 +665,94 @@ def test_has_devices_on_missing_root(tmp_path: Path) -> None:
 
 def test_has_devices_on_a_real_tree() -> None:
     assert has_devices(real_tree("procfs"))
+
+
+async def test_a_device_whose_guid_changes_is_a_new_device_not_a_rename(tmp_path: Path) -> None:
+    """A card replaced under the same name (mlx5_0, a new node GUID) starts its own totals:
+    only a device that had no GUID of its own hands its totals to the one it gets."""
+    write_device(tmp_path, "mlx5_0")
+    write_port(tmp_path, "mlx5_0", 1)
+    src = SysfsSource(root=tmp_path)
+    assert list((await src.sample()).ports) == [(GUID, "1")]
+    # swapped between two polls, as a second card appears (one rediscovery sees both)
+    write_file(class_dir(tmp_path) / "mlx5_0" / "node_guid", "0002:c903:00a1:ffff\n")
+    write_device(tmp_path, "mlx5_1", node_guid="0002:c903:00a1:b2c4")
+    write_port(tmp_path, "mlx5_1", 1)
+    snap = await src.sample()
+    assert sorted(snap.ports) == [("0x0002c90300a1b2c4", "1"), ("0x0002c90300a1ffff", "1")]
+    assert snap.renamed == {}
+    await src.close()
+
+
+async def test_only_numbered_entries_of_ports_are_ports_in_numeric_order(tmp_path: Path) -> None:
+    write_device(tmp_path, "mlx5_0")
+    for number in (10, 2, 1):
+        write_port(tmp_path, "mlx5_0", number)
+    ports = class_dir(tmp_path) / "mlx5_0" / "ports"
+    (ports / "lost+found").mkdir()
+    write_file(ports / "README", "not a port\n")
+    snap = await sample(tmp_path)
+    assert [p for _, p in snap.ports] == ["1", "2", "10"]
+    assert snap.errors == []
+
+
+async def test_the_operators_wait_unit_wins_over_the_devices_family(tmp_path: Path) -> None:
+    """``xmit_wait_units`` is for a device whose family is misread or mislabelled: it must
+    override what ``hca_type`` says (MT4123, ConnectX-6: 8 bytes a port)."""
+    write_device(tmp_path, "mlx5_0")
+    write_port(tmp_path, "mlx5_0", 1)
+    write_device(tmp_path, "mlx5_1", node_guid="0002:c903:00a1:b2c4")
+    write_port(tmp_path, "mlx5_1", 1)
+    snap = await sample(tmp_path, xmit_wait_units={"mlx5_0": parse_unit("32/lane")})
+    configured = port(snap, "mlx5_0", "1").identity.xmit_wait
+    assert (configured.bytes, configured.per_lane, configured.source) == (32, True, "config")
+    family = port(snap, "mlx5_1", "1").identity.xmit_wait
+    assert (family.bytes, family.per_lane, family.source, family.family) == (
+        8, False, "family", "ConnectX-6")
+
+
+async def test_a_guid_that_stays_zero_is_reported_once_not_every_poll(tmp_path: Path) -> None:
+    write_device(tmp_path, "mlx5_0", node_guid="0000:0000:0000:0000\n")
+    write_port(tmp_path, "mlx5_0", 1)
+    src = SysfsSource(root=tmp_path)
+    first = await src.sample()
+    assert [e.reason for e in first.errors] == ["unassigned"]
+    for _ in range(3):
+        snap = await src.sample()
+        assert snap.errors == []
+        assert list(snap.ports) == list(first.ports) == [(synthetic_guid("mlx5_0"), "1")]
+    await src.close()
+
+
+async def test_a_new_subnet_manager_lid_is_seen_on_the_next_poll(tmp_path: Path) -> None:
+    """``sm_lid`` changes when the master SM fails over: the port's identity follows."""
+    write_device(tmp_path, "mlx5_0")
+    write_port(tmp_path, "mlx5_0", 1, sm_lid="0x1\n")
+    src = SysfsSource(root=tmp_path)
+    assert (await src.sample()).ports[(GUID, "1")].identity.sm_lid == 1
+    write_file(class_dir(tmp_path) / "mlx5_0" / "ports" / "1" / "sm_lid", "0x5\n")
+    assert (await src.sample()).ports[(GUID, "1")].identity.sm_lid == 5
+    await src.close()
+
+
+async def test_a_device_without_a_pma_is_logged_as_information(tmp_path: Path) -> None:
+    """``N/A (no PMA)`` is what the hardware is, not a fault: info, where a fault is a warning."""
+    write_device(tmp_path, "mlx5_0")
+    write_port(tmp_path, "mlx5_0", 1, counters={**FULL_COUNTERS,
+                                                "port_xmit_wait": "N/A (no PMA)\n",
+                                                "symbol_error": "junk\n"})
+    with capture_logs() as logs:
+        await sample(tmp_path)
+    levels = {e["reason"]: e["log_level"] for e in logs if e["event"] == "sysfs_value_unreadable"}
+    assert levels == {"no_pma": "info", "garbage": "warning"}
+
+
+async def test_a_discovery_reports_only_its_own_problems(tmp_path: Path) -> None:
+    write_device(tmp_path, "mlx5_0", node_type="CA\n")
+    write_port(tmp_path, "mlx5_0", 1)
+    src = SysfsSource(root=tmp_path)
+    await src.discover()
+    await src.discover()  # a second discovery before any poll: the same problem, once
+    snap = await src.sample()
+    assert [(e.reason, Path(e.detail).name) for e in snap.errors] == [("garbage", "node_type")]
+    await src.close()
