@@ -890,10 +890,10 @@ class DiagsSource(FabricSource):
         return got.table
 
     async def _read_tick(self, lid: int, port: int, errors: list[SourceError]) -> TickOutcome:
-        """One ``perfquery -c <lid> <port>``: the Tick, or why there is none ("unread" when the
-        PMA dropped or refused the Get)."""
-        argv = [self._perfquery, *self._ca_args, "-t", str(int(self._timeout * 1000)), "-c",
-                str(lid), str(port)]
+        """One ``perfquery -e -c <lid> <port>``: the Tick, or why there is none ("unread" when
+        the PMA dropped or refused the Get; ``-e`` prints a refusal's MAD status)."""
+        argv = [self._perfquery, *self._ca_args, "-t", str(int(self._timeout * 1000)), "-e",
+                "-c", str(lid), str(port)]
         res = await self._bounded(argv)
         if res.strays:
             errors.append(SourceError("stray_process", f"lid {lid}: perfquery -c left "

@@ -69,7 +69,8 @@ class CountingRunner:
 
     def detail_reads(self) -> list[tuple[str, str, str]]:
         """(lid, port, -E|-D) of the detail processes since the last call."""
-        out = [(c[-2], c[-1], c[c.index("-e") + 1]) for c in self.calls if "-e" in c]
+        out = [(c[-2], c[-1], c[c.index("-e") + 1]) for c in self.calls
+               if "-E" in c or "-D" in c]
         self.calls.clear()
         return out
 

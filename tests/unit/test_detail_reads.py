@@ -241,7 +241,8 @@ class Fabric:
         return CommandResult(0, text, "")
 
     def detail_reads(self) -> list[tuple[str, str]]:
-        out = [(c[-2], c[c.index("-e") + 1]) for c in self.calls if "-e" in c]
+        out = [(c[-2], c[c.index("-e") + 1]) for c in self.calls
+               if "-E" in c or "-D" in c]
         self.calls.clear()
         return out
 

@@ -360,7 +360,8 @@ class TickTools:
     documented family; every PortInfo names lid 1, the switch, as the master SM's, so the
     switch is never asked) and perfquery -c: the switch (lid 1) would have Tick 31, h1
     (lid 2) Tick 7, the PMAs of the LIDs in ``dropped`` (h2's, lid 3, by default) drop the
-    Get like ibsim's, and h3 (lid 4) prints ``h3`` (junk by default)."""
+    Get like ibsim's, and h3 (lid 4) does what ``h3`` says (junk by default, ``hang``,
+    ``refuse``: an error status, as a PMA without PortSamplesControl answers)."""
 
     def __init__(self, h3: str = "junk", devices: Mapping[int, tuple[int, int]] | None = None,
                  dropped: frozenset[int] = frozenset({3})) -> None:
@@ -385,6 +386,10 @@ class TickTools:
                                  "")
         if lid == 4 and self.h3 == "hang":
             await asyncio.sleep(3600)
+        if lid == 4 and self.h3 == "refuse":  # libibmad prints the MAD status only with -e
+            status = (f"ibwarn: [1] mad_rpc: MAD completed with error status 0xc; dport (Lid "
+                      f"{lid})\n" if "-e" in argv else "")
+            return CommandResult(255, "perfquery: iberror: failed: sampctlquery\n", status)
         return CommandResult(0, samples_control_text(lid, port, 31 if lid == 1 else 7), "")
 
 
@@ -421,6 +426,21 @@ async def test_diags_a_hung_tick_read_costs_its_node_the_tick_not_the_discovery(
     assert topo.ports[H3].xmit_wait == DEFAULT_UNIT
     assert topo.ports[H1].xmit_wait == WaitUnit(8, False, "tick")
     assert [(e.reason, e.key) for e in src._discover_errors] == [("timeout", H3)]
+
+
+async def test_diags_a_pma_that_refuses_the_tick_read_is_no_error() -> None:
+    """A device without PortSamplesControl answers with an error status: the fallback unit
+    and no error, as the ``mad`` source does (the read asks with ``-e``, which prints it)."""
+    tools = TickTools(h3="refuse")
+    src = DiagsSource(runner=tools, command_timeout=2.0)
+    try:
+        topo = await src.discover()
+    finally:
+        await src.close()
+    assert all("-e" in a for a in tools.ticks)
+    assert topo.ports[H3].xmit_wait == DEFAULT_UNIT
+    assert (src.wait_units.asked, src.wait_units.unread) == (3, 2)
+    assert src._discover_errors == []
 
 
 CX5_HCAS = {0x100001: (0x2C9, CX5), 0x100002: (0x2C9, CX5), 0x100003: (0x2C9, CX5),
