@@ -90,24 +90,30 @@ def mad(sim: IbSim) -> dict[str, Any]:
 
 class _Breaking:
     """A runner that hands one switch's ibroute output back cut short, as a SubnGet that
-    failed mid-table leaves it (exit status 0, no 'lids dumped' line)."""
+    failed mid-table leaves it (exit status 0, no 'lids dumped' line); or, with ``moved_to``,
+    as the table of the switch of that GUID, which holds the LID now (LIDs moved since the
+    discovery)."""
 
-    def __init__(self, inner: SubprocessRunner, lid: int | None) -> None:
-        self.inner, self.lid = inner, lid
+    def __init__(self, inner: SubprocessRunner, lid: int | None, moved_to: str | None = None
+                 ) -> None:
+        self.inner, self.lid, self.moved_to = inner, lid, moved_to
         self.broken = 0
 
     async def run(self, argv: list[str], timeout: float, max_output: int) -> CommandResult:
         res = await self.inner.run(argv, timeout, max_output)
         if argv[0] == "ibroute" and argv[-1] == str(self.lid) and res.stdout:
             self.broken += 1
+            if self.moved_to is not None:
+                return replace(res, stdout=re.sub(r"guid 0x[0-9a-f]+", f"guid {self.moved_to}",
+                                                  res.stdout, count=1))
             return replace(res, stdout=res.stdout.rsplit("0x0005", 1)[0])
         return res
 
 
-async def _diags(sim: IbSim, *, tables: bool = True, break_lid: int | None = None
-                 ) -> tuple[Topology, list[SourceError], float]:
+async def _diags(sim: IbSim, *, tables: bool = True, break_lid: int | None = None,
+                 moved_to: str | None = None) -> tuple[Topology, list[SourceError], float]:
     inner = SubprocessRunner(concurrency=8, env=sim.tool_env(), cwd=sim.workdir)
-    runner: Any = inner if break_lid is None else _Breaking(inner, break_lid)
+    runner: Any = inner if break_lid is None else _Breaking(inner, break_lid, moved_to)
     src = DiagsSource(runner=runner, forwarding_tables=tables, interval=30.0)
     try:
         t = time.perf_counter()
@@ -170,6 +176,16 @@ async def test_a_switch_whose_table_is_junk_is_left_out(sim: IbSim) -> None:
     assert set(topo.forwarding) == SWITCHES - {leaf}
     assert [e.reason for e in errors if "ibroute" in e.detail] == ["parse_error"]
     assert topo.ports  # the discovery itself stands
+
+
+async def test_a_table_that_another_switch_answers_is_left_out(sim: IbSim) -> None:
+    """The LID a discovery found a switch at answers for another switch now: its table is
+    not booked on the switch the discovery named."""
+    leaf, other = sorted(LEAVES)[:2]
+    topo, errors, _took = await _diags(sim, break_lid=FAB.nodes[leaf].lid, moved_to=other)
+    assert set(topo.forwarding) == SWITCHES - {leaf}
+    found = [e.detail for e in errors if "ibroute" in e.detail]
+    assert len(found) == 1 and f"printed the table of {other}" in found[0], found
 
 
 async def test_a_table_a_discovery_lost_is_kept_and_routing_stays_on_tables(sim: IbSim) -> None:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from ibmon.infiniband.counters import DETAIL_ATTRIBUTES
 from ibmon.sources.diags import (
@@ -185,12 +186,35 @@ def test_classify() -> None:
     )
     assert classify(CommandResult(1, "", "ibwarn: can't open UMAD port (ibsim0:1)")) == "permission"
     assert classify(CommandResult(2, "", "something else")) == "failed"
+    # perfquery given a GUID that is not in the fabric (infiniband-diags' IBEXIT text)
+    assert classify(CommandResult(
+        255, "", "perfquery: iberror: failed: can't resolve destination port 0x0002c903000a0b0c",
+    )) == "no_such_lid"
 
 
 async def test_missing_tool_fails_the_source() -> None:
     src = DiagsSource(runner=SubprocessRunner(), ibnetdiscover="/nonexistent/ibnetdiscover")
     try:
         with pytest.raises(DiagsUnavailableError, match="tool_missing"):
+            await src.discover()
+    finally:
+        await src.close()
+
+
+@pytest.mark.parametrize(("content", "mode", "why"), [
+    (b"#!/bin/sh\nexit 0\n", 0o644, "Permission denied"),  # not executable (even for root)
+    (b"\x7fELF, but not a program", 0o755, "Exec format error"),  # a broken install
+])
+async def test_a_tool_that_cannot_be_run_fails_the_source_by_name(
+    tmp_path: Path, content: bytes, mode: int, why: str
+) -> None:
+    """Not one rejected discovery a poll: the source cannot work at all, and says why."""
+    tool = tmp_path / "ibnetdiscover"
+    tool.write_bytes(content)
+    tool.chmod(mode)
+    src = DiagsSource(runner=SubprocessRunner(), ibnetdiscover=str(tool))
+    try:
+        with pytest.raises(DiagsUnavailableError, match=f"^ibnetdiscover: permission: .*{why}"):
             await src.discover()
     finally:
         await src.close()
@@ -275,6 +299,17 @@ class Discoveries:
         return CommandResult(rc, text, "ibnetdiscover: iberror: failed" if rc else "")
 
 
+def _star(hosts: int) -> str:
+    """``ibnetdiscover -p`` of one switch and ``hosts`` hosts on its ports 1, 2, ..."""
+    return "".join(
+        f"SW     1  {h} 0x0000000000200000 4x EDR - CA     {h + 1}  1 0x000000000010000{h} "
+        f"( 'sw' - 'h{h}' )\n"
+        f"CA     {h + 1}  1 0x000000000010000{h} 4x EDR - SW     1  {h} 0x0000000000200000 "
+        f"( 'h{h}' - 'sw' )\n"
+        for h in range(1, hosts + 1)
+    )
+
+
 def _switch_only(topo: str) -> str:
     return "".join(ln for ln in topo.splitlines(keepends=True) if ln.startswith("SW"))
 
@@ -286,14 +321,7 @@ async def test_a_rejected_discovery_keeps_the_last_topology() -> None:
     src = DiagsSource(runner=runner, command_timeout=5)
     # Six nodes, then the switch and one host. (A discovery that reaches only the local node is
     # a blind one, never a shrink: the topology memory refuses it every time.)
-    big = "".join(
-        f"SW     1  {h} 0x0000000000200000 4x EDR - CA     {h + 1}  1 0x000000000010000{h} "
-        f"( 'sw' - 'h{h}' )\n"
-        f"CA     {h + 1}  1 0x000000000010000{h} 4x EDR - SW     1  {h} 0x0000000000200000 "
-        f"( 'h{h}' - 'sw' )\n"
-        for h in range(1, 6)
-    )
-    small = "".join(ln + "\n" for ln in big.splitlines() if "0x0000000000100001" in ln)
+    big, small = _star(5), _star(1)
     try:
         runner.answers.append(("garbage\n" * 1000, 0, TOPO))
         with pytest.raises(DiagsUnavailableError, match=r"no topology yet.*parse_error"):
@@ -304,6 +332,7 @@ async def test_a_rejected_discovery_keeps_the_last_topology() -> None:
         with capture_logs() as logs:
             for answer in [
                 (big[: len(big) // 2], 1, big),  # half an output and exit 1
+                ("", 0, big),  # nothing at all
                 ("~" * 99 + "\n") * 10_000,  # 1 MB of garbage
                 ("".join(big.splitlines(keepends=True)[:-2]), 0, big),  # cut at a line end
                 (small, 0, small),  # 2 nodes where there were 6: implausible...
@@ -320,10 +349,34 @@ async def test_a_rejected_discovery_keeps_the_last_topology() -> None:
             )
         rejected = [e for e in logs if e["event"] == "discovery_rejected"]
         assert [e["cause"] for e in rejected] == [
-            "failed", "parse_error", "incomplete", "implausible", "implausible",
+            "failed", "empty", "parse_error", "incomplete", "implausible", "implausible",
         ]
+        incomplete = next(e["detail"] for e in rejected if e["cause"] == "incomplete")
+        assert incomplete.startswith("the text lacks 1 of the 6 nodes in the cache")
         assert all(len(e["detail"]) < 400 for e in rejected)  # a sample, not the output
         assert [e["event"] for e in logs if e["event"] == "fabric_shrank"] == ["fabric_shrank"]
+    finally:
+        await src.close()
+
+
+async def test_only_implausible_discoveries_in_a_row_accept_a_shrink() -> None:
+    """A good discovery between two small ones starts the count again: a flaky local port
+    that now and then sees only its own switch never shrinks the fabric."""
+    runner = Discoveries()
+    src = DiagsSource(runner=runner, command_timeout=5)
+    big, small = _star(5), _star(1)
+    try:
+        runner.answers += [(big, 0, big), (small, 0, small), (big, 0, big)]
+        good = await src.discover()
+        assert await src.discover() == good
+        assert await src.discover() == good
+        runner.answers += [(small, 0, small)] * 3
+        with capture_logs() as logs:
+            assert await src.discover() == good
+            assert await src.discover() == good  # the second in a row, not the third
+            assert not [e for e in logs if e["event"] == "fabric_shrank"]
+            await src.discover()  # the third: the fabric did shrink
+        assert [e["discoveries"] for e in logs if e["event"] == "fabric_shrank"] == [3]
     finally:
         await src.close()
 

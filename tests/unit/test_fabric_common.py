@@ -135,3 +135,14 @@ async def test_diags_filter_names_and_groups(tmp_path: Path) -> None:
     assert set(snap.ports) == set(topo.ports)
     # the state refresh is not due: the only ibnetdiscover is the discovery's
     assert sum("ibnetdiscover" in c[0] for c in runner.calls) == 1
+
+
+async def test_diags_filters_by_node_description() -> None:
+    """``exclude`` globs match what the nodes call themselves (``ibnetdiscover``'s
+    descriptions), as they do for the other fabric sources."""
+    src = DiagsSource(runner=Runner(), exclude=["h2*"], state_interval=3600)
+    try:
+        topo = await src.discover()
+    finally:
+        await src.close()
+    assert set(topo.ports) == {(SW, "1"), (SW, "2"), (H1, "1")}

@@ -173,3 +173,11 @@ async def test_a_command_cancelled_twice_still_cleans_up(tmp_path: Path) -> None
     assert _gone(grandchild)
     assert not _zombie_children()
     gc.collect()
+
+
+async def test_a_tool_runs_in_a_session_and_process_group_of_its_own() -> None:
+    """A Ctrl-C at ibmon's terminal (SIGINT to its foreground group) reaches ibmon, which
+    stops its tools itself; and a tool's whole group can be killed without touching ibmon."""
+    probe = "import os; print(os.getsid(0) == os.getpid(), os.getpgid(0) == os.getpid())"
+    res = await SubprocessRunner().run([sys.executable, "-c", probe], timeout=10)
+    assert (res.rc, res.stdout.split()) == (0, ["True", "True"])
