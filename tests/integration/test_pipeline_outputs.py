@@ -115,6 +115,8 @@ async def test_reloads_keep_firing_conditions_and_announce_nothing(tmp_path: Pat
         Port.down = True
         await until(lambda: sorted(a.type for a in daemon.conditions())
                     == ["congestion", "port_down"])
+        # the engine holds a condition within a poll; its event is published at the poll's end
+        await until(lambda: any(e.type == "port_down" for e in daemon.bus.history))
         announced = [e.summary() for e in daemon.bus.history]
         for body in (CONFIG, CONFIG + "[detect.port_down]\nseverity = \"warning\"\n"):
             cfg_file.write_text(body)  # the same config again, then a changed detector table
