@@ -315,8 +315,6 @@ def _switch_only(topo: str) -> str:
 
 
 async def test_a_rejected_discovery_keeps_the_last_topology() -> None:
-    from structlog.testing import capture_logs
-
     runner = Discoveries()
     src = DiagsSource(runner=runner, command_timeout=5)
     # Six nodes, then the switch and one host. (A discovery that reaches only the local node is
