@@ -76,7 +76,8 @@ instead (one SMP per port in its MAD batch).
 
 Forwarding tables (``Topology.forwarding``): each discovery runs ``ibroute -n <lid>`` for every
 switch in the cache, beside the Tick reads and bounded like them (the runner's concurrency,
-one command timeout each, all within one command timeout plus its grace); ``-n`` keeps ibroute
+one command timeout each, a wait for a free slot included: on a fabric of thousands of switches
+the last may end as timeouts, each its own SourceError); ``-n`` keeps ibroute
 from asking every destination's NodeInfo, NodeDescription and PortInfo. A switch whose ibroute
 fails, is cut off or prints anything but its table (``parse.ibroute``, strictly) is left out of
 the tables with a SourceError; the discovery goes on (and the routes keep that switch's previous
@@ -757,9 +758,9 @@ class DiagsSource(FabricSource):
         with a LID, for at most ``TICK_READS_PER_MODEL`` nodes of each model (vendor and
         device ID; a node without a device ID is a model of its own). The first Tick a model
         answers is booked on all its nodes' ports; a read that gave none is booked on the
-        asked node's ports only. All run within one command timeout (plus its grace): reads
-        still queued then are given up (unread: the fallback unit, no error); a read killed on
-        its own timeout is a "timeout" error of the node's port."""
+        asked node's ports only. Each read is bounded like a counter query (``_bounded``: a
+        wait for a free runner slot counts): one that ends on that bound is a "timeout" error
+        of the node's port, which then has the fallback unit."""
         by_node: dict[str, list[PortKey]] = {}
         for key in view.ports:
             info = nodes.get(key[0])
@@ -819,10 +820,11 @@ class DiagsSource(FabricSource):
     async def _all_within_discovery(
         self, tasks: list[asyncio.Task[_T]]
     ) -> set[asyncio.Task[_T]]:
-        """The reads of ``tasks`` done within the discovery's bound. Past one command's own
-        bound (``_bounded``) a hung read ends as its timeout; what is cut here is reads still
-        queued behind others on a very large fabric, and every read when the discovery is
-        cancelled: none outlives it. A read that raised is a bug, raised here."""
+        """The reads of ``tasks`` done within the discovery's bound. Each read has a bound of
+        its own (``_bounded``, a wait for a free runner slot included), a second shorter than
+        this one, so a hung or long-queued read ends as its own timeout; this bound is the
+        backstop, and every read is cancelled with the discovery: none outlives it. A read that
+        raised is a bug, raised here."""
         try:
             done, _late = await asyncio.wait(tasks, timeout=self.command_timeout + 2.0)
         finally:
