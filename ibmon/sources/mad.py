@@ -46,9 +46,9 @@ PMA ones (measured in benchmarks/README.md). Peers and links still change only a
 The poll that directly follows a discovery (the daemon samples right after each one) skips it:
 the sweep read every PortInfo less than a second before.
 
-The umad port lives in a worker process (``madworker``: one ``MadEngine`` = one umad port each,
-``mad_ports`` of them), which keeps ``window`` MADs in flight; building the requests and decoding
-the answers happens here, on one thread bridged to asyncio with ``run_in_executor``. The worker
+The umad port lives in a worker process (``madworker``: one ``MadEngine`` on one umad port),
+which keeps ``window`` MADs in flight (``concurrency``); building the requests and decoding the
+answers happens here, on one thread bridged to asyncio with ``run_in_executor``. The worker
 streams a big batch's answers in parts, and this thread decodes each part while the worker is
 still sending the rest (``_results``), so a sweep costs about the MADs' time, not that plus
 the decoding. A MAD that is not answered within ``timeout`` is retried ``retries`` times and
@@ -64,9 +64,9 @@ while it keeps failing; reset by the first batch that gets an answer). A worker 
 opening (ibsim's client waits for its simulator) is waited for ``OPEN_WAIT`` seconds per poll,
 then the poll fails and the worker keeps trying in the background, for up to ``OPEN_GIVE_UP``.
 
-Note on simulation: umad2sim (ibsim's LD_PRELOAD shim) routes responses by management class to
-one file descriptor per process, so under ibsim only ``mad_ports = 1`` works; the window gives
-the concurrency there. Real hardware (the kernel's umad) has no such limit.
+One umad port is enough: the window, not the number of ports, gives the concurrency (and
+under ibsim, umad2sim routes responses by management class to one file descriptor per process,
+so a second port in one daemon would not work there).
 """
 
 from __future__ import annotations
@@ -251,7 +251,6 @@ class MadSource(FabricSource):
         timeout: float = 1.0,
         retries: int = 2,
         window: int = 64,
-        mad_ports: int = 1,
         include: Sequence[str] = (),
         exclude: Sequence[str] = (),
         shard: str | None = None,
@@ -280,17 +279,16 @@ class MadSource(FabricSource):
         self._timeout = timeout
         self._retries = retries
         self._window = window
-        self._n_ports = max(1, mad_ports)
         #: read every switch's LinearForwardingTable at discovery (``Topology.forwarding``)
         self._tables = forwarding_tables
         # One thread: batches (and the view they update) are handled strictly one at a time.
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="ibmon-mad"
         )
-        self._workers: list[MadWorker] = []
+        self._worker: MadWorker | None = None
         #: Workers killed or closed that have not exited yet: while one lives, none is started.
         self._dying: list[MadWorker] = []
-        #: Why the workers must be replaced before the next batch (sends failed, one died...).
+        #: Why the worker must be replaced before the next batch (sends failed, it died...).
         self._broken: str | None = None
         self._reopen_at = 0.0
         self._failures = 0  # consecutive reopen attempts that did not end in an answered batch
@@ -311,7 +309,7 @@ class MadSource(FabricSource):
             port=cfg.port,
             timeout=cfg.timeout,
             retries=cfg.retries,
-            window=max(8, cfg.concurrency),
+            window=cfg.concurrency,
             include=cfg.include,
             exclude=cfg.exclude,
             shard=cfg.shard,
@@ -326,10 +324,11 @@ class MadSource(FabricSource):
     @property
     def worker_pids(self) -> list[int]:
         """Process ids of the MAD workers (alive or not yet reaped), for tests and logs."""
-        return [w.pid for w in self._workers + self._dying]
+        live = [self._worker] if self._worker is not None else []
+        return [w.pid for w in live + self._dying]
 
-    async def _ensure_workers(self) -> None:
-        """Workers that have opened their port, or MadError saying why there are none yet.
+    async def _ensure_worker(self) -> None:
+        """A worker that has opened its port, or MadError saying why there is none yet.
 
         Runs on the event loop's thread (a worker must be forked there: see ``madworker``).
         """
@@ -344,43 +343,37 @@ class MadSource(FabricSource):
                 "a second time while it may still hold it"
             )
         now = time.monotonic()
-        if not self._workers:
+        worker = self._worker
+        if worker is None:
             if now < self._reopen_at:
                 raise MadError(f"MAD port closed; reopening in {self._reopen_at - now:.1f}s")
             try:
-                for _ in range(self._n_ports):
-                    self._workers.append(
-                        MadWorker(ca=self._ca, port=self._port, timeout=self._timeout,
-                                  retries=self._retries, window=self._window))
+                worker = self._worker = MadWorker(
+                    ca=self._ca, port=self._port, timeout=self._timeout,
+                    retries=self._retries, window=self._window)
             except OSError as exc:
                 await self._retire(f"cannot start the MAD worker: {exc}")
                 raise MadError(f"cannot start the MAD worker: {exc}") from None
-        starting = [w for w in self._workers if not w.ready]
-        if not starting:
+        if worker.ready:
             return
-
-        def wait() -> bool:
-            ready = [w.wait_ready(OPEN_WAIT) for w in starting]  # every one, no short cut
-            return all(ready)
-
         try:
-            ready = await self._in_thread(wait, kill_on_cancel=False)
+            ready = await self._in_thread(worker.wait_ready, OPEN_WAIT, kill_on_cancel=False)
         except MadError as exc:  # it could not open the port: the reason is the message
             await self._retire(str(exc))
             raise
         if not ready:
-            oldest = time.monotonic() - min(w.started for w in starting)
-            if oldest > OPEN_GIVE_UP:
+            waited = time.monotonic() - worker.started
+            if waited > OPEN_GIVE_UP:
                 await self._retire(f"the MAD port did not open within {OPEN_GIVE_UP:.0f}s")
-            raise MadError(f"MAD port not open yet after {oldest:.0f}s (still trying)")
+            raise MadError(f"MAD port not open yet after {waited:.0f}s (still trying)")
 
     async def _retire(self, why: str) -> None:
-        """Close every worker (they end; under ibsim they detach) and schedule the reopen."""
-        workers, self._workers = self._workers, []
-        if any(w.ready for w in workers):  # a port that could not open is the poll's error
-            log.warning("mad_port_closed", source=self.name, reason=why,
-                        pids=[w.pid for w in workers])
-        self._dying += workers
+        """Close the worker (it ends; under ibsim it detaches) and schedule the reopen."""
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            if worker.ready:  # a port that could not open is the poll's error
+                log.warning("mad_port_closed", source=self.name, reason=why, pid=worker.pid)
+            self._dying.append(worker)
         delay = 0.0 if self._failures == 0 else REOPEN_BACKOFF[
             min(self._failures - 1, len(REOPEN_BACKOFF) - 1)]
         self._failures += 1
@@ -396,16 +389,16 @@ class MadSource(FabricSource):
                                       for w in dying))
         self._dying = [w for w, ok in zip(dying, gone, strict=True) if not ok]
 
-    def _kill_workers(self, why: str) -> None:
-        """Kill the workers now (any thread): whatever waits on them gives up at once."""
-        for w in self._workers:
-            w.kill()
-        if self._workers:
+    def _kill_worker(self, why: str) -> None:
+        """Kill the worker now (any thread): whatever waits on it gives up at once."""
+        worker = self._worker
+        if worker is not None:
+            worker.kill()
             self._broken = why
 
     def _run_sync(self, reqs: Sequence[MadRequest], *, keep: bool = True) -> list[MadResult]:
-        """Blocking: split ``reqs`` over the workers, which work in parallel. ``keep=False``:
-        a one-off batch, which does not replace the batch a worker repeats on ``again``."""
+        """Blocking: the results of ``reqs``. ``keep=False``: a one-off batch, which does not
+        replace the batch the worker repeats on ``again``."""
         return list(self._results(reqs, keep=keep))
 
     def _results(self, reqs: Sequence[MadRequest], *, keep: bool = True) -> Iterator[MadResult]:
@@ -414,46 +407,29 @@ class MadSource(FabricSource):
         first answers while later MADs are still in flight (a cold start's batches are bound by
         the worker's send loop on one CPU and this thread's decoding on the other), or does
         other work before it reads any. Read it to the end before the next batch: a caller that
-        stops early (it raised) leaves answers in the worker's pipe, so the workers are
+        stops early (it raised) leaves answers in the worker's pipe, so the worker is
         replaced."""
-        workers = self._workers  # this generation: a verdict on it must not hit its successor
-        if not workers or not all(w.ready for w in workers):
+        worker = self._worker  # this one: a verdict on it must not hit its successor
+        if worker is None or not worker.ready:
             raise MadError("MAD port not open")
         if not reqs:  # nothing to ask (the sweep's last round): no round trip to the worker
             return iter(())
         try:
-            if len(workers) == 1 or len(reqs) < 64:
-                workers[0].send(reqs, keep=keep)
-                parts: Iterator[list[MadResult]] = workers[0].stream()
-            else:
-                n = len(workers)
-                for i, w in enumerate(workers):
-                    w.send(reqs[i::n], keep=keep)
-                parts = self._gather(workers, len(reqs))
+            worker.send(reqs, keep=keep)
         except MadError as exc:
-            if self._workers is workers:
+            if self._worker is worker:
                 self._broken = str(exc)
             raise
-        return self._answers(workers, parts)
+        return self._answers(worker)
 
-    @staticmethod
-    def _gather(workers: Sequence[MadWorker], n_reqs: int) -> Iterator[list[MadResult]]:
-        """Several workers' answers to one batch split round-robin, as one part."""
-        n = len(workers)
-        out = [MadResult(None, "timeout")] * n_reqs
-        for i, w in enumerate(workers):
-            out[i::n] = w.receive()
-        yield out
-
-    def _answers(
-        self, workers: list[MadWorker], parts: Iterator[list[MadResult]]
-    ) -> Iterator[MadResult]:
-        """The results in ``parts``, one by one; the verdicts on the workers once all are in."""
+    def _answers(self, worker: MadWorker) -> Iterator[MadResult]:
+        """The results of the batch ``worker`` was sent, one by one; the verdict on the worker
+        once all are in."""
         answered = False
         failed = total = 0
         finished = False
         try:
-            for part in parts:
+            for part in worker.stream():
                 total += len(part)
                 for r in part:
                     if r.data is not None:
@@ -463,23 +439,23 @@ class MadSource(FabricSource):
                 yield from part
             finished = True
         except MadError as exc:
-            if self._workers is workers:
+            if self._worker is worker:
                 self._broken = str(exc)
             raise
         finally:
-            if not finished and self._workers is workers and self._broken is None:
+            if not finished and self._worker is worker and self._broken is None:
                 self._broken = "a batch was not read to its end"
         if answered:
             self._failures = 0
-        if failed and self._workers is workers:
+        if failed and self._worker is worker:
             self._broken = f"{failed} of {total} MADs could not be sent"
 
     async def _in_thread(
         self, fn: Callable[..., object], *args: object, kill_on_cancel: bool = True
     ) -> object:
-        """``fn(*args)`` on the MAD thread. Cancelled (the poll's deadline passed): the workers
-        are killed, so the thread stops waiting on them now, not whenever the fabric answers,
-        and the next poll starts with fresh ones."""
+        """``fn(*args)`` on the MAD thread. Cancelled (the poll's deadline passed): the worker
+        is killed, so the thread stops waiting on it now, not whenever the fabric answers,
+        and the next poll starts with a fresh one."""
 
         def call() -> object:
             with paused_gc():  # the sweep's answers: no collections, frozen after
@@ -490,7 +466,7 @@ class MadSource(FabricSource):
             return await loop.run_in_executor(self._executor, call)
         except asyncio.CancelledError:
             if kill_on_cancel:
-                self._kill_workers("the poll was cancelled (deadline passed) mid-batch")
+                self._kill_worker("the poll was cancelled (deadline passed) mid-batch")
             raise
 
     # ------------------------------------------------------------------ discovery
@@ -632,7 +608,7 @@ class MadSource(FabricSource):
         return self._finish(view, peer_desc)
 
     async def discover(self) -> Topology:
-        await self._ensure_workers()
+        await self._ensure_worker()
         started = time.monotonic()
         self._first = None
 
@@ -677,14 +653,14 @@ class MadSource(FabricSource):
             outcomes = self._read_ticks(ticks, pending)
             first.done = time.monotonic()
             tables = self._read_tables(sweep, blocks, pending)
-            next(pending, None)  # the end of the batch: its verdict on the workers
+            next(pending, None)  # the end of the batch: its verdict on the worker
             first.asked = {key: lid for lid, keys in targets.items() for key in keys}
             mads = len(lids) + len(plan) + len(ticks) + len(blocks)
             if self._shard is not None:  # no first-poll batch: the Ticks of this shard's ports
                 ticks = self._tick_plan(view.by_lid(), devices, sm_lids)
                 answers = self._results([req for _k, req in ticks])
                 outcomes = self._read_ticks(ticks, answers)
-                next(answers, None)  # the end of the batch: its verdict on the workers
+                next(answers, None)  # the end of the batch: its verdict on the worker
                 mads += len(ticks)
             sweep.errors += self.wait_units.decide(self.name, view, devices, outcomes)
             return sweep, view, learned, mads, first, tables
@@ -1021,7 +997,7 @@ class MadSource(FabricSource):
         return snap
 
     async def sample(self) -> Snapshot:
-        await self._ensure_workers()
+        await self._ensure_worker()
         view, discover_errors, refresh = await self._prepare_sample()
         snap = await self._in_thread(self._sample_sync, view, refresh)
         assert isinstance(snap, Snapshot)
@@ -1029,9 +1005,10 @@ class MadSource(FabricSource):
         return snap
 
     async def close(self) -> None:
-        """End every worker (closing its port; one still busy is killed after a short grace)
+        """End the worker (closing its port; one still busy is killed after a short grace)
         and the MAD thread. Never waits on the fabric."""
-        self._dying += self._workers
-        self._workers = []
+        if self._worker is not None:
+            self._dying.append(self._worker)
+            self._worker = None
         await self._reap_dying(grace=0.3)  # inside the daemon's 1 s budget for a close
         self._executor.shutdown(wait=False)

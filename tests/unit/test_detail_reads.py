@@ -293,7 +293,7 @@ class PmaSource(MadSource):
         self.rcv_errors: dict[int, int] = {2: 0, 3: 0}
         self.sent: list[MadRequest] = []
 
-    async def _ensure_workers(self) -> None:
+    async def _ensure_worker(self) -> None:
         return None
 
     def _results(self, reqs: Sequence[MadRequest], *, keep: bool = True) -> Iterator[MadResult]:

@@ -190,7 +190,7 @@ async def test_a_batch_not_read_to_its_end_retires_the_worker(tmp_path: Path) ->
     w = streaming_worker(tmp_path)
     try:
         assert w.wait_ready(10.0)
-        src._workers = [w]
+        src._worker = w
         results = src._results([MadRequest(CLASS_SMI, ATTR_NODE_INFO, path=(p,)) for p in range(5)])
         assert next(results).data == b"a"
         assert src._broken is None

@@ -242,7 +242,7 @@ class TickFabric(MadSource):
         self.dropped: set[int] = {5}
         self.sm_lid = 1
 
-    async def _ensure_workers(self) -> None:
+    async def _ensure_worker(self) -> None:
         return None
 
     def sweep_sync(self) -> SweepResult:
