@@ -548,7 +548,9 @@ class MadSource(FabricSource):
         results = self._results(reqs)  # decoded as they arrive
         res.mads += len(reqs)
         arrivals: list[_Arrival] = []
-        queued: set[tuple[str, int]] = set()  # (guid, entry port) already in ``arrivals``
+        # Already in ``arrivals``: a switch by GUID (it is described whole, whichever port it
+        # was entered by: a second cable to it adds nothing to ask), a CA port by (GUID, port).
+        queued: set[tuple[str, int]] = set()
         for (guid, p, path), r in zip(hops, results, strict=True):
             if r.data is None:
                 res.errors.append(
@@ -558,12 +560,13 @@ class MadSource(FabricSource):
             peer = decode_node_info(r.data)
             res.links[(guid, p)] = (peer.node_guid, peer.local_port)
             res.links[(peer.node_guid, peer.local_port)] = (guid, p)
+            switch = peer.node_type == "switch"
             known = res.nodes.get(peer.node_guid)
-            unseen = known is None or (
-                peer.node_type != "switch" and peer.local_port not in known.ports
-            )
-            if unseen and (peer.node_guid, peer.local_port) not in queued:
-                queued.add((peer.node_guid, peer.local_port))
+            if known is not None and (switch or peer.local_port in known.ports):
+                continue
+            entered = (peer.node_guid, 0 if switch else peer.local_port)
+            if entered not in queued:
+                queued.add(entered)
                 arrivals.append((peer, path, peer.local_port))
         return arrivals
 
