@@ -51,3 +51,15 @@ def test_tables_cut_at_the_top_and_ports_past_the_switch_are_no_route() -> None:
     assert table[64:] == bytes([4] * 7)
     assert [(e.reason, e.detail) for e in sweep.errors] == [
         ("timeout", "0x02: LinearForwardingTable block 0")]
+
+
+def test_a_top_past_the_unicast_lids_is_refused_not_read() -> None:
+    """LinearFDBTop above 0xBFFF (the last unicast LID) is a bad value: no blocks are asked for
+    it, and the switch's table is left out with an error; 0xBFFF itself is read."""
+    sweep = SweepResult()
+    sweep.nodes["0x01"] = _switch("0x01", 8, 3, 0xC000)
+    sweep.nodes["0x02"] = _switch("0x02", 8, 4, 0xBFFF)
+    plan = MadSource(forwarding_tables=True)._table_plan(sweep)
+    assert {g for g, _r in plan} == {"0x02"} and len(plan) == 0xBFFF // 64 + 1
+    assert [(e.reason, e.detail) for e in sweep.errors] == [
+        ("bad_value", "0x01: SwitchInfo.LinearFDBTop 49152 past the unicast LIDs")]

@@ -464,3 +464,27 @@ async def test_diags_asks_a_model_twice_at_most_and_its_tick_stands_for_every_no
     assert got[H1] == got[H2] == got[H3] == WaitUnit(8, False, "tick")
     assert got[SW] == DEFAULT_UNIT
     assert src._discover_errors == []
+
+
+async def test_mad_reports_a_garbled_tick_answer_and_keeps_the_default() -> None:
+    """A PortSamplesControl answer that cannot be decoded is a ``parse_error`` of that port (a
+    PMA that answers wrongly is worth a look), unlike a Get that was dropped or refused."""
+
+    class Garbled(TickFabric):
+        def _answer(self, r: MadRequest) -> MadResult:
+            if r.attr_id == ATTR_PORT_SAMPLES_CONTROL and r.lid == 3:
+                return MadResult(b"\x00")  # shorter than its fields
+            return super()._answer(r)
+
+    src = Garbled(state_interval=1e9)
+    try:
+        topo = await src.discover()
+        snap = await src.sample()
+    finally:
+        await src.close()
+    key = ("0x0000000000100001", "1")
+    assert topo.ports[key].xmit_wait == DEFAULT_UNIT
+    garbled = [e for e in snap.errors if e.key == key]
+    assert [e.reason for e in garbled] == ["parse_error"]
+    assert "PortSamplesControl" in garbled[0].detail
+    assert src.wait_units.unread == 1  # only lid 5's dropped Get
