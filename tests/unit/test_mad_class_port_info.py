@@ -8,7 +8,13 @@ import struct
 from collections.abc import Iterator, Sequence
 
 from ibmon.sources.libibmad import ATTR_CLASS_PORT_INFO, MadRequest, MadResult
-from ibmon.sources.mad import MadSource
+from ibmon.sources.mad import MadSource, _kinds
+from ibmon.sources.parse import (
+    CPI_CAP2_ADDL_EXT,
+    CPI_CAP_EXT_WIDTH,
+    CPI_CAP_EXT_WIDTH_NOIETF,
+    ClassPortInfo,
+)
 
 
 class CpiSource(MadSource):
@@ -73,3 +79,14 @@ def test_a_malformed_answer_costs_that_lids_counters_not_the_poll() -> None:
     errors, _ = src._learn_class_port_info({2: BY_LID[2]})
     assert [(e.reason, e.key) for e in errors] == [("parse_error", ("0x0000000000000002", "1"))]
     assert src._cpi == {}
+
+
+def test_the_masks_decide_which_counter_attributes_a_port_is_read_with() -> None:
+    """PortCountersExtended when either extended-width bit is set (with or without the
+    unicast/multicast fields), PortCounters beside it unless CapMask2 says the error counters
+    have 64-bit copies, PortCounters alone without an extended set."""
+    assert _kinds(ClassPortInfo(0, 0)) == ("narrow",)
+    assert _kinds(ClassPortInfo(0, CPI_CAP2_ADDL_EXT)) == ("narrow",)
+    assert _kinds(ClassPortInfo(CPI_CAP_EXT_WIDTH, 0)) == ("ext", "narrow")
+    assert _kinds(ClassPortInfo(CPI_CAP_EXT_WIDTH_NOIETF, 0)) == ("ext", "narrow")
+    assert _kinds(ClassPortInfo(CPI_CAP_EXT_WIDTH_NOIETF, CPI_CAP2_ADDL_EXT)) == ("ext",)

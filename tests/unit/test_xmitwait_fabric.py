@@ -488,3 +488,28 @@ async def test_mad_reports_a_garbled_tick_answer_and_keeps_the_default() -> None
     assert [e.reason for e in garbled] == ["parse_error"]
     assert "PortSamplesControl" in garbled[0].detail
     assert src.wait_units.unread == 1  # only lid 5's dropped Get
+
+
+async def test_mad_reports_one_error_for_a_port_that_answers_nothing() -> None:
+    """A port whose PMA and SMA both stay silent in a poll that refreshes state is one error
+    (its PMA's), not two."""
+
+    class Silent(TickFabric):
+        silent: frozenset[int] = frozenset()
+
+        def _answer(self, r: MadRequest) -> MadResult:
+            if r.lid in self.silent:
+                return MadResult(None, "timeout")
+            return super()._answer(r)
+
+    src = Silent(state_interval=0.0)
+    key = ("0x0000000000100001", "1")
+    try:
+        await src.discover()
+        await src.sample()  # right after the discovery: no state refresh
+        src.silent = frozenset({3})
+        snap = await src.sample()
+    finally:
+        await src.close()
+    assert [(e.reason, e.detail) for e in snap.errors if e.key == key] == [
+        ("timeout", f"{key[0]} port 1: PMA")]
