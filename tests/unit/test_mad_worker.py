@@ -7,7 +7,10 @@ The simulator-backed behaviour (a frozen fabric, a frozen worker, a fabric that 
 
 from __future__ import annotations
 
+import contextlib
 import marshal
+import os
+import signal
 import stat
 import struct
 import threading
@@ -198,3 +201,48 @@ async def test_a_batch_not_read_to_its_end_retires_the_worker(tmp_path: Path) ->
         assert src._broken == "a batch was not read to its end"
     finally:
         await src.close()
+
+
+def test_a_frame_that_has_begun_is_read_to_its_end_past_the_deadline(tmp_path: Path) -> None:
+    """The deadline applies to a frame's start only: a frame cut in two by the pipe is waited
+    for, not abandoned half read (which would leave its tail to be read as the next frame)."""
+    ready = frames_file(tmp_path / "ready.frame", ("ready",)).read_bytes()
+    head, tail = ready[:2], ready[2:]
+    octal = "".join(f"\\{b:03o}" for b in head), "".join(f"\\{b:03o}" for b in tail)
+    w = worker(fake_python(tmp_path, f"printf '{octal[0]}'; sleep 0.6; printf '{octal[1]}'; "
+                                     "exec sleep 60"))
+    try:
+        assert w.wait_ready(0.3)
+    finally:
+        assert w.close(grace=0.1)
+
+
+def test_kill_frees_a_reader_even_when_the_pipe_stays_open(tmp_path: Path) -> None:
+    """A worker stuck where SIGKILL does not end it at once (in the kernel) keeps its pipe
+    open, as does here a process it left behind: the reader gives up by itself."""
+    ready = frames_file(tmp_path / "ready.frame", ("ready",))
+    holder = tmp_path / "holder.pid"
+    w = worker(fake_python(tmp_path, f"cat {ready}; sleep 30 & echo $! > {holder}; "
+                                     "exec sleep 30"))
+    errors: list[BaseException] = []
+
+    def batch() -> None:
+        try:
+            w.run([MadRequest(CLASS_SMI, ATTR_NODE_INFO, path=())])
+        except BaseException as exc:  # collected for the assertion
+            errors.append(exc)
+
+    t = threading.Thread(target=batch)
+    try:
+        assert w.wait_ready(10.0)
+        t.start()
+        time.sleep(0.3)
+        w.kill()
+        t.join(timeout=5)
+        assert not t.is_alive()
+    finally:
+        with contextlib.suppress(ProcessLookupError, ValueError, FileNotFoundError):
+            os.kill(int(holder.read_text()), signal.SIGKILL)
+        t.join(timeout=30)
+        w.close(grace=0.1)
+    assert len(errors) == 1 and isinstance(errors[0], MadWorkerGoneError)
