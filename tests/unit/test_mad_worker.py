@@ -61,12 +61,16 @@ def test_a_worker_that_never_opens_is_not_waited_for_forever(tmp_path: Path) -> 
     assert not w.alive
 
 
-def test_kill_frees_a_reader_blocked_on_a_frozen_worker(tmp_path: Path) -> None:
-    """The thread waiting for an answer is released at once, not when the fabric answers."""
-    ready = tmp_path / "ready.frame"
-    body = marshal.dumps(("ready",))
-    ready.write_bytes(struct.pack(">I", len(body)) + body)
-    w = worker(fake_python(tmp_path, f"cat {ready}; exec sleep 60"))  # ready... then silence
+@pytest.mark.parametrize("pipe_kept_open", [False, True])
+def test_kill_frees_a_reader_blocked_on_a_frozen_worker(tmp_path: Path,
+                                                        pipe_kept_open: bool) -> None:
+    """The thread waiting for an answer is released at once, not when the fabric answers; also
+    when the worker's pipe stays open after SIGKILL (a worker stuck in the kernel; here a
+    process it left behind holds the pipe): the reader gives up by itself."""
+    ready = frames_file(tmp_path / "ready.frame", ("ready",))
+    holder = tmp_path / "holder.pid"
+    behind = f"sleep 30 & echo $! > {holder}; " if pipe_kept_open else ""
+    w = worker(fake_python(tmp_path, f"cat {ready}; {behind}exec sleep 60"))  # then silence
     errors: list[BaseException] = []
 
     def batch() -> None:
@@ -75,9 +79,9 @@ def test_kill_frees_a_reader_blocked_on_a_frozen_worker(tmp_path: Path) -> None:
         except BaseException as exc:  # collected for the assertion
             errors.append(exc)
 
+    t = threading.Thread(target=batch)
     try:
         assert w.wait_ready(10.0)
-        t = threading.Thread(target=batch)
         t.start()
         time.sleep(0.3)
         assert t.is_alive()  # blocked: the worker does not answer
@@ -85,6 +89,10 @@ def test_kill_frees_a_reader_blocked_on_a_frozen_worker(tmp_path: Path) -> None:
         t.join(timeout=5)
         assert not t.is_alive()
     finally:
+        if pipe_kept_open:
+            with contextlib.suppress(ProcessLookupError, ValueError, FileNotFoundError):
+                os.kill(int(holder.read_text()), signal.SIGKILL)
+        t.join(timeout=30)
         assert w.close()
     assert len(errors) == 1 and isinstance(errors[0], MadWorkerGoneError)
     assert "killed by signal 9" in str(errors[0])
@@ -216,33 +224,3 @@ def test_a_frame_that_has_begun_is_read_to_its_end_past_the_deadline(tmp_path: P
     finally:
         assert w.close(grace=0.1)
 
-
-def test_kill_frees_a_reader_even_when_the_pipe_stays_open(tmp_path: Path) -> None:
-    """A worker stuck where SIGKILL does not end it at once (in the kernel) keeps its pipe
-    open, as does here a process it left behind: the reader gives up by itself."""
-    ready = frames_file(tmp_path / "ready.frame", ("ready",))
-    holder = tmp_path / "holder.pid"
-    w = worker(fake_python(tmp_path, f"cat {ready}; sleep 30 & echo $! > {holder}; "
-                                     "exec sleep 30"))
-    errors: list[BaseException] = []
-
-    def batch() -> None:
-        try:
-            w.run([MadRequest(CLASS_SMI, ATTR_NODE_INFO, path=())])
-        except BaseException as exc:  # collected for the assertion
-            errors.append(exc)
-
-    t = threading.Thread(target=batch)
-    try:
-        assert w.wait_ready(10.0)
-        t.start()
-        time.sleep(0.3)
-        w.kill()
-        t.join(timeout=5)
-        assert not t.is_alive()
-    finally:
-        with contextlib.suppress(ProcessLookupError, ValueError, FileNotFoundError):
-            os.kill(int(holder.read_text()), signal.SIGKILL)
-        t.join(timeout=30)
-        w.close(grace=0.1)
-    assert len(errors) == 1 and isinstance(errors[0], MadWorkerGoneError)
