@@ -13,6 +13,7 @@ import os
 import signal
 import stat
 import struct
+import sys
 import threading
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ import pytest
 
 from ibmon.sources.libibmad import ATTR_NODE_INFO, CLASS_SMI, MadError, MadRequest
 from ibmon.sources.mad import MadSource
-from ibmon.sources.madworker import MadWorker, MadWorkerGoneError
+from ibmon.sources.madworker import _CHILD, _PACKAGE_ROOT, MadWorker, MadWorkerGoneError
 
 NO_CA = "ibmon_no_such_ca"
 
@@ -224,3 +225,18 @@ def test_a_frame_that_has_begun_is_read_to_its_end_past_the_deadline(tmp_path: P
     finally:
         assert w.close(grace=0.1)
 
+
+
+def test_a_failure_inside_the_worker_comes_back_as_one_line(tmp_path: Path) -> None:
+    """Whatever goes wrong in the child is an error frame and one-line MadError, never a
+    traceback (here: arguments without a CA)."""
+    args = marshal.dumps({"parent": os.getpid(), "port": 0}).hex()
+    w = worker(fake_python(tmp_path, f'exec "{sys.executable}" -S -c "{_CHILD}" '
+                                     f"{_PACKAGE_ROOT} {args}"))
+    try:
+        with pytest.raises(MadError) as info:
+            w.wait_ready(30.0)
+    finally:
+        assert w.close()
+    assert str(info.value) == "MAD worker failed: KeyError: 'ca'"
+    assert info.value.cause == "unknown"
