@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Container, Mapping
 from itertools import compress
+from typing import TypeGuard
 
 from pydantic import Field
 
@@ -36,8 +37,6 @@ _ACTIVE = int(PortState.ACTIVE)
 _STATE_NAMES = {s.value: s.name.lower().replace("_", " ") for s in PortState}
 # Derived from linkspeed's tables (the one copy), never restated here.
 _SPEED_RANK = {name: i for i, name in enumerate(SPEED_ORDER)}
-#: Conditions that show bit errors on a link.
-_PHYSICAL = frozenset({"high_ber", "link_integrity"})
 
 
 class PortDownSettings(DetectorSettings):
@@ -131,13 +130,10 @@ class LinkFlapping(PortDetector):
         if n < self._s.count:
             return None
         minutes = self._s.window / 60
-        # Bit errors on either end of the link (this poll's BER, or a condition still firing
-        # from the previous poll) make it the cable; otherwise the link just went down.
-        physical = bool(view.symbol_error_ber) or bool(view.conditions & _PHYSICAL)
+        # Bit errors on either end of the link make it the cable; otherwise the link just
+        # went down.
         peer = self.peer_of(view)
-        if peer is not None:
-            physical = physical or bool(peer.symbol_error_ber) or bool(
-                peer.conditions & _PHYSICAL)
+        physical = _bit_errors(view) or (peer is not None and _bit_errors(peer))
         return Finding(
             self._s.severity,
             float(n),
@@ -188,7 +184,7 @@ class LinkDegraded(PortDetector):
             if (
                 v.state == _ACTIVE
                 and v.rate_bytes_per_second
-                and (v.link is None or not v.link.max_width)
+                and not _graded(v.link)
             ):
                 counts = by_layer.setdefault(v.identity.link_layer, Counter())
                 counts[v.rate_bytes_per_second] += 1
@@ -230,7 +226,7 @@ class LinkDegraded(PortDetector):
         if view.state != _ACTIVE:
             return KEEP
         link = view.link
-        if link is not None and link.max_width and link.max_speed:
+        if _graded(link):
             return self._fabric(
                 view,
                 link.active_width or view.active_width,
@@ -283,6 +279,20 @@ class LinkDegraded(PortDetector):
                 "breakdown": {},
             },
         )
+
+
+def _graded(link: LinkInfo | None) -> TypeGuard[LinkInfo]:
+    """Whether the link names its best width and speed, so it is graded against them (else
+    the port's rate is judged against the expected or majority rate)."""
+    return link is not None and bool(link.max_width) and bool(link.max_speed)
+
+
+def _bit_errors(view: PortView) -> bool:
+    """Whether the port shows bit errors: symbol errors in this poll's BER window, or a high
+    BER or physical link integrity errors still firing from the previous poll (integrity
+    errors from buffer overruns point at flow control, not the cable)."""
+    return (bool(view.symbol_error_ber) or "high_ber" in view.conditions
+            or view.causes.get("link_integrity") == "physical")
 
 
 def _grade(width: str, speed: str, max_width: str, max_speed: str) -> bool | None:

@@ -32,6 +32,10 @@ def test_port_down_only_for_ports_that_were_active() -> None:
     assert fired.peer is not None
     assert fired.peer.guid == PEER
     assert fired.peer.port == "12"
+    # the state seen against Active, and the physical state (2: Polling, no light from the far
+    # end; 3: Disabled by someone) that says which
+    assert (fired.value, fired.threshold) == (1.0, 4.0)
+    assert (fired.details["state"], fired.details["phys_state"]) == ("down", 2)
     assert step(engine, [view(state=2)], 3) == []  # still not active: no second event
     assert step(engine, [view(state=None)], 4) == []  # unknown state: no opinion
     (resolved,) = step(engine, [view(state=4)], 5)
@@ -87,6 +91,55 @@ def test_node_local_degraded_against_majority_and_expected_rate() -> None:
     configured = Engine({"link_degraded": {"expected_rate_gbps": 200}})
     evs = step(configured, [view("1")], 0)
     assert [(e.type, e.value, e.threshold) for e in evs] == [("link_degraded", 100.0, 200.0)]
+
+
+def test_degraded_takes_what_the_link_does_not_say_from_the_port() -> None:
+    """A link that names no active width or speed is graded on the port's own; one that
+    names no best width or speed is judged like a node-local port, on the majority rate."""
+    (fired,) = step(Engine(), [view(link=link(width="", speed=""), active_width="1X",
+                                    active_speed="EDR")], 0)
+    assert "1X EDR, could be 4X EDR" in fired.message
+    for unknown in ({"max_width": ""}, {"max_speed": ""}, {"max_width": "", "max_speed": ""}):
+        ports = [view(str(p), rate_bps=100e9, link=link(**unknown)) for p in range(1, 4)]
+        slow = view("4", rate_bps=25e9, link=link(**unknown))
+        (fired,) = step(Engine(), [*ports, slow], 0)
+        assert (fired.type, fired.port.port if fired.port else None) == ("link_degraded", "4")
+        assert (fired.value, fired.threshold) == (25.0, 100.0), unknown
+
+
+def test_a_degraded_link_stays_degraded_until_it_trains_at_its_best_again() -> None:
+    engine = Engine()
+    (fired,) = step(engine, [view(link=link(width="1X"))], 0)
+    assert (fired.type, fired.status) == ("link_degraded", "firing")
+    assert [e.type for e in step(engine, [view(state=1, link=link(width="1X"))], 1)] == [
+        "port_down"]
+    # back up at a speed this ibmon has no name for: no opinion either
+    unknown = link(width="1X", speed="ZDR", max_speed="ZDR")
+    assert [(e.type, e.status) for e in step(engine, [view(link=unknown)], 2)] == [
+        ("port_down", "resolved")]
+    assert [(e.type, e.status) for e in step(engine, [view(link=link())], 3)] == [
+        ("link_degraded", "resolved")]
+
+
+def test_a_node_local_port_whose_rate_is_not_read_keeps_its_degraded() -> None:
+    engine = Engine()
+    up = [view(str(p), rate_bps=100e9) for p in range(1, 4)]
+    (fired,) = step(engine, [*up, view("4", rate_bps=25e9)], 0)
+    assert (fired.type, fired.status) == ("link_degraded", "firing")
+    assert step(engine, [*up, view("4", rate_bps=None)], 1) == []  # no rate: no opinion
+    (done,) = step(engine, [*up, view("4", rate_bps=100e9)], 2)
+    assert (done.type, done.status) == ("link_degraded", "resolved")
+
+
+def test_node_local_majority_counts_active_ports_only() -> None:
+    """Down ports (their sysfs rate is whatever the HCA last trained or defaults to) neither
+    make a majority nor break one."""
+    up = [view(str(p), rate_bps=100e9) for p in range(1, 4)]
+    slow = view("4", rate_bps=25e9)
+    down = [view(str(p), state=1, rate_bps=10e9) for p in range(5, 9)]
+    (fired,) = step(Engine(), [*up, slow, *down], 0)
+    assert (fired.type, fired.port.port if fired.port else None) == ("link_degraded", "4")
+    assert fired.threshold == 100.0
 
 
 def test_node_local_majority_is_per_link_layer() -> None:
@@ -244,3 +297,55 @@ def test_a_link_down_counts_for_exactly_one_window(tables: dict[str, Any]) -> No
     edge = downs[0] + s.window  # the first of them leaves the window here
     edges = [(t, e.status) for t, e in flaps(tables, downs, [below(edge), edge])]
     assert edges == [(downs[-1], "firing"), (edge, "resolved")]
+
+
+# --------------------------------------------------------------------------- flapping's cause
+
+BACK = LinkInfo(remote_guid=GUID, remote_port="1", remote_node_desc="host042 mlx5_0",
+                active_width="4X", active_speed="EDR", max_width="4X", max_speed="EDR")
+
+
+@pytest.mark.parametrize(("here", "there", "cause"), [
+    ({}, {}, "link_down"),
+    # symbol errors rising as the link flaps (under the BER threshold: no condition)
+    ({"symbol_errors": (30, 50)}, {}, "physical"),
+    ({}, {"symbol_errors": (30, 50)}, "physical"),
+    # a high BER raised earlier, its counter pinned since (no BER this poll, the condition holds)
+    ({"symbol_errors": (10, 100), "pinned": (20, 1)}, {}, "physical"),
+    # link integrity errors from the first down on, their condition still firing
+    ({"local_link_integrity_errors": (10, 1)}, {}, "physical"),
+    ({}, {"local_link_integrity_errors": (10, 1)}, "physical"),
+    # buffer overruns raise the same condition, but point at flow control, not the cable
+    ({"excessive_buffer_overrun_errors": (10, 1)}, {}, "link_down"),
+], ids=["nothing", "own-ber", "far-ber", "own-pinned-ber", "own-integrity", "far-integrity",
+        "overruns"])
+def test_a_flapping_link_with_bit_errors_at_either_end_is_the_cable(
+    here: dict[str, tuple[int, int]], there: dict[str, tuple[int, int]], cause: str
+) -> None:
+    """A link that keeps going down is ``physical`` (check the cable) when either end shows
+    bit errors: this poll's BER, or a high BER or link integrity errors still firing; else
+    ``link_down`` (the far end rebooted or was disabled). Only this end counts the downs, so
+    the far end's errors can only come in through this end's verdict. ``here``/``there``:
+    counter -> (from which poll, its total from then on)."""
+    engine = Engine()
+    flapped: list[Event] = []
+    for t, downs in ((0, 0), (10, 1), (20, 2), (30, 3)):
+        at, far = ({k: v if t >= since else 0 for k, (since, v) in errors.items()}
+                   for errors in (here, there))
+        pinned = frozenset({"symbol_errors"}) if at.pop("pinned", 0) else frozenset()
+        a = view("1", link=link(), totals={"link_downed": 40 + downs, **at}, saturated=pinned)
+        b = view("12", guid=PEER, node_desc="leaf03", link=BACK,
+                 totals={"link_downed": 7, **far})
+        flapped += [e for e in step(engine, [a, b], t) if e.type == "link_flapping"]
+    (ev,) = flapped
+    assert (ev.status, ev.details["cause"]) == ("firing", cause)
+
+
+def test_a_port_whose_link_downed_is_not_read_keeps_its_flapping() -> None:
+    """No LinkDowned in a poll is no opinion: the condition holds until the count says."""
+    engine = Engine()
+    for t in range(4):
+        step(engine, [view(totals={"link_downed": 40 + t})], t)
+    assert [a.finding.details["cause"] for a in engine.active()] == ["link_down"]
+    assert step(engine, [view(totals={"symbol_errors": 0})], 4) == []
+    assert [a.type for a in engine.active()] == ["link_flapping"]
