@@ -355,8 +355,6 @@ class MadEngine:
         # struct ib_user_mad starts {u32 agent_id; u32 status; ...}: what umad_status() reads
         self._recv_head = memoryview(self._recv_buf).cast("B")[:8]
         self._addr: tuple[int, int, int] | None = None
-        self.sent = 0
-        self.timeouts = 0
 
     def _mad_view(self, buf: ctypes.Array[ctypes.c_char]) -> memoryview:
         """The 256 MAD bytes inside a umad buffer, writable in place (no memmove per MAD)."""
@@ -392,7 +390,6 @@ class MadEngine:
             self._umad.umad_set_addr(self._send_addr, addr[0], addr[1], 0, addr[2])
             self._addr = addr
         rc = self._umad.umad_send(self._fd, agent, self._send_addr, _MAD_SIZE, self._tmo_ms, 0)
-        self.sent += 1
         return bool(rc >= 0)
 
     def run(
@@ -444,7 +441,6 @@ class MadEngine:
                 tries[idx] += 1
                 todo.appendleft(idx)
             else:
-                self.timeouts += 1
                 results[idx] = (None, "timeout")
 
         while todo or pending:
