@@ -54,7 +54,6 @@ __all__ = [
     "dominant",
     "end_name",
     "far_end",
-    "peer_key",
     "peer_note",
     "peer_summary",
     "preferred",
@@ -170,13 +169,6 @@ def end_name(ident: PortIdentity | None, guid: str = "", port: str = "",
         name = ident.node_desc or ident.device or ident.guid
         return f"{name} port {ident.port}"
     return f"{desc or guid} port {port}" if (desc or guid) else "its peer"
-
-
-def peer_key(view: PortView) -> PortKey | None:
-    link = view.link
-    if link is None or not link.remote_guid:
-        return None
-    return (link.remote_guid, link.remote_port)
 
 
 def far_end(view: PortView) -> str:
@@ -380,7 +372,7 @@ class DetailWindow(PerPortState):
         if not hist or hist[-1][0] <= now - self.window:
             return False
         ref, cur = self._ends(hist, now)
-        if cur[3] is self._absent or all(v < 0 for v in cur[3]):
+        if cur[3] is self._absent:
             return False
         inside = [r for r in hist if r[0] > ref[0]]
         return all(v < 0 for r in (ref, *inside[:-1]) for v in r[3])

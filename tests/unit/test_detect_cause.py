@@ -24,6 +24,9 @@ from ibmon.detect.cause import (
     RECEIVE_DETAILS,
     DetailWindow,
     dominant,
+    end_name,
+    peer_note,
+    peer_summary,
 )
 from ibmon.detect.engine import Engine
 from ibmon.detect.events import Event
@@ -127,6 +130,63 @@ def test_breakdown_is_over_the_window_from_totals_not_one_sample() -> None:
     w2.observe(key, 0, {"receive_errors": 5})
     w2.observe(key, 1, {"receive_errors": 9, "receive_local_physical_errors": 70_000})
     assert w2.increase(key, 1) == (4, {})
+    # a detail first read while the aggregate stood still (a baseline read) counts from there
+    w3 = DetailWindow("receive_errors", ("receive_local_physical_errors",), window=60)
+    w3.observe(key, 0, {"receive_errors": 100})
+    w3.observe(key, 10, {"receive_errors": 100, "receive_local_physical_errors": 90})
+    w3.observe(key, 20, {"receive_errors": 110, "receive_local_physical_errors": 99})
+    assert w3.increase(key, 20) == (10, {"receive_local_physical_errors": 9})
+    # a detail no longer read at the end of the window: its increase is not known
+    w4 = DetailWindow("receive_errors", ("receive_local_physical_errors",), window=60)
+    w4.observe(key, 0, {"receive_errors": 100, "receive_local_physical_errors": 90})
+    w4.observe(key, 10, {"receive_errors": 110})
+    assert w4.increase(key, 10) == (10, {})
+
+
+def test_details_first_read_on_a_quiet_poll_count_from_that_read() -> None:
+    """A source's baseline read brings a port's details while its aggregate stands still; the
+    engine's window records them then (on a poll like the one before, where most answers are
+    reused), so the next move has its breakdown and cause at once."""
+    engine = Engine()
+    details = dict.fromkeys(RECEIVE_DETAILS, 0)
+    step(engine, [leaf_view(totals={"receive_errors": 100})], 0)
+    step(engine, [leaf_view(totals={"receive_errors": 100})], 1)
+    step(engine, [leaf_view(totals={"receive_errors": 100, **details,
+                                    "receive_local_physical_errors": 90})], 2)
+    (ev,) = step(engine, [leaf_view(totals={"receive_errors": 1340, **details,
+                                            "receive_local_physical_errors": 1330},
+                                    rates={"receive_errors": 1240.0})], 3)
+    assert (ev.type, ev.details["cause"]) == ("receive_errors", "physical")
+    assert ev.details["breakdown"]["receive_local_physical_errors"] == 1240
+
+
+def test_the_window_keeps_the_last_record_before_it_starts() -> None:
+    w = DetailWindow("receive_errors", ("receive_local_physical_errors",), window=60)
+    key = (LEAF, "12")
+    for t, total in ((0, 100), (10, 110), (70, 130), (75, 140)):
+        w.observe(key, t, {"receive_errors": total, "receive_local_physical_errors": total})
+    # the window (15, 75] starts from the total at t=10, the last one before it
+    assert w.increase(key, 75) == (30, {"receive_local_physical_errors": 30})
+
+
+def test_a_port_quiet_for_a_whole_window_drops_out_of_the_detectors_work() -> None:
+    """A quiet port costs one comparison a poll: once its last change has left the window it
+    keeps no history, and ``moves`` says there is nothing to record for it."""
+    w = DetailWindow("receive_errors", ("receive_local_physical_errors",), window=60)
+    key = (LEAF, "12")
+    for t, total in ((0, 100), (10, 110)):
+        w.observe(key, t, {"receive_errors": total, "receive_local_physical_errors": total})
+    quiet = {"receive_errors": 110, "receive_local_physical_errors": 110}
+    pairs = [(key, view(totals=quiet))]
+    # details first read while the aggregate stands still are no change either
+    other = (LEAF, "13")
+    w.observe(other, 0, {"receive_errors": 110})
+    w.observe(other, 10, quiet)
+    assert list(w.moves([(other, view(totals=quiet))], [110])) == [False]
+    assert list(w.moves(pairs, [110])) == [True]  # an increase still in the window
+    w.observe(key, 80, quiet)  # the change at t=10 has left the window
+    assert list(w.moves(pairs, [110])) == [False]
+    assert w.increase(key, 80) == (0, {})
 
 
 @pytest.mark.parametrize("later", [1240, 0], ids=["still-rising", "stopped"])
@@ -366,3 +426,39 @@ def test_a_down_link_that_discovery_no_longer_shows_is_still_one_link() -> None:
                                       other_view(state=1, link=None)], 4)
              if e.type == "port_down"]
     assert [(e.port and e.port.guid, e.peer and e.peer.guid) for e in downs] == [(LEAF, other)]
+
+
+def test_an_end_is_named_by_its_description_else_its_device_else_its_guid() -> None:
+    """A port whose node description is empty (a host that never set one) is still named the
+    way an operator finds it: ``mlx5_0 port 1`` on a host, the GUID where nothing else."""
+    ident = PortIdentity(guid="0x0002c90300a1b2c3", port="1", device="mlx5_0",
+                         node_desc="gpu031 mlx5_0")
+    assert end_name(ident) == "gpu031 mlx5_0 port 1"
+    assert end_name(dataclasses.replace(ident, node_desc="")) == "mlx5_0 port 1"
+    assert end_name(dataclasses.replace(ident, node_desc="", device="")) == (
+        "0x0002c90300a1b2c3 port 1")
+    assert end_name(None, "0x0002c90300ffff01", "12", "leaf03") == "leaf03 port 12"
+    assert end_name(None, "0x0002c90300ffff01", "12") == "0x0002c90300ffff01 port 12"
+    assert end_name(None) == "its peer"
+
+
+def test_what_the_rest_of_the_link_shows_is_said_in_the_message_and_the_details() -> None:
+    here = view(symbol_error_ber=2e-12)
+    far = view("12", guid="0x0002c90300ffff01", symbol_error_ber=3e-12,
+               conditions=frozenset({"link_integrity", "high_ber"}))
+    assert peer_note(here, far) == (
+        "symbol errors are rising on the same link (BER 2e-12); "
+        "symbol errors are rising at the far end too (BER 3e-12); "
+        "the far end has high_ber, link_integrity")
+    assert peer_note(here, far, own_ber=False).startswith("symbol errors are rising at the far")
+    assert peer_summary(far) == {"state": "active", "stale": False, "symbol_error_ber": 3e-12,
+                                 "conditions": ["high_ber", "link_integrity"]}
+    # a far end that does not answer, is down, or whose state is not known yet
+    silent = dataclasses.replace(far, stale=True, conditions=frozenset())
+    assert peer_note(view(), silent) == "the far end does not answer"
+    assert peer_summary(silent)["stale"] is True  # type: ignore[index]
+    down = view("12", state=1)
+    assert peer_note(view(), down) == "the far end is down"
+    assert peer_note(view(), view("12", state=None)) == ""
+    assert peer_summary(view("12", state=None))["state"] is None  # type: ignore[index]
+    assert (peer_note(view(), None), peer_summary(None)) == ("", None)

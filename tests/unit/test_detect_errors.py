@@ -54,6 +54,8 @@ def test_ber_window_slides_and_resolves_once() -> None:
         (14, "firing", "critical"),
         (149, "resolved", "critical"),  # the last error (t=49) left the 100 s window
     ]
+    # the message is the BER itself; it does not quote its own symbol errors back as evidence
+    assert "rising on the same link" not in evs[0][1].message
 
 
 def test_saturated_symbol_counter_gives_no_ber_and_keeps_state() -> None:
