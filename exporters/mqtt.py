@@ -50,7 +50,7 @@ import aiomqtt
 import structlog
 
 from ibmon.config import MqttConfig, MqttTlsConfig
-from ibmon.detect.events import EVENT_TYPES, Event, EventBus, Subscription
+from ibmon.detect.events import EVENT_TYPES, Event, Subscription
 from ibmon.infiniband.model import GUID_RE, PhysState, PortKey, PortState, PortView
 from ibmon.runtime.selfmetrics import MqttMetrics, SelfMetrics
 from ibmon.state import FabricState
@@ -341,10 +341,7 @@ class MqttPublisher:
         self._task: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._pump_task: asyncio.Task[None] | None = None
-        self._bus: EventBus | None = None
-        self._sub: Subscription | None = None
         self._feed: Subscription | None = None  # where lost events are reported
-        self._bus_task: asyncio.Task[None] | None = None
         self._tls: _TlsContext | None = None
         self._state: FabricState | None = None
         self._state_dirty = False
@@ -384,14 +381,6 @@ class MqttPublisher:
         for event in events:
             self.submit(event)
 
-    def attach(self, bus: EventBus) -> None:
-        """Receive every event the bus publishes from now on, until ``stop`` (standalone use;
-        the daemon subscribes itself and runs ``consume`` in its TaskGroup instead)."""
-        if self._bus_task is not None:
-            return
-        self._bus, self._sub = bus, bus.subscribe(self.name, maxsize=self.config.queue_size)
-        self._bus_task = asyncio.create_task(self.consume(self._sub), name="mqtt-events")
-
     async def consume(self, events: Subscription) -> None:
         """``exporters.base.EventConsumer``: move events from a bus subscription to the send
         queue, until cancelled (never waits for the broker)."""
@@ -426,19 +415,6 @@ class MqttPublisher:
         session is up (connecting, or waiting to retry): there is nobody to flush to. Events
         still queued are counted as lost.
         """
-        if self._bus_task is not None:
-            bus_task, self._bus_task = self._bus_task, None
-            bus_task.cancel()
-            try:
-                await bus_task
-            except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise  # our caller cancelled us: that is theirs to see, not the event task's
-        if self._bus is not None and self._sub is not None:
-            self._bus.unsubscribe(self._sub)
-            self.submit_many(self._sub.drain(self._sub.queue.qsize()))
-            self._bus = self._sub = None
         task, self._task = self._task, None
         self._stopping = True
         self._wake.set()

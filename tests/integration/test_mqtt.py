@@ -88,6 +88,8 @@ async def test_events_retained_state_and_status(broker: Mosquitto) -> None:
     metrics = SelfMetrics()
     pub = MqttPublisher(MqttConfig(port=broker.port), fabric="main", metrics=metrics, **FAST)
     bus = EventBus()
+    # fed as the daemon feeds it: its own bus subscription, read by its ``consume``
+    feed = asyncio.create_task(pub.consume(bus.subscribe(pub.name, maxsize=100)))
     port_a = "ibmon/main/ports/0x0002c90300a1b2c3/1"
     port_b = "ibmon/main/ports/0x0002c90300a1b2c4/2"
     sent = [event("port_down", n=1), event("congestion", n=2),
@@ -95,7 +97,6 @@ async def test_events_retained_state_and_status(broker: Mosquitto) -> None:
     try:
         async with Collector(broker.port, "ibmon/main/events/#").running() as live:
             await pub.start()
-            pub.attach(bus)
             pub.publish_state(fabric(view(GUID_A), view(GUID_B, "2", state=1,
                                                         conditions=frozenset({"down"}))))
             await until(lambda: pub.connected)
@@ -152,36 +153,59 @@ async def test_events_retained_state_and_status(broker: Mosquitto) -> None:
         assert sorted(t for t, _, _ in after.messages) == sorted([STATUS, port_a])
         assert after.on(STATUS) == [b"offline"]
     finally:
+        feed.cancel()
         await pub.stop()
 
 
 async def test_retained_state_follows_every_field_it_shows(broker: Mosquitto) -> None:
     """Each field of a port's retained state is republished when it alone changes (the
-    physical state of a port that stays down, the peer's description), and a port that left
-    (cleared) and came back unchanged is published again, not taken for already sent."""
+    physical state of a port that stays down, the peer's description, the speed it trained
+    at...), and a port that left (cleared) and came back unchanged is published again, not
+    taken for already sent."""
     pub = MqttPublisher(MqttConfig(port=broker.port), fabric="main", metrics=SelfMetrics(),
                         **FAST)
     topic = "ibmon/main/ports/0x0002c90300a1b2c3/1"
     down = view(GUID_A, state=1)  # phys_state POLLING
-    disabled = dataclasses.replace(down, phys_state=3)
-    assert disabled.link is not None
-    renamed = dataclasses.replace(
-        disabled, link=dataclasses.replace(disabled.link, remote_node_desc="switch 2"))
+    assert down.link is not None
+    ident = down.identity
+    # each step changes one field: (what changes, the JSON field that shows it, its value)
+    changes: list[tuple[dict[str, object], str, object]] = [
+        ({"phys_state": 3}, "phys_state", "DISABLED"),
+        ({"link": dataclasses.replace(down.link, remote_node_desc="switch 2")},
+         "peer.node_desc", "switch 2"),
+        ({"link": dataclasses.replace(down.link, remote_node_desc="switch 2", remote_port="8")},
+         "peer.port", "8"),
+        ({"state": 4, "phys_state": 5}, "state", "ACTIVE"),
+        ({"active_speed": "HDR"}, "active_speed", "HDR"),
+        ({"active_width": "2X"}, "active_width", "2X"),
+        ({"rate_bytes_per_second": 3.125e9}, "rate_bytes_per_second", 3.125e9),
+        ({"identity": dataclasses.replace(ident, node_desc="host01 HCA-2")}, "node_desc",
+         "host01 HCA-2"),
+        ({"identity": dataclasses.replace(ident, node_desc="host01 HCA-2", lid=19)}, "lid", 19),
+        ({"conditions": frozenset({"degraded"})}, "conditions", ["degraded"]),
+    ]
+    states, current = [down], down
+    for fields, _, _ in changes:
+        current = dataclasses.replace(current, **fields)  # type: ignore[arg-type]
+        states.append(current)
     try:
         async with Collector(broker.port, "ibmon/main/ports/#").running() as watch:
             await pub.start()
-            steps = [fabric(down), fabric(disabled), fabric(renamed), fabric(), fabric(renamed)]
+            steps = [*map(fabric, states[:3]), fabric(), *map(fabric, states[2:])]
             for n, state in enumerate(steps, start=1):
                 pub.publish_state(state)
                 await watch.wait_for(lambda n=n: len(watch.messages) >= n)
             await asyncio.sleep(0.2)  # nothing else may follow
         got = [p for t, p, _ in watch.messages if t == topic]
-        assert len(got) == len(watch.messages) == 5
-        docs = [json.loads(p) if p else None for p in got]
-        assert [d and d["phys_state"] for d in docs] == [
-            "POLLING", "DISABLED", "DISABLED", None, "DISABLED"]
-        assert [d and d["peer"]["node_desc"] for d in docs] == [
-            "switch 1", "switch 1", "switch 2", None, "switch 2"]
+        assert len(got) == len(watch.messages) == len(steps)
+        docs = [json.loads(p) if p else {} for p in got]
+        for doc in docs:
+            doc.pop("changed", None)
+        assert docs[3] == {}  # cleared; then the same state again is published again
+        assert docs[4] == docs[2]
+        del docs[3:5]
+        for (_, field, value), doc in zip(changes, docs[1:], strict=True):
+            assert (doc["peer"][field[5:]] if field.startswith("peer.") else doc[field]) == value
     finally:
         await pub.stop()
 
@@ -210,6 +234,43 @@ async def test_broker_down_at_start_then_events_delivered(tmp_path: Path) -> Non
             await asyncio.sleep(0.2)
         assert [Event.model_validate_json(p) for _, p, _ in sub.messages] == sent
         assert metric(metrics, "ibmon_mqtt_dropped_total") == 0
+    finally:
+        await pub.stop()
+        mosq.stop()
+
+
+async def test_reconnects_back_off_within_bounds_start_over_and_restore_the_state(
+    tmp_path: Path,
+) -> None:
+    """While the broker is away the retries back off up to ``backoff_max``; a session that
+    came up starts the backoff over, so a broker restart is retried at once; the restarted
+    broker (no persistence: it lost every retained message) gets each port's state again; and
+    the session keeps the configured keepalive (how soon the broker declares ibmon dead)."""
+    mosq = Mosquitto(require_binary("mosquitto"), tmp_path / "broker")
+    pub = MqttPublisher(MqttConfig(port=mosq.port, keepalive=7, client_id="ibmon-backoff"),
+                        fabric="main", metrics=SelfMetrics(), **FAST)
+    port_a = "ibmon/main/ports/0x0002c90300a1b2c3/1"
+    try:
+        with capture_logs() as logs:
+            await pub.start()
+            pub.publish_state(fabric(view(GUID_A)))
+            await asyncio.sleep(1.0)  # five or more attempts fail meanwhile
+            mosq.start()
+            await until(lambda: pub.connected)
+            mosq.stop()
+            await until(lambda: not pub.connected)
+            mosq.start()
+            await until(lambda: pub.connected)
+        failed = [e["retry_in"] for e in logs if e["event"] == "mqtt_connect_failed"]
+        assert len(failed) >= 5
+        assert max(failed) <= FAST["backoff_max"]
+        assert max(failed) > FAST["backoff_min"]  # it did back off
+        (lost,) = [e["retry_in"] for e in logs if e["event"] == "mqtt_disconnected"]
+        assert lost <= FAST["backoff_min"]
+        async with Collector(mosq.port, "ibmon/main/#").running() as late:
+            await late.wait_for(lambda: late.on(port_a))
+        assert json.loads(late.on(port_a)[0])["guid"] == GUID_A
+        assert "as ibmon-backoff (p2, c1, k7)" in mosq.log_path.read_text()
     finally:
         await pub.stop()
         mosq.stop()
@@ -523,6 +584,26 @@ async def test_graceful_stop_flushes_queued_events_then_goes_offline(broker: Mos
     assert got == sent
     assert [t for t, _, _ in sub.messages][-1] == STATUS  # offline comes after the last event
     assert metric(metrics, "ibmon_mqtt_dropped_total") == 0
+
+
+async def test_a_backlog_longer_than_the_flush_timeout_still_ends_offline(
+    broker: Mosquitto,
+) -> None:
+    """Stopping with more queued than ``flush_timeout`` delivers: the rest is counted as lost,
+    and ibmon still says ``offline`` itself (a session cut off mid-flush would disconnect
+    cleanly, which discards the Last Will and leaves the retained ``online`` behind)."""
+    metrics = SelfMetrics()
+    pub = MqttPublisher(MqttConfig(port=broker.port, queue_size=50_000), fabric="main",
+                        metrics=metrics, flush_timeout=0.05, **FAST)
+    async with Collector(broker.port, STATUS).running() as sub:
+        await pub.start()
+        await until(lambda: pub.connected)
+        await sub.wait_for(lambda: sub.on(STATUS) == [b"online"])
+        pub.submit_many(event("counter_reset", n=i) for i in range(20_000))
+        await pub.stop()
+        await sub.wait_for(lambda: sub.on(STATUS)[-1:] == [b"offline"])
+    delivered = metric(metrics, "ibmon_mqtt_published_total") - 2  # online and offline
+    assert 0 < metric(metrics, "ibmon_mqtt_dropped_total") == 20_000 - delivered
 
 
 async def test_stop_is_bounded_and_still_says_offline_when_the_broker_hangs(

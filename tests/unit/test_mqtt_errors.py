@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import ssl
 from pathlib import Path
@@ -93,17 +92,3 @@ def test_a_failed_handshake_closes_its_socket_at_once() -> None:
         with pytest.raises((ssl.SSLError, ConnectionError)):
             sock.do_handshake()
         assert sock.fileno() == -1  # closed, by the failed handshake itself
-
-
-async def test_a_cancelled_stop_is_cancelled() -> None:
-    """The caller that cancels ``stop`` (a shutdown deadline, Ctrl-C) gets its CancelledError:
-    waiting for the event task it cancels must not swallow the caller's own cancellation."""
-    pub = MqttPublisher(MqttConfig(), fabric="main", metrics=SelfMetrics())
-    pub.attach(EventBus())
-    await asyncio.sleep(0)  # the event task waits for its first event
-    stop = asyncio.create_task(pub.stop())
-    await asyncio.sleep(0)  # stop waits for the event task to end
-    stop.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await stop
-    assert stop.cancelled()
