@@ -448,7 +448,6 @@ class Daemon:
                 await exporter.start(tg)
             feed = self._feed(tg, exporter) if isinstance(exporter, EventConsumer) else None
             self._outputs[name] = _Output(wanted[name][0], exporter, feed)
-            await exporter.publish(self.state)
 
     async def _listen(self, exporter: PrometheusExporter, old: _Output | None) -> None:
         """Start ``exporter``'s listener (taking over ``old``'s socket on the same address);

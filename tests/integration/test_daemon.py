@@ -92,13 +92,16 @@ async def test_polls_scrapes_and_survives_a_failing_source() -> None:
     made: dict[str, CountingSource] = {}
 
     def factory(cfg: SourceConfig) -> Source:
+        if cfg.label == "unbuildable":
+            raise OSError("libibumad.so.3: cannot open shared object file")
         src = CountingSource(cfg.label, fail=cfg.label == "broken")
         made[cfg.label] = src
         return src
 
     cfg_ok = SysfsSourceConfig(name="good", interval=0.05)
     cfg_bad = SysfsSourceConfig(name="broken", interval=0.05)
-    daemon = Daemon(settings(cfg_ok, cfg_bad), source_factory=factory)
+    cfg_none = SysfsSourceConfig(name="unbuildable", interval=0.05)
+    daemon = Daemon(settings(cfg_ok, cfg_bad, cfg_none), source_factory=factory)
     task = asyncio.create_task(daemon.run())
     await daemon.ready.wait()
     await wait_for(lambda: made["good"].polls >= 3 and made["broken"].polls >= 3)
@@ -108,6 +111,13 @@ async def test_polls_scrapes_and_survives_a_failing_source() -> None:
     assert 'ibmon_source_up{source="good"} 1.0' in body
     assert 'ibmon_source_up{source="broken"} 0.0' in body
     assert 'ibmon_source_poll_errors_total{reason="poll_failed",source="broken"}' in body
+    # a source that cannot even be built is down, says why, and costs nothing else
+    assert 'ibmon_source_up{source="unbuildable"} 0.0' in body
+    assert ('ibmon_source_poll_errors_total{reason="init_failed",source="unbuildable"} 1.0'
+            in body)
+    (failed,) = [e for e in daemon.bus.history
+                 if e.type == "source_failed" and "unbuildable" in e.message]
+    assert "libibumad.so.3" in failed.message
     started = time.monotonic()
     daemon.stop()
     await asyncio.wait_for(task, 2.0)
@@ -168,6 +178,26 @@ async def test_totals_survive_reload_and_bad_reload_is_rejected(tmp_path: Path) 
     assert daemon.settings.sources[0].label == "good"
     daemon.stop()
     await asyncio.wait_for(task, 2.0)
+
+
+async def test_a_reload_applies_a_source_s_new_interval(tmp_path: Path) -> None:
+    cfg_file = tmp_path / "ibmon.toml"
+    slow = ('[prometheus]\nlisten = "127.0.0.1:0"\n'
+            '[[sources]]\ntype = "sysfs"\nname = "good"\ninterval = "1h"\n')
+    cfg_file.write_text(slow)
+    source = CountingSource("good")
+    daemon = Daemon(load_settings(cfg_file), config_path=cfg_file,
+                    source_factory=lambda cfg: source)
+    task = asyncio.create_task(daemon.run())
+    try:
+        await daemon.ready.wait()
+        await wait_for(lambda: source.polls == 1)
+        cfg_file.write_text(slow.replace('"1h"', '"50ms"'))
+        daemon.reload()
+        await wait_for(lambda: source.polls >= 6)  # every 50 ms now, not once an hour
+    finally:
+        daemon.stop()
+        await asyncio.wait_for(task, 2.0)
 
 
 async def test_a_reload_that_moves_the_state_file_saves_there(

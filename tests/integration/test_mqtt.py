@@ -23,9 +23,9 @@ from structlog.testing import capture_logs
 
 from exporters.mqtt import MqttPublisher
 from ibmon.cli.terminal import printable
-from ibmon.config import MqttConfig, MqttTlsConfig, load_settings
+from ibmon.config import MqttConfig, MqttTlsConfig, Settings, load_settings
 from ibmon.detect.events import Event, EventBus, PortRef
-from ibmon.infiniband.model import LinkInfo, PortIdentity, PortView
+from ibmon.infiniband.model import LinkInfo, PortIdentity, PortView, Snapshot
 from ibmon.runtime.daemon import Daemon
 from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.sources.sysfs import SysfsSourceConfig
@@ -415,6 +415,62 @@ async def test_daemon_publishes_scenario_events_and_kill_9_leaves_last_will(
     async with Collector(broker.port, STATUS).running() as late:
         await late.wait_for(lambda: late.messages)
     assert late.messages == [(STATUS, b"offline", True)]
+
+
+async def test_a_reload_that_adds_mqtt_publishes_at_once_and_one_that_drops_it_says_offline(
+    broker: Mosquitto,
+) -> None:
+    """SIGHUP with ``[mqtt]`` added: every port's state is on the broker at once, not after
+    the next poll ends (a reload restarts polling, and a large fabric's first poll after it
+    takes a while: here it never ends); with ``[mqtt]`` gone again: ibmon says ``offline``."""
+
+    class SlowAfterTheFirst(TickingSource):
+        async def sample(self) -> Snapshot:
+            if self.polls:
+                await asyncio.Event().wait()
+            return await super().sample()
+
+    source = SlowAfterTheFirst("local")
+    wanted: dict[str, object] | None = None
+
+    def config() -> Settings:
+        src = SysfsSourceConfig(name="local", interval=3600)
+        return load_settings(None, prometheus={"listen": "127.0.0.1:0"},
+                             sources=[src.model_dump()], mqtt=wanted)
+
+    daemon = Daemon(config(), reload_settings=config, source_factory=lambda cfg: source)
+    run = asyncio.create_task(daemon.run())
+    port = "ibmon/main/ports/0x0002c90300a1b2c3/1"
+    try:
+        await daemon.ready.wait()
+        def applied() -> float:
+            value = daemon.metrics.registry.get_sample_value(
+                "ibmon_config_reloads_total", {"result": "applied"})
+            return value or 0.0
+
+        def feeds() -> list[str]:  # the bus subscriptions of MQTT publishers
+            return [s.name for s in daemon.bus.subscriptions if s.name == "mqtt"]
+
+        async with Collector(broker.port, "ibmon/main/#").running() as sub:
+            wanted = {"port": broker.port}
+            daemon.reload()
+            await sub.wait_for(lambda: sub.on(port) and sub.on(STATUS) == [b"online"])
+            assert feeds() == ["mqtt"]
+            wanted = {"port": broker.port, "qos": 0}  # changed: the publisher is replaced
+            daemon.reload()
+            await until(lambda: applied() == 2)
+            assert feeds() == ["mqtt"]  # the old publisher's feed went with it
+            wanted = None
+            daemon.reload()
+            await sub.wait_for(lambda: sub.on(STATUS)[-1:] == [b"offline"])
+            await until(lambda: applied() == 3)
+            assert feeds() == []
+        assert daemon.exporter is not None
+        assert "ibmon_mqtt_connected 0.0" in await asyncio.to_thread(
+            scrape, daemon.exporter.port)
+    finally:
+        daemon.stop()
+        await run
 
 
 async def test_tls_with_client_cert_and_password_file(tmp_path: Path) -> None:
