@@ -180,6 +180,30 @@ async def test_totals_survive_reload_and_bad_reload_is_rejected(tmp_path: Path) 
     await asyncio.wait_for(task, 2.0)
 
 
+async def test_a_source_left_out_of_the_config_keeps_its_totals_for_its_return() -> None:
+    """Its saved part stays in the state file while other sources are saved, so when it is
+    configured again its totals go on from where they were, never lower, even across a reset
+    of its counters meanwhile."""
+
+    async def run(name: str, polls: int, start: int = 0) -> int:
+        source = CountingSource(name)
+        source.polls = start  # the hardware counter keeps counting meanwhile
+        daemon = Daemon(settings(SysfsSourceConfig(name=name, interval=0.05)),
+                        source_factory=lambda cfg: source)
+        task = asyncio.create_task(daemon.run())
+        try:
+            await wait_for(lambda: source.polls >= start + polls and daemon.state.ports)
+        finally:
+            daemon.stop()
+            await asyncio.wait_for(task, 2.0)
+        return daemon.state.ports[(GUID, "1")].totals["transmit_data"]
+
+    before = await run("a", 5, start=100)
+    await run("b", 3)  # "a" is not configured: this daemon saves only "b"'s part of its own
+    # back, and its counters were reset meanwhile (a reboot): the totals carry on
+    assert await run("a", 2) > before
+
+
 async def test_a_reload_applies_a_source_s_new_interval(tmp_path: Path) -> None:
     cfg_file = tmp_path / "ibmon.toml"
     slow = ('[prometheus]\nlisten = "127.0.0.1:0"\n'
