@@ -204,6 +204,29 @@ async def test_a_source_left_out_of_the_config_keeps_its_totals_for_its_return()
     assert await run("a", 2) > before
 
 
+async def test_a_bug_in_reading_the_config_at_reload_is_a_rejected_reload() -> None:
+    """A reload never stops the daemon, whatever reading the config raises."""
+
+    def broken() -> Settings:
+        raise RuntimeError("bug while reading the config")
+
+    source = CountingSource("good")
+    daemon = Daemon(settings(SysfsSourceConfig(name="good", interval=0.05)),
+                    reload_settings=broken, source_factory=lambda cfg: source)
+    task = asyncio.create_task(daemon.run())
+    try:
+        await daemon.ready.wait()
+        daemon.reload()
+        reloads = daemon.metrics.registry.get_sample_value
+        await wait_for(lambda: reloads("ibmon_config_reloads_total", {"result": "rejected"}) == 1)
+        polls = source.polls
+        await wait_for(lambda: source.polls >= polls + 3)  # still polling
+        assert not task.done()
+    finally:
+        daemon.stop()
+        await asyncio.wait_for(task, 2.0)
+
+
 async def test_a_reload_applies_a_source_s_new_interval(tmp_path: Path) -> None:
     cfg_file = tmp_path / "ibmon.toml"
     slow = ('[prometheus]\nlisten = "127.0.0.1:0"\n'
