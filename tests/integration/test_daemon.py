@@ -204,6 +204,36 @@ async def test_a_source_left_out_of_the_config_keeps_its_totals_for_its_return()
     assert await run("a", 2) > before
 
 
+async def test_a_corrupt_source_part_of_the_state_file_costs_only_that_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A state file that parses but whose saved tracker is wrong (edited by hand, written by
+    a buggy version) is reported, and the daemon starts and polls without it."""
+    state = tmp_path / "state.json"
+    monkeypatch.setenv("IBMON_STATE__PATH", str(state))
+
+    async def run(polls: int) -> Daemon:
+        source = CountingSource("a")
+        daemon = Daemon(settings(SysfsSourceConfig(name="a", interval=0.05)),
+                        source_factory=lambda cfg: source)
+        task = asyncio.create_task(daemon.run())
+        try:
+            await wait_for(lambda: source.polls >= polls)
+        finally:
+            daemon.stop()
+            await asyncio.wait_for(task, 2.0)
+        return daemon
+
+    await run(3)
+    doc = json.loads(state.read_text())
+    doc["sources"]["a"]["tracker"]["ports"][0]["total"]["transmit_data"] = "lots"
+    state.write_text(json.dumps(doc))
+    daemon = await run(3)
+    errors = daemon.metrics.registry.get_sample_value
+    assert errors("ibmon_state_file_errors_total", {"reason": "corrupt"}) == 1
+    assert (GUID, "1") in daemon.state.ports
+
+
 async def test_a_bug_in_reading_the_config_at_reload_is_a_rejected_reload() -> None:
     """A reload never stops the daemon, whatever reading the config raises."""
 
