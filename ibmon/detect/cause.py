@@ -51,6 +51,7 @@ __all__ = [
     "Cause",
     "DetailWindow",
     "action",
+    "bit_errors",
     "dominant",
     "end_name",
     "far_end",
@@ -212,6 +213,14 @@ _PREFERENCE: Final = ("physical", "buffer_overrun", "routing", "mtu_mismatch",
 def preferred(*causes: str) -> str:
     """The most specific of several causes (``physical`` over ``link_down`` over ``unknown``)."""
     return min(causes, key=lambda c: _PREFERENCE.index(c) if c in _PREFERENCE else 99)
+
+
+def bit_errors(view: PortView) -> bool:
+    """Whether the port shows bit errors: symbol errors in this poll's BER window, or a high
+    BER or physical link integrity errors still firing from the previous poll (integrity
+    errors from buffer overruns point at flow control, not the cable)."""
+    return (bool(view.symbol_error_ber) or "high_ber" in view.conditions
+            or view.causes.get("link_integrity") == "physical")
 
 
 def peer_note(view: PortView, peer: PortView | None, *, own_ber: bool = True) -> str:

@@ -35,6 +35,7 @@ from ibmon.detect.cause import (
     Cause,
     DetailWindow,
     action,
+    bit_errors,
     dominant,
     peer_note,
     peer_summary,
@@ -368,11 +369,13 @@ class ReceiveErrors(_RateDetector):
     details = RECEIVE_DETAILS
 
     def fallback(self, view: PortView) -> str:
-        # Symbol errors on this receiver, or integrity errors still firing: the wire.
-        if view.symbol_error_ber or "high_ber" in view.conditions:
+        # PortRcvErrors counts both bad packets off the wire and packets dropped for buffer
+        # overruns: bit errors on this receiver mean the wire; integrity errors still firing
+        # from overruns alone mean flow control.
+        if bit_errors(view):
             return "physical"
-        if "link_integrity" in view.conditions:
-            return "physical"
+        if view.causes.get("link_integrity") == "buffer_overrun":
+            return "buffer_overrun"
         return "unknown"
 
 

@@ -26,6 +26,7 @@ from ibmon.detect.base import (
     describe,
     totals_column,
 )
+from ibmon.detect.cause import bit_errors
 from ibmon.detect.columns import Memo, attribute, with_keep
 from ibmon.detect.events import Severity
 from ibmon.infiniband.linkspeed import SPEED_ORDER, WIDTH_LANES
@@ -133,7 +134,7 @@ class LinkFlapping(PortDetector):
         # Bit errors on either end of the link make it the cable; otherwise the link just
         # went down.
         peer = self.peer_of(view)
-        physical = _bit_errors(view) or (peer is not None and _bit_errors(peer))
+        physical = bit_errors(view) or (peer is not None and bit_errors(peer))
         return Finding(
             self._s.severity,
             float(n),
@@ -285,14 +286,6 @@ def _graded(link: LinkInfo | None) -> TypeGuard[LinkInfo]:
     """Whether the link names its best width and speed, so it is graded against them (else
     the port's rate is judged against the expected or majority rate)."""
     return link is not None and bool(link.max_width) and bool(link.max_speed)
-
-
-def _bit_errors(view: PortView) -> bool:
-    """Whether the port shows bit errors: symbol errors in this poll's BER window, or a high
-    BER or physical link integrity errors still firing from the previous poll (integrity
-    errors from buffer overruns point at flow control, not the cable)."""
-    return (bool(view.symbol_error_ber) or "high_ber" in view.conditions
-            or view.causes.get("link_integrity") == "physical")
 
 
 def _grade(width: str, speed: str, max_width: str, max_speed: str) -> bool | None:

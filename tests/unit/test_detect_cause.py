@@ -232,6 +232,26 @@ def test_without_detail_counters_the_other_counters_decide() -> None:
     assert set(ev.details) >= {"cause", "breakdown", "action"}
 
 
+@pytest.mark.parametrize(("integrity", "cause"), [
+    ("local_link_integrity_errors", "physical"),
+    ("excessive_buffer_overrun_errors", "buffer_overrun"),
+])
+def test_without_detail_counters_integrity_errors_lend_their_cause(integrity: str,
+                                                                    cause: str) -> None:
+    """PortRcvErrors counts packets dropped for buffer overruns as well as bad packets off the
+    wire: receive errors beside overrun integrity errors are flow control, not the cable."""
+    engine = Engine()
+    zero = {"receive_errors": 0, "local_link_integrity_errors": 0,
+            "excessive_buffer_overrun_errors": 0}
+    step(engine, [view(totals=zero)], 0)
+    fired = step(engine, [view(totals={**zero, integrity: 3})], 1)
+    assert [(e.type, e.details["cause"]) for e in fired] == [("link_integrity", cause)]
+    (ev,) = step(engine, [view(totals={**zero, integrity: 3, "receive_errors": 50},
+                               rates={"receive_errors": 50.0})], 2)
+    assert (ev.type, ev.details["cause"]) == ("receive_errors", cause)
+    assert "no detail counters" in ev.message
+
+
 def test_discards_while_stalled_are_congestion_victims() -> None:
     engine = Engine()
     step(engine, [view(totals={"transmit_discards": 0})], 0)
