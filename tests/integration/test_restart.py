@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ibmon.runtime.daemon import EVENT_SAVE_DELAY
 from mocks.sysfs import SysfsRenderer
 from mocks.topology import fat_tree
 from mocks.traffic import FabricModel
@@ -35,7 +36,7 @@ TOTAL_RE = re.compile(
 class Run:
     """One daemon lifetime-or-two over one simulated sysfs tree."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, save_interval: str = "0.5s") -> None:
         self.tmp = tmp
         self.model = FabricModel(fat_tree(levels=2, radix=8, leaves=2, hosts_per_leaf=4),
                                  seed=11)
@@ -48,7 +49,7 @@ class Run:
             f'[prometheus]\nlisten = "127.0.0.1:0"\n'
             f'[[sources]]\ntype = "sysfs"\nname = "node"\nroot = "{tmp / "sys"}"\n'
             f'interval = "{POLL}s"\n'
-            f'[state]\npath = "{self.state_file}"\nsave_interval = "0.5s"\n'
+            f'[state]\npath = "{self.state_file}"\nsave_interval = "{save_interval}"\n'
             f'[events]\nfile = "{self.events_file}"\n'
         )
         self.proc: subprocess.Popen[bytes] | None = None
@@ -190,6 +191,33 @@ def test_kill9_restart_gives_the_same_totals_and_events(tmp_path: Path) -> None:
     tx = ("ibmon_port_transmit_data_bytes_total", a, "1")
     assert totals_killed[tx] == killed.model.value((a, 1), "transmit_data") * 4
     assert len(totals_killed) > 8 * 10  # every host port, every counter
+
+
+def test_an_event_is_saved_within_seconds_so_a_kill9_does_not_announce_it_again(
+        tmp_path: Path) -> None:
+    """The periodic save can be an hour away; an event is saved within seconds of it. The last
+    save before the event is a clean stop's, so a restart that did not see the event saved
+    would find the port down and the integrity errors grown since, and announce both again."""
+    run = Run(tmp_path, save_interval="1h")
+    a, b = (run.host_a, 1), (run.host_b, 1)
+    run.start()
+    try:
+        run.step(30.0)
+        run.settle()
+        run.stop()  # saved at the stop: the port is up and the errors at zero
+        run.start()
+        run.step(5.0, lambda m: (m.link_down(a), m.bump(b, "local_link_integrity_errors", 2)))
+        run.wait("both events", lambda: len(run.events()) >= 2)
+        time.sleep(EVENT_SAVE_DELAY + 2.0)  # seconds, against an hour of save_interval
+        run.kill9()
+        run.start()
+        run.settle(10)
+    finally:
+        run.stop()
+    assert sorted(run.events()) == [
+        ("link_integrity", b[0], "1", "firing", "critical"),
+        ("port_down", a[0], "1", "firing", "critical"),
+    ]
 
 
 class _OnePort:
