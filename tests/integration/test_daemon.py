@@ -257,6 +257,45 @@ async def test_a_bug_in_reading_the_config_at_reload_is_a_rejected_reload() -> N
         await asyncio.wait_for(task, 2.0)
 
 
+async def test_the_periodic_save_keeps_the_part_of_a_source_left_out_of_the_config(
+        tmp_path: Path) -> None:
+    """A kill -9 leaves the last periodic save behind: it must still hold the part of a source
+    this run does not poll, or that source's totals would start over when it returns."""
+    path = tmp_path / "state.json"
+
+    def parts() -> dict[str, Any]:
+        try:
+            return dict(json.loads(path.read_text())["sources"])
+        except (OSError, ValueError):
+            return {}
+
+    async def run(name: str, until: Callable[[], bool]) -> None:
+        source = CountingSource(name)
+        daemon = Daemon(load_settings(
+            None, prometheus={"listen": "127.0.0.1:0"},
+            state={"path": str(path), "save_interval": 0.1},
+            sources=[SysfsSourceConfig(name=name, interval=0.05).model_dump()],
+        ), source_factory=lambda cfg: source)
+        task = asyncio.create_task(daemon.run())
+        try:
+            await wait_for(until)
+        finally:
+            daemon.stop()
+            await asyncio.wait_for(task, 2.0)
+
+    await run("a", lambda: "a" in parts())
+    kept = parts()["a"]
+    seen: dict[str, Any] = {}
+
+    def saved_b() -> bool:  # read while "b" runs: what a kill -9 now would leave
+        seen.clear()
+        seen.update(parts())
+        return "b" in seen
+
+    await run("b", saved_b)
+    assert seen["a"] == kept
+
+
 async def test_a_reload_applies_a_source_s_new_interval(tmp_path: Path) -> None:
     cfg_file = tmp_path / "ibmon.toml"
     slow = ('[prometheus]\nlisten = "127.0.0.1:0"\n'
