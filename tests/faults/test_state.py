@@ -261,11 +261,28 @@ def test_a_failed_save_says_what_happens_and_polling_goes_on(tmp_path: Path) -> 
         later = daemon.scrape_until("polls after the failure",
                                     lambda s: polls(s) >= polls(failing) + 3)
         assert later.value("ibmon_source_up", source="node") == 1
+        tree.set(port_xmit_data=5)  # another reset, another failed save: counted, logged once
+        daemon.scrape_until("the second failed save", lambda s: failed_saves(s) >= 2)
+        assert len(daemon.events("state_file_problem")) == 1
         home.unlink()
-        home.mkdir()  # the directory is back: the save at stop works again
+        home.mkdir()  # the directory is back: the next save works
+        tree.set(port_xmit_data=3)
+        daemon.scrape_until("a save that works", lambda s: state.exists())
+        state.unlink()
+        home.rmdir()
+        home.write_text("not a directory")  # failing again after a save worked: logged again
+        tree.set(port_xmit_data=1)
+        daemon.scrape_until("the third failed save", lambda s: failed_saves(s) >= 3)
+        assert len(daemon.events("state_file_problem")) == 2
+        home.unlink()
+        home.mkdir()  # the save at stop works
         assert daemon.stop() == 0
     finally:
         daemon.cleanup()
     assert json.loads(state.read_text())["sources"]["node"]["tracker"]["ports"][0]["resets"] == {
-        "transmit_data": 1}
+        "transmit_data": 4}
     daemon.traceback_free()
+
+
+def failed_saves(s: Scrape) -> float:
+    return s.value("ibmon_state_file_errors_total", reason="save_failed") or 0.0
