@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 
 from ibmon.config import Settings, SourceConfig, load_settings
+from ibmon.detect.events import Event, PortRef
 from ibmon.infiniband.model import PortIdentity, PortSample, Snapshot, Topology
 from ibmon.runtime.daemon import Daemon
 from ibmon.sources import Source
@@ -294,6 +296,31 @@ async def test_the_periodic_save_keeps_the_part_of_a_source_left_out_of_the_conf
 
     await run("b", saved_b)
     assert seen["a"] == kept
+
+
+async def test_a_stop_right_after_a_burst_of_events_logs_and_writes_every_one(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """A switch that reboots takes its ports down in one poll; a stop (SIGTERM) that comes right
+    after must still leave each of those events in the log and in the events file."""
+    events_file = tmp_path / "events.jsonl"
+    daemon = Daemon(load_settings(
+        None, prometheus={"listen": "127.0.0.1:0"}, events={"file": str(events_file)},
+        sources=[SysfsSourceConfig(name="a", interval=60).model_dump()],
+    ), source_factory=lambda cfg: CountingSource("a"))
+    task = asyncio.create_task(daemon.run())
+    await wait_for(lambda: daemon.state.ports)  # the first poll is done: the next is a minute off
+    burst = [Event(time=Event.at(1e9), fabric="", type="port_down", status="firing",
+                   severity="critical", port=PortRef(guid=f"0x{n:016x}", port="1"))
+             for n in range(300)]
+    daemon.bus.publish_many(burst)
+    daemon.stop()
+    await asyncio.wait_for(task, 5.0)
+    written = [json.loads(line)["id"] for line in events_file.read_text().splitlines()]
+    assert written == [e.id for e in burst]
+    out = capfd.readouterr()
+    logged = [m.group(0) for line in (out.out + out.err).splitlines()
+              if "event_firing" in line and (m := re.search(r"0x[0-9a-f]{16}", line))]
+    assert sorted(logged) == sorted(e.port.guid for e in burst if e.port)
 
 
 async def test_a_reload_applies_a_source_s_new_interval(tmp_path: Path) -> None:
