@@ -323,6 +323,37 @@ async def test_a_stop_right_after_a_burst_of_events_logs_and_writes_every_one(
     assert sorted(logged) == sorted(e.port.guid for e in burst if e.port)
 
 
+async def test_a_slow_poll_is_followed_by_one_interval_not_a_burst_of_polls() -> None:
+    """A poll that takes several intervals (a fabric that answers slowly) is not made up with
+    back-to-back polls: each would load the fabric again and give rates over a few ms."""
+    interval, pause = 0.1, 0.45
+
+    class SlowOnce(CountingSource):
+        def __init__(self) -> None:
+            super().__init__("a")
+            self.starts: list[float] = []
+
+        async def sample(self) -> Snapshot:
+            self.starts.append(time.monotonic())
+            if len(self.starts) == 3:
+                await asyncio.sleep(pause)
+            return await super().sample()
+
+    source = SlowOnce()
+    daemon = Daemon(settings(SysfsSourceConfig(name="a", interval=interval)),
+                    source_factory=lambda cfg: source)
+    task = asyncio.create_task(daemon.run())
+    try:
+        await wait_for(lambda: len(source.starts) >= 8)
+    finally:
+        daemon.stop()
+        await asyncio.wait_for(task, 2.0)
+    # The slow poll ends 3.5 intervals late; the next three polls keep to the interval (a burst
+    # would start them all at once). Measured over the three, so a late wake-up cannot fail it.
+    after = source.starts[3:7]
+    assert after[-1] - after[0] >= 1.5 * interval, after
+
+
 async def test_a_reload_applies_a_source_s_new_interval(tmp_path: Path) -> None:
     cfg_file = tmp_path / "ibmon.toml"
     slow = ('[prometheus]\nlisten = "127.0.0.1:0"\n'
