@@ -270,3 +270,29 @@ async def test_corrupt_state_file_is_reported_replaced_and_not_fatal(tmp_path: P
     assert (tmp_path / "state.json.corrupt").read_text().startswith('{"version": 1')
     saved = json.loads(state.read_text())  # replaced by a good file at stop
     assert saved["sources"]["node"]["tracker"]["ports"][0]["guid"] == "0x0002c90300a1b2c3"
+
+
+async def test_a_first_start_without_a_state_file_is_counted_as_missing(tmp_path: Path) -> None:
+    """``ibmon_state_file_errors_total{reason="missing"}`` tells a first start (or a state file
+    someone deleted) from a restart that resumed: totals begin at the hardware values."""
+    import asyncio
+
+    from ibmon.config import load_settings
+    from ibmon.runtime.daemon import Daemon
+    from ibmon.sources.sysfs import SysfsSourceConfig
+
+    settings = load_settings(
+        None, prometheus={"listen": "127.0.0.1:0"}, state={"path": str(tmp_path / "s.json")},
+        sources=[SysfsSourceConfig(name="node", interval=0.05).model_dump()])
+
+    async def start() -> str:
+        daemon = Daemon(settings, source_factory=lambda c: _OnePort(c.label))
+        task = asyncio.create_task(daemon.run())
+        await daemon.ready.wait()
+        metrics = daemon.metrics.render().decode()
+        daemon.stop()
+        await task
+        return metrics
+
+    assert 'ibmon_state_file_errors_total{reason="missing"} 1.0' in await start()
+    assert 'reason="missing"' not in await start()  # resumed from the file the first one saved
