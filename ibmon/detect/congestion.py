@@ -139,10 +139,8 @@ class Congestion(PortDetector):
             del self._runs[key]
             return None
         severity: Severity = "critical" if runs[1] >= s.sustain else "warning"
-        if active is not None and active.severity == "critical":
-            severity = "critical"
-        if active is not None and severity == active.severity:
-            return _updated(active, value)
+        if active is not None and active.severity in (severity, "critical"):
+            return _updated(active, value)  # nothing new: the engine never de-escalates
         return self._finding(view, value, severity, warn if severity == "warning" else crit, unit)
 
     def _roce_signal(self, view: PortView) -> float | None:

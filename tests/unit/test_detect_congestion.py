@@ -50,6 +50,8 @@ def test_escalation_is_one_more_firing_event_and_never_de_escalates() -> None:
         (16, "resolved", "critical"),
     ]
     assert evs[1][1].details["escalated"] is True
+    # each edge names the level it crossed (an alert shows "stalled 60 %, critical at 50 %")
+    assert [e.threshold for _, e in evs[:2]] == [pytest.approx(0.10), pytest.approx(0.50)]
 
 
 def test_crossing_both_levels_at_once_fires_once_at_critical() -> None:
@@ -85,15 +87,20 @@ def test_conditions_are_set_on_the_view_while_firing() -> None:
     assert v.conditions == frozenset()
 
 
-def test_roce_ports_use_cnp_rates() -> None:
+@pytest.mark.parametrize("rates", [
+    {"rp_cnp_handled": 5000.0},
+    # a reaction point that handles few CNPs while its notification point marks many: the
+    # larger of the two signals is the congestion
+    {"rp_cnp_handled": 3.0, "np_ecn_marked_roce_packets": 5000.0},
+])
+def test_roce_ports_use_cnp_rates(rates: dict[str, float]) -> None:
     engine = Engine()
     evs = []
     for t in range(4):
-        v = view(link_layer="Ethernet", hw_rates={"rp_cnp_handled": 5000.0},
-                 utilization_tx=0.1)
+        v = view(link_layer="Ethernet", hw_rates=rates, utilization_tx=0.1)
         evs += engine.process({v.key: v}, monotonic=t, wall=t)
-    assert [(e.status, e.severity, e.details["signal"]) for e in evs] == [
-        ("firing", "warning", "ecn_cnp")]
+    assert [(e.status, e.severity, e.details["signal"], e.value) for e in evs] == [
+        ("firing", "warning", "ecn_cnp", 5000.0)]
 
 
 def test_thresholds_are_configurable() -> None:
