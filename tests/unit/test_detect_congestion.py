@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from detect_views import view
+from detect_views import link, view
 
 from ibmon.detect.engine import Engine
 from ibmon.detect.events import Event
@@ -67,6 +67,23 @@ def test_event_says_hotspot_or_backpressure(util: float, kind: str) -> None:
     assert "38 % of the time stalled" in ev.message
     assert ev.port is not None
     assert ev.port.node_desc == "host042 mlx5_0"
+
+
+@pytest.mark.parametrize(("util", "trained", "port", "cause"), [
+    (0.9, {}, {}, "unknown"),  # a healthy link with too much traffic: nothing is broken
+    (0.9, {"width": "1X"}, {}, "speed_negotiation"),  # a hotspot because it trained narrow
+    (0.9, {"speed": "FDR", "max_speed": "EDR"}, {}, "speed_negotiation"),  # ... or slow
+    # the link knows its best but not what it runs at: the port's own width or speed says
+    (0.9, {"width": ""}, {"active_width": "1X"}, "speed_negotiation"),
+    (0.9, {"speed": ""}, {"active_speed": "FDR"}, "speed_negotiation"),
+    (0.9, {"width": ""}, {"active_width": "4X"}, "unknown"),
+    (0.05, {"width": "1X"}, {}, "congestion_victim"),  # blocked further along, whatever its rate
+])
+def test_a_hotspot_on_a_link_that_trained_below_its_best_blames_the_training(
+        util: float, trained: dict[str, str], port: dict[str, str], cause: str) -> None:
+    evs = run(Engine(), [0.38] * 3, util=util, link=link(**trained), **port)
+    (ev,) = [e for _, e in evs if e.type == "congestion"]
+    assert ev.details["cause"] == cause
 
 
 def test_missing_ratio_keeps_the_condition() -> None:
