@@ -11,10 +11,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from detect_views import link, view
+from detect_views import GUID, PEER, link, view
 
 from ibmon.detect.engine import Engine
 from ibmon.detect.events import Event
+from ibmon.infiniband.model import LinkInfo
 from tests.detect_settings import TABLE_IDS, TABLES, above, below, settings_for
 
 
@@ -65,8 +66,23 @@ def test_event_says_hotspot_or_backpressure(util: float, kind: str) -> None:
     assert ev.details["kind"] == kind
     assert kind in ev.message
     assert "38 % of the time stalled" in ev.message
+    assert ev.details["utilization"] == pytest.approx(util)
     assert ev.port is not None
     assert ev.port.node_desc == "host042 mlx5_0"
+
+
+def test_a_congestion_event_says_what_the_far_end_shows() -> None:
+    engine = Engine()
+    back = LinkInfo(remote_guid=GUID, remote_port="1", remote_node_desc="host042 mlx5_0",
+                    active_width="4X", active_speed="EDR", max_width="4X", max_speed="EDR")
+    evs: list[Event] = []
+    for t in range(3):
+        here = view(xmit_wait_ratio=0.38, utilization_tx=0.9, link=link())
+        far = view("12", guid=PEER, node_desc="leaf03", link=back, stale=t > 0)
+        evs += engine.process({here.key: here, far.key: far}, monotonic=t, wall=1e9 + t)
+    (ev,) = [e for e in evs if e.type == "congestion"]
+    assert ev.message.endswith("; the far end does not answer")
+    assert ev.details["peer_shows"]["stale"] is True
 
 
 @pytest.mark.parametrize(("util", "trained", "port", "cause"), [
