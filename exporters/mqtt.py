@@ -297,9 +297,9 @@ def _has_socket(client: aiomqtt.Client) -> bool:
 def _close_socket(client: aiomqtt.Client) -> None:
     """Close the socket a failed connection attempt leaves behind.
 
-    aiomqtt 2.x raises from ``__aenter__`` when the broker refuses the CONNACK (bad password,
-    not authorised) but leaves paho's socket open; with a retry every few seconds that leaks one
-    descriptor per attempt until the garbage collector runs. paho's ``_sock_close`` also
+    An attempt ended by ``CONNECT_TIMEOUT`` (a broker, or another service, that accepts TCP
+    and never answers CONNECT) leaves paho's socket open; with a retry every few seconds that
+    leaks one descriptor per attempt until the garbage collector runs. paho's ``_sock_close`` also
     unregisters the socket from the event loop through aiomqtt's callbacks, so no stale reader
     stays behind on a reused descriptor.
     """
