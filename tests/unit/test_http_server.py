@@ -127,7 +127,8 @@ def _get(path: str, *extra: str, method: str = "GET", version: str = "1.1") -> b
 async def test_routes_404_405_and_head(served: Served) -> None:
     async with _client(served.port) as (reader, writer):
         writer.write(_get("/nope"))
-        assert (await _read_answer(reader)).status == 404
+        missing = await _read_answer(reader)
+        assert (missing.status, missing.body) == (404, b"404: Not Found")
         writer.write(_get("/nope", method="POST"))
         assert (await _read_answer(reader)).status == 404
         writer.write(_get("/metrics", method="POST"))
@@ -149,6 +150,9 @@ async def test_routes_404_405_and_head(served: Served) -> None:
         assert echoed.body == b"GET /items/0x1/2 {'x': '\xc2\xb2', 'y': ''} {'a': '0x1', 'b': '2'}"
         writer.write(_get("/items/0x1/"))  # an empty segment matches no pattern
         assert (await _read_answer(reader)).status == 404
+        for deeper in ("/items/0x1/2/3", "/items/0x1"):  # nor more or fewer segments
+            writer.write(_get(deeper))
+            assert (await _read_answer(reader)).status == 404
         writer.write(_get("http://example/echo?q=1"))  # absolute form
         assert (await _read_answer(reader)).body == b"GET /echo {'q': '1'} {}"
 
@@ -397,3 +401,12 @@ async def test_a_big_body_gives_the_loop_a_turn_between_writes(
     writes = [i for i, what in enumerate(order) if what == "write"]
     assert len(writes) >= 20
     assert all(b - a > 1 for a, b in itertools.pairwise(writes)), "two batches in one turn"
+
+
+def test_an_answer_has_the_floor_or_one_second_per_mebibyte_to_leave() -> None:
+    """A scraper on a busy host gets ``SEND_FLOOR`` for any answer; a big plain-text body gets
+    as long as it takes at 1 MiB/s, so a slow but steady reader is never cut off."""
+    floor, rate = exporters.server.SEND_FLOOR, exporters.server.SEND_RATE
+    assert exporters.server.send_deadline(0) == floor
+    assert exporters.server.send_deadline(1024) == floor
+    assert exporters.server.send_deadline(62 * rate) == pytest.approx(62.0)
