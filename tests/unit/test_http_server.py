@@ -238,6 +238,7 @@ async def test_a_small_body_on_get_is_drained_a_big_one_closes(served: Served) -
         (b"GET /echo HTTP/1.1\r\n\r\n", 400),  # HTTP/1.1 without Host
         (b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03" + b"A" * 15, 400),  # TLS hello
         (b"\x00\x01\x02", 400),
+        (b"A" * 64, 400),  # a "method" longer than any: not HTTP, refused without waiting
         (b"GET\x00/ HTTP/1.1\r\n", 400),
         (_get("/echo", "Transfer-Encoding: gzip"), 501),
     ],
