@@ -52,3 +52,24 @@ async def test_plain_http_to_the_tls_port_is_counted_and_logged(
 
         assert await asyncio.to_thread(fetch) == 200
         assert metrics.registry.get_sample_value("ibmon_http_bad_requests_total") == 1
+
+
+async def test_tls_to_the_plain_port_is_counted_and_logged_with_a_hint() -> None:
+    """The reverse mistake (``https://`` to a plain listener): a real TLS client's hello."""
+    metrics = SelfMetrics()
+    async with PrometheusExporter(listen="127.0.0.1:0", self_metrics=metrics) as exp:
+        with structlog.testing.capture_logs() as logs:
+            client = ssl.create_default_context()
+            client.check_hostname = False
+            client.verify_mode = ssl.CERT_NONE
+
+            def fetch() -> None:
+                with urllib.request.urlopen(f"https://127.0.0.1:{exp.port}/metrics",
+                                            context=client, timeout=10):
+                    pass
+
+            with contextlib.suppress(OSError):  # the handshake fails: a 400 is no ServerHello
+                await asyncio.to_thread(fetch)
+        assert metrics.registry.get_sample_value("ibmon_http_bad_requests_total") == 1
+        (bad,) = [line for line in logs if line["event"] == "http_bad_request"]
+        assert "https:// vs http://" in bad["hint"]

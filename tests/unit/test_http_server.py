@@ -155,6 +155,9 @@ async def test_routes_404_405_and_head(served: Served) -> None:
             assert (await _read_answer(reader)).status == 404
         writer.write(_get("http://example/echo?q=1"))  # absolute form
         assert (await _read_answer(reader)).body == b"GET /echo {'q': '1'} {}"
+        # a header sent twice is one list (RFC 9110 5.3): gzip was offered
+        writer.write(_get("/metrics", "Accept-Encoding: gzip", "Accept-Encoding: br"))
+        assert (await _read_answer(reader)).headers["content-encoding"] == "gzip"
 
 
 async def test_pipelined_requests_are_answered_in_order_on_one_connection(
@@ -235,6 +238,7 @@ async def test_a_small_body_on_get_is_drained_a_big_one_closes(served: Served) -
         (_get("/echo", "Content-Length: 3", "Transfer-Encoding: chunked") + b"0\r\n\r\n", 400),
         (_get("/echo", "Content-Length: 3", "Content-Length: 4") + b"abcd", 400),
         (_get("/echo", version="9.9"), 400),
+        (_get("/echo", version="2.0"), 400),  # HTTP/2 is a binary protocol, never this text
         (b"GET /echo HTTP/1.1\r\n\r\n", 400),  # HTTP/1.1 without Host
         (b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03" + b"A" * 15, 400),  # TLS hello
         (b"\x00\x01\x02", 400),
