@@ -306,7 +306,7 @@ class HttpConnection(asyncio.Protocol):
     a stopping listener lets the answer in progress finish before the connection closes.
     """
 
-    def __init__(self, app: HttpApp, hooks: _Hooks | None = None) -> None:
+    def __init__(self, app: HttpApp, hooks: _Hooks) -> None:
         self._app = app
         self._hooks = hooks
         self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
@@ -452,7 +452,7 @@ class HttpConnection(asyncio.Protocol):
         request = Request(event.method.decode("ascii"), unquote(target), query, headers,
                           self._peer)
         self._body = 0
-        if self._hooks is not None and not self._hooks.begin(request.path):
+        if not self._hooks.begin(request.path):
             if self._transport is not None:
                 self._transport.write(_raw_error(503, "only health checks are answered on a"
                                                       " connection past the cap"))
@@ -480,8 +480,7 @@ class HttpConnection(asyncio.Protocol):
             self._close()
         finally:
             self._task = None
-            if self._hooks is not None:
-                self._hooks.end()
+            self._hooks.end()
         if not self._closing:
             self._after_answer()
 
@@ -532,11 +531,7 @@ class HttpConnection(asyncio.Protocol):
 
     def _send_timeout(self) -> None:
         """The answer missed its deadline: drop the connection and what it had buffered."""
-        transport = self._transport
-        if self._hooks is not None:
-            self._hooks.close("send_timeout")  # counted, logged, aborted by the guard
-        elif transport is not None:
-            transport.abort()  # close() would wait for a client that does not read
+        self._hooks.close("send_timeout")  # counted, logged, aborted by the guard
         self._close()  # and nothing more happens on this connection
 
     async def _write_coalesced(

@@ -299,6 +299,28 @@ async def test_a_client_that_never_reads_holds_back_the_answer_not_memory(
         assert served.finished == [True]
 
 
+async def test_a_client_that_never_reads_a_big_ready_body_gets_no_copy_of_it_buffered(
+    served: Served,
+) -> None:
+    """A body already in memory (the deflated /metrics parts) is handed to the socket as the
+    client reads, not copied into the transport's buffer all at once: a scraper that stalls
+    must not cost the process another copy of the body."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", served.port))
+    count, size = 1000, 64 * 1024  # 64 MB
+    async with _client(None, sock=sock, limit=1 << 20) as (reader, writer):
+        writer.write(_get(f"/parts/{count}/{size}"))
+        for _ in range(5):  # let the server write as much as it will
+            await asyncio.sleep(0.1)
+        (conn,) = served.exporter._guard._open
+        assert conn.transport is not None
+        assert conn.transport.get_write_buffer_size() < 4 * 1024 * 1024
+        answer = await _read_answer(reader)
+        assert len(answer.body) == count * size
+
+
 async def test_a_client_leaving_mid_answer_frees_its_place(served: Served) -> None:
     async with _client(served.port) as (reader, writer):
         writer.write(_get("/big"))
@@ -342,6 +364,19 @@ async def test_an_idle_keep_alive_connection_is_closed(monkeypatch: pytest.Monke
             writer.write(_get("/"))
             assert (await _read_answer(reader)).status == 200
             assert await _eof(reader)
+        assert exp._guard.open == 0
+
+
+async def test_a_body_that_never_completes_is_closed_a_linger_after_the_answer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GET that promises a body and stops sending it gets its answer, then ``linger_time``
+    for the rest, then the connection is closed: it cannot hold a place by trickling nothing."""
+    monkeypatch.setattr(exporters.prometheus, "LINGER_TIME", 0.2)
+    async with PrometheusExporter(listen="127.0.0.1:0", self_metrics=SelfMetrics()) as exp:
+        async with _client(exp.port) as (reader, writer):
+            writer.write(_get("/", "Content-Length: 10") + b"12345")
+            assert (await _read_answer(reader)).status == 200
+            assert await asyncio.wait_for(_eof(reader), 3)
         assert exp._guard.open == 0
 
 
