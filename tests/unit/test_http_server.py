@@ -174,6 +174,18 @@ async def test_pipelined_requests_are_answered_in_order_on_one_connection(
         assert await _eof(reader)
 
 
+async def test_junk_pipelined_after_a_request_is_refused_once_that_one_is_answered(
+    served: Served,
+) -> None:
+    async with _client(served.port) as (reader, writer):
+        writer.write(_get("/echo") + b"A" * 64)  # a first word longer than any method
+        assert (await _read_answer(reader)).status == 200
+        refused = await asyncio.wait_for(_read_answer(reader), 3)  # at once, not at a timeout
+        assert refused.status == 400
+        assert await _eof(reader)
+    assert served.bad_requests() == 1
+
+
 async def test_http_10_gets_its_answer_then_the_connection_closes(served: Served) -> None:
     async with _client(served.port) as (reader, writer):
         writer.write(b"GET /echo HTTP/1.0\r\n\r\n")
