@@ -367,7 +367,6 @@ class HttpConnection(asyncio.Protocol):
         self.lost = True
         self._closing = True
         self._cancel_timer()
-        self._writable.set()  # a writer waiting for room wakes up and finds the client gone
         if self._task is not None and not self._task.done():
             self._task.cancel()
 

@@ -379,6 +379,23 @@ async def test_an_idle_keep_alive_connection_is_closed(monkeypatch: pytest.Monke
         assert exp._guard.open == 0
 
 
+async def test_a_request_that_comes_back_before_the_keep_alive_timeout_keeps_the_connection(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The idle timer stops when the client comes back: a request that takes a moment to
+    arrive whole is answered, not cut off when the idle timeout would have expired."""
+    monkeypatch.setattr(exporters.prometheus, "KEEPALIVE_TIMEOUT", 1.0)
+    async with (PrometheusExporter(listen="127.0.0.1:0", self_metrics=SelfMetrics()) as exp,
+                _client(exp.port) as (reader, writer)):
+        writer.write(_get("/"))
+        assert (await _read_answer(reader)).status == 200
+        await asyncio.sleep(0.1)
+        request = _get("/")
+        writer.write(request[:5])  # back within the timeout, the rest after it
+        await asyncio.sleep(1.2)
+        writer.write(request[5:])
+        assert (await _read_answer(reader)).status == 200
+
+
 async def test_a_body_that_never_completes_is_closed_a_linger_after_the_answer(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A GET that promises a body and stops sending it gets its answer, then ``linger_time``
