@@ -74,6 +74,16 @@ def test_server_log_turns_malformed_requests_into_one_counted_line() -> None:
     assert fields["exc_info"].args == ("a bug",)  # a bug keeps its traceback
 
 
+def test_every_close_reason_is_a_series_from_the_start() -> None:
+    """``increase(ibmon_http_connections_closed_total[5m])`` in an alert needs the series
+    before the first close: each reason is exported at 0 from the listener's start."""
+    metrics = SelfMetrics()
+    PrometheusExporter(listen="127.0.0.1:0", self_metrics=metrics)
+    scraped = metrics.render().decode()
+    for reason in ("read_timeout", "send_timeout", "evicted", "refused"):
+        assert f'ibmon_http_connections_closed_total{{reason="{reason}"}} 0.0' in scraped
+
+
 def test_cap_fits_the_descriptor_limit_and_the_unit_leaves_room() -> None:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert connection_cap(10**9) == (10**9 if soft == resource.RLIM_INFINITY

@@ -108,6 +108,8 @@ def test_basic_auth_file(tmp_path: Path) -> None:
     # right credentials, wrong scheme
     assert not auth.check("Bearer " + _basic("grafana", "ünïcode").split()[1])
     assert not auth.check("Basic !!!not-base64")
+    # valid credentials with characters base64 does not have: refused, not decoded leniently
+    assert not auth.check(_basic("grafana", "ünïcode") + "*")
     assert not auth.check("Basic " + base64.b64encode(b"no-colon").decode())
     # no colon: not a user with an empty password either
     empty = tmp_path / "empty"
