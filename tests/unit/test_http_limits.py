@@ -119,6 +119,44 @@ async def _closed(reader: asyncio.StreamReader) -> bool:
         return True
 
 
+async def test_a_trickled_second_request_on_a_kept_alive_connection_has_the_read_deadline(
+    guarded: tuple[PrometheusExporter, SelfMetrics, asyncio.Event],
+) -> None:
+    """A client that got one answer and then sends the next request a byte at a time (each
+    byte restarting the idle timer) is closed at the read deadline like a first request."""
+    exporter, metrics, _ = guarded
+    reader, writer = await asyncio.open_connection("127.0.0.1", exporter.port)
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    await reader.readuntil(b"</html>")
+    started = asyncio.get_running_loop().time()
+    closed = False
+    for byte in b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100:
+        try:
+            writer.write(bytes([byte]))
+            await writer.drain()
+        except ConnectionError:
+            closed = True
+            break
+        if reader.at_eof() or (await _peek_closed(reader)):
+            closed = True
+            break
+        await asyncio.sleep(0.05)
+    assert closed
+    assert asyncio.get_running_loop().time() - started < 3  # 0.5 s deadline, not the byte stream
+    assert metrics.registry.get_sample_value("ibmon_http_connections_closed_total",
+                                             {"reason": "read_timeout"}) == 1
+    writer.close()
+
+
+async def _peek_closed(reader: asyncio.StreamReader) -> bool:
+    try:
+        return await asyncio.wait_for(reader.read(1), 0.001) == b""
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
 async def test_at_the_cap_the_longest_waiting_idle_client_makes_room(
     guarded: tuple[PrometheusExporter, SelfMetrics, asyncio.Event],
 ) -> None:
