@@ -615,9 +615,8 @@ class _GuardedConnection(asyncio.Protocol):
             self._timer = None
 
     def _expired(self) -> None:
-        self._timer = None
-        if not self.busy:
-            self.close("read_timeout")
+        self._timer = None  # (never armed while a request is answered: ``begin`` disarms it)
+        self.close("read_timeout")
 
     def close(self, reason: str) -> None:
         """Close now, counted and (rate-limited) logged under ``reason``."""

@@ -170,7 +170,11 @@ async def test_at_the_cap_the_longest_waiting_idle_client_makes_room(
         f"http://127.0.0.1:{exporter.port}/metrics"
     ) as resp:
         assert resp.status == 200
-    assert await _closed(idle[0][0])  # the oldest made room
+    # the oldest made room (here at once; the read deadline would close it only later)
+    open_ports = {conn.transport.get_extra_info("peername")[1]
+                  for conn in exporter._guard._open if conn.transport is not None}
+    assert idle[0][1].get_extra_info("sockname")[1] not in open_ports
+    assert await _closed(idle[0][0])
     evicted = metrics.registry.get_sample_value("ibmon_http_connections_closed_total",
                                                 {"reason": "evicted"})
     assert evicted == 1
