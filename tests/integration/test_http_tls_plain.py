@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import ssl
+import struct
 import urllib.request
 from pathlib import Path
 
@@ -73,3 +75,27 @@ async def test_tls_to_the_plain_port_is_counted_and_logged_with_a_hint() -> None
         assert metrics.registry.get_sample_value("ibmon_http_bad_requests_total") == 1
         (bad,) = [line for line in logs if line["event"] == "http_bad_request"]
         assert "https:// vs http://" in bad["hint"]
+
+
+async def test_a_client_that_drops_during_the_handshake_is_no_bad_request(
+    self_signed: tuple[Path, Path],
+) -> None:
+    """A port scan or a load balancer's TCP check connects and resets: nothing malformed was
+    received, so nothing is counted or logged as a bad request."""
+    cert, key = self_signed
+    metrics = SelfMetrics()
+    async with PrometheusExporter(listen="127.0.0.1:0", self_metrics=metrics,
+                                  tls_cert=cert, tls_key=key) as exp:
+        with structlog.testing.capture_logs() as logs:
+            for _ in range(3):
+                sock = socket.create_connection(("127.0.0.1", exp.port))
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                sock.close()  # RST
+            for _ in range(100):  # until the listener has let go of them
+                if exp._guard.open == 0:
+                    break
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.2)  # and its handshake task has ended
+        assert exp._guard.open == 0
+        assert not metrics.registry.get_sample_value("ibmon_http_bad_requests_total")
+        assert not [line for line in logs if line["event"] == "http_bad_request"]
