@@ -342,6 +342,16 @@ class PrometheusExporter:
         servers, self._servers = self._servers, []
         if not servers:
             return
+        # Accept nothing more, then let the connections already accepted become transports
+        # before the server closes: asyncio drops one that attaches to a closed server without
+        # closing it (its client waits for ever), and on a reload the new listener, on the same
+        # socket, takes every connection from here on.
+        loop = asyncio.get_running_loop()
+        for server in servers:
+            for sock in server.sockets:
+                loop.remove_reader(sock.fileno())
+        for _ in range(2):  # an accept's transport is made one turn of the loop later
+            await asyncio.sleep(0)
         for server in servers:
             server.close()
         await self._guard.shutdown(SHUTDOWN_TIMEOUT)

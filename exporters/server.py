@@ -610,9 +610,13 @@ class HttpConnection(asyncio.Protocol):
             self._transport.write(_raw_error(status, _REASONS.get(status, "Bad Request")))
         self._close()
 
+    def close_after_answer(self) -> None:
+        """Close right after the answer in progress, or the next one."""
+        self._close_after = True
+
     def close_when_idle(self) -> None:
         """Close now if no request is being answered, else right after its answer."""
-        self._close_after = True
+        self.close_after_answer()
         if self._task is None:
             self._close()
 

@@ -374,6 +374,46 @@ async def test_a_reload_applies_a_source_s_new_interval(tmp_path: Path) -> None:
         await asyncio.wait_for(task, 2.0)
 
 
+async def test_a_reload_that_rebuilds_the_listener_never_refuses_a_scrape(tmp_path: Path) -> None:
+    """A reload that changes the listener (here its connection cap) takes over the listening
+    socket: the address stays bound throughout, every scrape meanwhile is answered."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cfg_file = tmp_path / "ibmon.toml"
+    config = (f'[prometheus]\nlisten = "127.0.0.1:{port}"\nmax_connections = 64\n'
+              '[[sources]]\ntype = "sysfs"\nname = "good"\ninterval = "50ms"\n')
+    cfg_file.write_text(config)
+    daemon = Daemon(load_settings(cfg_file), config_path=cfg_file,
+                    source_factory=lambda cfg: CountingSource(cfg.label))
+    task = asyncio.create_task(daemon.run())
+    scraped: list[int] = []
+    stop = False
+
+    def scraper() -> None:
+        while not stop:
+            scraped.append(len(scrape(port)))  # raises on a refused connection
+
+    try:
+        await daemon.ready.wait()
+        scraping = asyncio.create_task(asyncio.to_thread(scraper))
+        await wait_for(lambda: len(scraped) >= 3)
+        before = daemon.exporter
+        cfg_file.write_text(config.replace("= 64", "= 32"))
+        daemon.reload()
+        await wait_for(lambda: daemon.exporter is not before)
+        count = len(scraped)
+        await wait_for(lambda: len(scraped) >= count + 3)
+        stop = True
+        await scraping
+        assert 'ibmon_config_reloads_total{result="applied"} 1.0' in await asyncio.to_thread(
+            scrape, port)
+    finally:
+        stop = True
+        daemon.stop()
+        await asyncio.wait_for(task, 5.0)
+
+
 async def test_a_reload_that_moves_the_state_file_saves_there(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
