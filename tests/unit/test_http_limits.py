@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import structlog.testing
 
 from exporters.http import (
     FD_RESERVE,
@@ -82,6 +83,17 @@ def test_every_close_reason_is_a_series_from_the_start() -> None:
     scraped = metrics.render().decode()
     for reason in ("read_timeout", "send_timeout", "evicted", "refused"):
         assert f'ibmon_http_connections_closed_total{{reason="{reason}"}} 0.0' in scraped
+
+
+def test_a_cap_lowered_to_fit_the_descriptor_limit_says_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An operator who set ``max_connections`` learns that LimitNOFILE overrode it."""
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (FD_RESERVE + 40, 4096))
+    with structlog.testing.capture_logs() as logs:
+        PrometheusExporter(listen="127.0.0.1:0", self_metrics=SelfMetrics(), max_connections=100)
+    (lowered,) = [e for e in logs if e["event"] == "connection_cap_lowered"]
+    assert (lowered["wanted"], lowered["cap"]) == (100, 40)
+    assert "LimitNOFILE" in lowered["reason"]
 
 
 def test_cap_fits_the_descriptor_limit_and_the_unit_leaves_room() -> None:
