@@ -86,12 +86,17 @@ def test_flapping_without_bit_errors_is_the_link_going_down_with_them_the_cable(
 
 
 def test_receive_errors_fallback_without_details() -> None:
-    """No detail counters: symbol errors or an integrity condition on the port mean the wire."""
+    """No detail counters: bit errors on the port mean the wire; integrity errors from buffer
+    overruns mean flow control (PortRcvErrors counts the packets an overrun drops)."""
     det = ReceiveErrors(ReceiveErrorsSettings())
+    integrity = frozenset({"link_integrity"})
     assert det.fallback(view()) == "unknown"
     assert det.fallback(view(symbol_error_ber=1e-9)) == "physical"
     assert det.fallback(view(conditions=frozenset({"high_ber"}))) == "physical"
-    assert det.fallback(view(conditions=frozenset({"link_integrity"}))) == "physical"
+    assert det.fallback(view(conditions=integrity,
+                             causes={"link_integrity": "physical"})) == "physical"
+    assert det.fallback(view(conditions=integrity,
+                             causes={"link_integrity": "buffer_overrun"})) == "buffer_overrun"
     assert det.fallback(view(conditions=frozenset({"flapping"}))) == "unknown"
 
 
