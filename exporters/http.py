@@ -509,7 +509,6 @@ class _GuardedConnection(asyncio.Protocol):
         self.transport: asyncio.BaseTransport | None = None  # TCP: what ``close`` aborts
         self.peer: str | None = None
         self.busy = 0
-        self.requests = 0  # begun on this connection
         #: Admitted past the cap: only health checks are answered here.
         self.reserved = False
         self._timer: asyncio.TimerHandle | None = None
@@ -628,17 +627,9 @@ class _GuardedConnection(asyncio.Protocol):
         _abort(self.transport)
 
     def close_when_idle(self) -> None:
-        """The listener stops: close now unless a request is being answered (then after it).
-
-        A connection that has not sent a request yet is answered once first: its request may
-        be on its way (a reload's new listener took over the socket just after the old one
-        accepted it), and a client whose first request is dropped unanswered does not retry.
-        The read deadline and the shutdown timeout still bound it."""
+        """The listener stops: close now unless a request is being answered (then after it)."""
         if self.inner is not None:
-            if self.requests:
-                self.inner.close_when_idle()
-            else:
-                self.inner.close_after_answer()
+            self.inner.close_when_idle()
         elif self.transport is not None and not self.closed:
             self._drop()
             _abort(self.transport)
@@ -655,7 +646,6 @@ class _GuardedConnection(asyncio.Protocol):
             self._guard._closed("refused", self)
             return False
         self.busy += 1
-        self.requests += 1
         self._disarm()
         self._guard._idle.pop(self, None)
         return True

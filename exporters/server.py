@@ -318,6 +318,7 @@ class HttpConnection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._start = b""  # first bytes of the next request, until its method is checked
         self._checked = False
+        self._fresh = True  # no request has arrived on this connection yet
         self._body = 0  # bytes of request body dropped so far
         self._reading = True
         self._closing = False
@@ -451,6 +452,7 @@ class HttpConnection(asyncio.Protocol):
         request = Request(event.method.decode("ascii"), unquote(target), query, headers,
                           self._peer)
         self._body = 0
+        self._fresh = False
         if not self._hooks.begin(request.path):
             if self._transport is not None:
                 self._transport.write(_raw_error(503, "only health checks are answered on a"
@@ -610,14 +612,15 @@ class HttpConnection(asyncio.Protocol):
             self._transport.write(_raw_error(status, _REASONS.get(status, "Bad Request")))
         self._close()
 
-    def close_after_answer(self) -> None:
-        """Close right after the answer in progress, or the next one."""
-        self._close_after = True
-
     def close_when_idle(self) -> None:
-        """Close now if no request is being answered, else right after its answer."""
-        self.close_after_answer()
-        if self._task is None:
+        """Close now if no request is being answered, else right after its answer.
+
+        A connection no request has arrived on yet is answered once first: its request may be
+        on its way (a reload's new listener took over the socket just after the old one
+        accepted it), and a client whose first request is dropped unanswered does not retry.
+        The read deadline and the shutdown timeout still bound it."""
+        self._close_after = True
+        if self._task is None and not self._fresh:
             self._close()
 
     def _close(self) -> None:

@@ -679,7 +679,7 @@ class Daemon:
         """Simulated fabrics restart their clock with the process: their state means nothing."""
         return not any(c.label == label and c.simulated for c in self.settings.sources)
 
-    def _snapshot_state(self) -> Callable[[], dict[str, dict[str, object]]]:
+    def _snapshot_builder(self) -> Callable[[], dict[str, dict[str, object]]]:
         """What builds the state to save, from the pipelines and restored parts as they are
         now, so it can run in a worker thread while the loop changes them."""
         pipelines = [(label, p) for label, p in self._pipelines.items() if self._persistent(label)]
@@ -694,10 +694,10 @@ class Daemon:
         return build
 
     async def _snapshot_off_loop(self) -> dict[str, dict[str, object]]:
-        """``_snapshot_state`` in a worker thread (0.1-0.3 s of the loop at 36,720 ports
+        """The ``_snapshot_builder`` in a worker thread (0.1-0.3 s of the loop at 36,720 ports
         otherwise); the caller holds every pipeline's lock. A cancelled caller still waits for
         the thread, so the locks are never released while it reads a tracker."""
-        work = asyncio.ensure_future(asyncio.to_thread(self._snapshot_state()))
+        work = asyncio.ensure_future(asyncio.to_thread(self._snapshot_builder()))
         try:
             return await asyncio.shield(work)
         finally:
@@ -718,7 +718,7 @@ class Daemon:
         if not self._persistence:
             return True
         try:
-            self._statefile.save(self._snapshot_state()(), fabric=self.settings.fabric)
+            self._statefile.save(self._snapshot_builder()(), fabric=self.settings.fabric)
         except (OSError, ValueError) as exc:
             self._save_failed(exc)
             return False
