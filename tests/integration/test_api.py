@@ -159,7 +159,10 @@ async def test_reload_with_new_thresholds_keeps_active_conditions(tmp_path: Any)
                     source_factory=lambda c: StalledSource(c.label))
     task = asyncio.create_task(daemon.run())
     try:
-        await until(lambda: [a.type for a in daemon.conditions()] == ["congestion"])
+        # the engine holds the condition before the poll's end publishes its event
+        await until(lambda: [(e.type, e.status) for e in daemon.bus.history]
+                    == [("congestion", "firing")])
+        assert [a.type for a in daemon.conditions()] == ["congestion"]
         cfg_file.write_text(base + "[detect.congestion]\nwarning = 0.2\nsustain = 5\n")
         daemon.reload()
         published = len(daemon.bus.history)

@@ -106,7 +106,9 @@ async def _running(tmp_path: Path, **prometheus: Any) -> AsyncIterator[tuple[Dae
         assert daemon.exporter is not None
         scheme = "https" if prometheus.get("tls_cert") else "http"
         deadline = time.monotonic() + 15
-        while {a.type for a in daemon.conditions()} != {"receive_errors", "high_ber"}:
+        # the engine holds a condition before the poll's end publishes its event
+        while ({a.type for a in daemon.conditions()} != {"receive_errors", "high_ber"}
+               or {e.type for e in daemon.bus.history} != {"receive_errors", "high_ber"}):
             assert time.monotonic() < deadline, "receive_errors and high_ber never fired"
             await asyncio.sleep(0.05)
         yield daemon, f"{scheme}://127.0.0.1:{daemon.exporter.port}"
