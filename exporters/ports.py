@@ -1,11 +1,6 @@
-"""How a port is shown to people and programs: its JSON and its state names.
-
-One function each, shared by ``ibmon scan``, the JSON API and ``ibmon top``, so the same port
-reads the same way whichever way you ask. JSON keeps the IBA numbers (``state`` 4,
-``phys_state`` 5) for programs and adds their names; tables print the names only, with the
-physical state where it explains a port that is not Active (``DOWN/Polling``,
-``DOWN/Disabled``, ``INIT/LinkUp``: the link trained but no subnet manager configured it).
-"""
+"""How a port is shown to programs: its JSON, shared by ``ibmon scan``, the JSON API and
+``ibmon top``, so the same port reads the same way whichever way you ask (state names:
+``ibmon.infiniband.model.state_json``)."""
 
 from __future__ import annotations
 
@@ -15,53 +10,19 @@ from typing import Any
 from ibmon.detect.cause import DISCARD_DETAILS, RECEIVE_DETAILS
 from ibmon.detect.engine import ActiveCondition
 from ibmon.detect.events import Event
-from ibmon.infiniband.model import PhysState, PortKey, PortState, PortView
+from ibmon.infiniband.model import PortKey, PortView, state_json
 from ibmon.state import FabricState
 from ibmon.state.topology import link_json
 
 __all__ = [
     "EVENTS_PER_PORT",
     "breakdown_json",
-    "phys_state_name",
     "port_detail_json",
     "port_json",
-    "state_label",
-    "state_name",
 ]
 
 #: Recent events in a one-port answer (both ends), newest last.
 EVENTS_PER_PORT = 50
-
-
-def state_name(state: int | None) -> str | None:
-    """``ACTIVE``, ``DOWN``, ``INIT``, ``ARMED`` as the kernel spells them; unknown: the number."""
-    if state is None:
-        return None
-    try:
-        return PortState(state).name
-    except ValueError:
-        return str(state)
-
-
-def phys_state_name(phys: int | None) -> str | None:
-    """``LinkUp``, ``Polling``, ``Disabled``, ``LinkErrorRecovery``... (sysfs's spelling)."""
-    if phys is None:
-        return None
-    try:
-        name = PhysState(phys).name
-    except ValueError:
-        return str(phys)
-    return "".join(word.capitalize() for word in name.split("_"))
-
-
-def state_label(state: int | None, phys: int | None) -> str:
-    """One table cell: ``ACTIVE``, or ``DOWN/Polling`` for a port that is not Active."""
-    name = state_name(state)
-    if name is None:
-        return "-"
-    if state == PortState.ACTIVE or phys is None:
-        return name
-    return f"{name}/{phys_state_name(phys)}"
 
 
 def port_json(view: PortView, active: Sequence[ActiveCondition] = ()) -> dict[str, Any]:
@@ -74,8 +35,7 @@ def port_json(view: PortView, active: Sequence[ActiveCondition] = ()) -> dict[st
         "node_desc": ident.node_desc, "node_type": ident.node_type, "lid": ident.lid,
         "link_layer": ident.link_layer, "source": ident.source,
         "fw_ver": ident.fw_ver, "hca_type": ident.hca_type, "board_id": ident.board_id,
-        "state": view.state, "state_name": state_name(view.state),
-        "phys_state": view.phys_state, "phys_state_name": phys_state_name(view.phys_state),
+        **state_json(view.state, view.phys_state),
         "rate_bytes_per_second": view.rate_bytes_per_second,
         "active_width": view.active_width, "active_speed": view.active_speed,
         "remote": None if link is None else {

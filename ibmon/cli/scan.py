@@ -27,11 +27,11 @@ from dataclasses import dataclass
 
 import structlog
 
-from exporters.ports import port_json, state_label
+from exporters.ports import port_json
 from ibmon.cli.terminal import printable
 from ibmon.config import Settings, SourceConfig
 from ibmon.detect.engine import ActiveCondition
-from ibmon.infiniband.model import PortKey, PortView
+from ibmon.infiniband.model import PortKey, PortView, state_label
 from ibmon.runtime.pipeline import Pipeline, build_state
 from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.sources import Source

@@ -24,11 +24,12 @@ from rich.table import Table
 from rich.text import Text
 
 from exporters.api import worst_first
-from exporters.ports import port_json, state_label
+from exporters.ports import port_json
 from ibmon.cli.apiclient import ApiClient
 from ibmon.cli.terminal import printable
 from ibmon.config import Settings, SourceConfig
 from ibmon.detect.events import Event, severity_rank
+from ibmon.infiniband.model import state_label
 from ibmon.runtime.pipeline import Pipeline, build_state
 from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.sources import Source

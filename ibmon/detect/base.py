@@ -20,7 +20,7 @@ from ibmon.detect.cause import SUSPECT, action, end_name, far_end, preferred
 from ibmon.detect.columns import Fresh, Memo, read_column, with_keep
 from ibmon.detect.events import EventType, Severity, severity_rank
 from ibmon.detect.portstate import PerPortState, key_from_json, key_to_json
-from ibmon.infiniband.model import PortKey, PortView
+from ibmon.infiniband.model import PortKey, PortView, state_json
 from ibmon.track.rates import NO_RATE, Rates
 from ibmon.track.totals import Totals
 
@@ -123,7 +123,7 @@ class PortDetector(PerPortState):
         ``here``, the carrying end: the higher severity, the more specific cause, which ends
         show it, the suspect clause and the action. ``peer`` is None when the source sees only
         this end. Link-scoped detectors' ``check`` messages are the bare symptom
-        (``leaf02 port 3 (to host021 mlx5_0 port 1) is down (state down)``); this completes them.
+        (``leaf02 port 3 (to host021 mlx5_0 port 1) is down (DOWN/Polling)``); this completes them.
         """
         first = mine if mine is not None else theirs
         assert first is not None
@@ -137,7 +137,7 @@ class PortDetector(PerPortState):
         else:
             assert theirs is not None
             assert peer is not None
-            # the far end's words, told from this end: "... is down (state polling)"
+            # the far end's words, told from this end: "... is down (DOWN/Polling)"
             text = f"{describe(here)}: at the far end, {theirs.message}"
         if peer is not None:
             if mine is not None and theirs is not None:
@@ -193,7 +193,7 @@ def _end(view: PortView, finding: Finding | None) -> dict[str, Any]:
     """One end of a link in ``details.ends``: who, its state, whether the fault shows there."""
     ident = view.identity
     return {"guid": ident.guid, "port": ident.port, "node_desc": ident.node_desc,
-            "state": view.state, "phys_state": view.phys_state, "stale": view.stale,
+            **state_json(view.state, view.phys_state), "stale": view.stale,
             "holds": finding is not None}
 
 

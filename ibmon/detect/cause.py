@@ -36,7 +36,7 @@ from typing import Final, Literal, get_args
 
 from ibmon.detect.columns import Fresh, Memo
 from ibmon.detect.portstate import PerPortState
-from ibmon.infiniband.model import PortIdentity, PortKey, PortState, PortView
+from ibmon.infiniband.model import PortIdentity, PortKey, PortState, PortView, state_json
 from ibmon.track.totals import Totals
 
 __all__ = [
@@ -253,7 +253,7 @@ def peer_summary(peer: PortView | None) -> dict[str, object] | None:
     if peer is None:
         return None
     return {
-        "state": _STATE_WORDS.get(peer.state, str(peer.state)) if peer.state is not None else None,
+        **state_json(peer.state, peer.phys_state),
         "stale": peer.stale,
         "symbol_error_ber": peer.symbol_error_ber,
         "conditions": sorted(peer.conditions),

@@ -30,12 +30,11 @@ from ibmon.detect.cause import bit_errors
 from ibmon.detect.columns import Memo, attribute, with_keep
 from ibmon.detect.events import Severity
 from ibmon.infiniband.linkspeed import SPEED_ORDER, WIDTH_LANES
-from ibmon.infiniband.model import LinkInfo, PortKey, PortState, PortView
+from ibmon.infiniband.model import LinkInfo, PortKey, PortState, PortView, state_json, state_label
 
 __all__ = ["LinkDegraded", "LinkFlapping", "PortDown"]
 
 _ACTIVE = int(PortState.ACTIVE)
-_STATE_NAMES = {s.value: s.name.lower().replace("_", " ") for s in PortState}
 # Derived from linkspeed's tables (the one copy), never restated here.
 _SPEED_RANK = {name: i for i, name in enumerate(SPEED_ORDER)}
 
@@ -87,14 +86,12 @@ class PortDown(PortDetector):
             return None
         if state is None or key not in self._was_active:
             return KEEP
-        name = _STATE_NAMES.get(state, str(state))
         return Finding(
             self._severity,
             float(state),
             float(_ACTIVE),
-            f"{describe(view)} is down (state {name})",
-            {"state": name, "phys_state": view.phys_state, "cause": "link_down",
-             "breakdown": {}},
+            f"{describe(view)} is down ({state_label(state, view.phys_state)})",
+            {**state_json(state, view.phys_state), "cause": "link_down", "breakdown": {}},
         )
 
 

@@ -30,7 +30,11 @@ __all__ = [
     "SourceError",
     "Topology",
     "normalize_guid",
+    "phys_state_name",
     "replaced",
+    "state_json",
+    "state_label",
+    "state_name",
     "view_values",
 ]
 
@@ -77,6 +81,50 @@ class PhysState(IntEnum):
     LINK_UP = 5
     LINK_ERROR_RECOVERY = 6
     PHY_TEST = 7
+
+
+# One spelling of port states for every output, so a port reads the same however it is asked:
+# JSON keeps the IBA numbers for programs and adds the names; tables print the names only, with
+# the physical state where it explains a port that is not Active (``DOWN/Polling``: no light
+# from the far end; ``DOWN/Disabled``; ``INIT/LinkUp``: trained, but no subnet manager
+# configured it).
+
+
+def state_name(state: int | None) -> str | None:
+    """``ACTIVE``, ``DOWN``, ``INIT``, ``ARMED`` as the kernel spells them; unknown: the number."""
+    if state is None:
+        return None
+    try:
+        return PortState(state).name
+    except ValueError:
+        return str(state)
+
+
+def phys_state_name(phys: int | None) -> str | None:
+    """``LinkUp``, ``Polling``, ``Disabled``, ``LinkErrorRecovery``... (sysfs's spelling)."""
+    if phys is None:
+        return None
+    try:
+        name = PhysState(phys).name
+    except ValueError:
+        return str(phys)
+    return "".join(word.capitalize() for word in name.split("_"))
+
+
+def state_label(state: int | None, phys: int | None) -> str:
+    """One table cell: ``ACTIVE``, or ``DOWN/Polling`` for a port that is not Active."""
+    name = state_name(state)
+    if name is None:
+        return "-"
+    if state == PortState.ACTIVE or phys is None:
+        return name
+    return f"{name}/{phys_state_name(phys)}"
+
+
+def state_json(state: int | None, phys: int | None) -> dict[str, int | str | None]:
+    """``state``, ``phys_state`` (IBA numbers) and their names, for JSON and event details."""
+    return {"state": state, "state_name": state_name(state),
+            "phys_state": phys, "phys_state_name": phys_state_name(phys)}
 
 
 _UNTRUSTED = ("node_desc", "fw_ver", "hca_type", "board_id")

@@ -471,7 +471,9 @@ def test_what_the_rest_of_the_link_shows_is_said_in_the_message_and_the_details(
         "symbol errors are rising at the far end too (BER 3e-12); "
         "the far end has high_ber, link_integrity")
     assert peer_note(here, far, own_ber=False).startswith("symbol errors are rising at the far")
-    assert peer_summary(far) == {"state": "active", "stale": False, "symbol_error_ber": 3e-12,
+    assert peer_summary(far) == {"state": 4, "state_name": "ACTIVE", "phys_state": 5,
+                                 "phys_state_name": "LinkUp", "stale": False,
+                                 "symbol_error_ber": 3e-12,
                                  "conditions": ["high_ber", "link_integrity"]}
     # a far end that does not answer, is down, or whose state is not known yet
     silent = dataclasses.replace(far, stale=True, conditions=frozenset())

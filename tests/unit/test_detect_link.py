@@ -35,7 +35,11 @@ def test_port_down_only_for_ports_that_were_active() -> None:
     # the state seen against Active, and the physical state (2: Polling, no light from the far
     # end; 3: Disabled by someone) that says which
     assert (fired.value, fired.threshold) == (1.0, 4.0)
-    assert (fired.details["state"], fired.details["phys_state"]) == ("down", 2)
+    # IBA numbers for programs, the names beside them, as in port JSON
+    assert {k: fired.details[k] for k in ("state", "state_name", "phys_state",
+                                          "phys_state_name")} == {
+        "state": 1, "state_name": "DOWN", "phys_state": 2, "phys_state_name": "Polling"}
+    assert "port 12) is down (DOWN/Polling):" in fired.message
     assert step(engine, [view(state=2)], 3) == []  # still not active: no second event
     assert step(engine, [view(state=None)], 4) == []  # unknown state: no opinion
     (resolved,) = step(engine, [view(state=4)], 5)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from exporters.ports import phys_state_name, port_json, state_label, state_name
+from exporters.ports import port_json
+from ibmon.infiniband.model import phys_state_name, state_label, state_name
 from tests.detect_views import view
 
 
