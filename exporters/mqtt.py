@@ -51,7 +51,7 @@ import structlog
 
 from ibmon.config import MqttConfig, MqttTlsConfig
 from ibmon.detect.events import EVENT_TYPES, Event, Subscription
-from ibmon.infiniband.model import GUID_RE, PhysState, PortKey, PortState, PortView
+from ibmon.infiniband.model import GUID_RE, PortKey, PortView, state_json
 from ibmon.runtime.selfmetrics import MqttMetrics, SelfMetrics
 from ibmon.state import FabricState
 
@@ -234,15 +234,6 @@ class Topics:
         return f"{self.base}/ports/{guid}/{port}"
 
 
-def _enum_name(enum: type[PortState] | type[PhysState], value: int | None) -> str | None:
-    if value is None:
-        return None
-    try:
-        return enum(value).name
-    except ValueError:
-        return str(value)
-
-
 def _signature(view: PortView) -> tuple[Any, ...]:
     """Everything the retained state shows; rates and totals are left out on purpose, so a
     busy port does not republish every poll and the retained message changes only on news."""
@@ -271,8 +262,7 @@ def port_state_payload(view: PortView, *, fabric: str, changed: float) -> bytes:
         "lid": ident.lid,
         "link_layer": ident.link_layer,
         "source": ident.source,
-        "state": _enum_name(PortState, view.state),
-        "phys_state": _enum_name(PhysState, view.phys_state),
+        **state_json(view.state, view.phys_state),
         "rate_bytes_per_second": view.rate_bytes_per_second,
         "active_width": view.active_width,
         "active_speed": view.active_speed,

@@ -118,10 +118,12 @@ async def test_events_retained_state_and_status(broker: Mosquitto) -> None:
         assert all(retained for _, _, retained in late.messages)
         assert late.on(STATUS) == [b"online"]
         a = json.loads(late.on(port_a)[0])
-        assert (a["guid"], a["port"], a["state"], a["conditions"]) == (GUID_A, "1", "ACTIVE", [])
+        assert (a["guid"], a["port"], a["state"], a["conditions"]) == (GUID_A, "1", 4, [])
+        assert (a["state_name"], a["phys_state_name"]) == ("ACTIVE", "LinkUp")
         assert (a["node_desc"], a["peer"]["guid"], a["fabric"]) == ("host01 HCA-1", GUID_B, "main")
         b = json.loads(late.on(port_b)[0])
-        assert (b["state"], b["phys_state"], b["conditions"]) == ("DOWN", "POLLING", ["down"])
+        assert (b["state"], b["phys_state"], b["conditions"]) == (1, 2, ["down"])
+        assert (b["state_name"], b["phys_state_name"]) == ("DOWN", "Polling")
 
         # Same state again: nothing is republished. A change: only the changed port; a port
         # that disappears is cleared with an empty retained message.
@@ -170,12 +172,12 @@ async def test_retained_state_follows_every_field_it_shows(broker: Mosquitto) ->
     ident = down.identity
     # each step changes one field: (what changes, the JSON field that shows it, its value)
     changes: list[tuple[dict[str, object], str, object]] = [
-        ({"phys_state": 3}, "phys_state", "DISABLED"),
+        ({"phys_state": 3}, "phys_state_name", "Disabled"),
         ({"link": dataclasses.replace(down.link, remote_node_desc="switch 2")},
          "peer.node_desc", "switch 2"),
         ({"link": dataclasses.replace(down.link, remote_node_desc="switch 2", remote_port="8")},
          "peer.port", "8"),
-        ({"state": 4, "phys_state": 5}, "state", "ACTIVE"),
+        ({"state": 4, "phys_state": 5}, "state_name", "ACTIVE"),
         ({"active_speed": "HDR"}, "active_speed", "HDR"),
         ({"active_width": "2X"}, "active_width", "2X"),
         ({"rate_bytes_per_second": 3.125e9}, "rate_bytes_per_second", 3.125e9),
@@ -388,7 +390,7 @@ async def test_daemon_publishes_scenario_events_and_kill_9_leaves_last_will(
             await sub.wait_for(lambda: sub.on(STATUS) == [b"online"] and sub.on(port_topic),
                                within=20)
             state = json.loads(sub.on(port_topic)[0])
-            assert (state["state"], state["node_desc"]) == ("ACTIVE", "host01 HCA-1")
+            assert (state["state_name"], state["node_desc"]) == ("ACTIVE", "host01 HCA-1")
             # Scenario: the cable is pulled. The detector's event and the new retained state
             # both reach the broker.
             port_dir = tmp_path / "sys/class/infiniband/mlx5_0/ports/1"
@@ -401,7 +403,7 @@ async def test_daemon_publishes_scenario_events_and_kill_9_leaves_last_will(
             assert down.summary() == ("port_down", GUID_A, "1", "firing", "critical")
             assert (down.fabric, down.port and down.port.node_desc) == ("main", "host01 HCA-1")
             state = json.loads(sub.on(port_topic)[-1])
-            assert (state["state"], state["phys_state"]) == ("DOWN", "POLLING")
+            assert (state["state_name"], state["phys_state_name"]) == ("DOWN", "Polling")
             assert "down" in state["conditions"]
             os.killpg(proc.pid, signal.SIGKILL)
             killed = time.monotonic()

@@ -77,6 +77,7 @@ def test_port_state_payload_keeps_hostile_text_whole_in_its_printable_form() -> 
                     phys_state=3, conditions=frozenset({"down", "flapping"}))
     doc = json.loads(port_state_payload(view, fabric="main", changed=0.0))
     assert doc["node_desc"] == "a/+/#\\x00" + "é" * 5000  # topic characters kept, NUL shown
-    assert (doc["state"], doc["phys_state"]) == ("DOWN", "DISABLED")
+    assert {k: doc[k] for k in ("state", "state_name", "phys_state", "phys_state_name")} == {
+        "state": 1, "state_name": "DOWN", "phys_state": 3, "phys_state_name": "Disabled"}
     assert doc["conditions"] == ["down", "flapping"]
     assert doc["changed"] == "1970-01-01T00:00:00Z"
