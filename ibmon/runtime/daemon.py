@@ -430,21 +430,15 @@ class Daemon:
                 built[name] = wanted[name][1]()
             except (OSError, ValueError) as exc:  # a TLS or auth file that changed under us
                 raise StartError(f"cannot start {name}: {_reason(exc)}") from None
-        listening: list[str] = []
-        try:
-            for name, exporter in built.items():
-                if isinstance(exporter, PrometheusExporter):
-                    await self._listen(exporter, self._outputs.get(name))
-                    listening.append(name)
-        except BaseException:
-            for name in listening:
-                await built[name].stop()
-            raise
+        for name, exporter in built.items():
+            # one listener at most ([prometheus]): when it cannot listen, nothing has started
+            if isinstance(exporter, PrometheusExporter):
+                await self._listen(exporter, self._outputs.get(name))
         for name in list(self._outputs):
             if name not in wanted or name in built:
                 await self._stop_exporter(name)
         for name, exporter in built.items():
-            if name not in listening:
+            if not isinstance(exporter, PrometheusExporter):
                 await exporter.start(tg)
             feed = self._feed(tg, exporter) if isinstance(exporter, EventConsumer) else None
             self._outputs[name] = _Output(wanted[name][0], exporter, feed)
