@@ -296,3 +296,39 @@ async def test_a_first_start_without_a_state_file_is_counted_as_missing(tmp_path
 
     assert 'ibmon_state_file_errors_total{reason="missing"} 1.0' in await start()
     assert 'reason="missing"' not in await start()  # resumed from the file the first one saved
+
+
+def test_counters_reset_while_no_daemon_runs_never_lower_a_total(tmp_path: Path) -> None:
+    """A host rebooted (or someone ran ``perfquery -R``) while ibmon was stopped: its counters
+    started again from zero and climbed a little before the next start. The restart finds them
+    below the saved values, which is a reset: no total goes down, and what the port counted
+    since the reset is added once."""
+    run = Run(tmp_path, save_interval="1h")
+    a = (run.host_a, 1)
+    run.start()
+    try:
+        run.step(30.0)
+        run.settle()
+        before = run.totals()
+        saved = run.model.value(a, "transmit_data")
+        run.stop()
+        run.step(0.0, lambda m: m.reset_counters(a))
+        run.step(5.0)
+        since = run.model.value(a, "transmit_data")
+        assert 0 < since < saved  # the reset shows as a drop
+        run.start()
+        run.settle(10)
+        after = run.totals()
+        body = urllib.request.urlopen(f"http://127.0.0.1:{run.port}/metrics", timeout=10).read()
+    finally:
+        run.stop()
+    assert {k for k, v in before.items() if after[k] < v} == set()
+    tx = ("ibmon_port_transmit_data_bytes_total", a[0], "1")
+    assert after[tx] == before[tx] + since * 4
+    b = ("ibmon_port_transmit_data_bytes_total", run.host_b, "1")
+    assert after[b] == run.model.value((run.host_b, 1), "transmit_data") * 4  # no reset there
+    resets = re.search(rf'^ibmon_port_resets_total\{{guid="{a[0]}",port="1",'
+                       rf'counter="transmit_data"\}} (\d+)', body.decode(), re.M)
+    assert resets is not None and int(resets[1]) == 1
+    assert [e for e in run.events() if e[0] == "counter_reset"] == [
+        ("counter_reset", a[0], "1", "firing", "info")]
