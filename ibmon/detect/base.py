@@ -151,8 +151,12 @@ class PortDetector(PerPortState):
         details.update(cause=cause, action=action(cause, here))
         if peer is not None:
             details["ends"] = [_end(here, mine), _end(peer, theirs)]
-        return Finding(severity, first.value, first.threshold, f"{text}: {SUSPECT[cause]}",
-                       details)
+        return Finding(severity, first.value, first.threshold,
+                       f"{text}: {self.suspect(first, cause)}", details)
+
+    def suspect(self, finding: Finding, cause: str) -> str:
+        """The clause after a link fault's symptom: what probably caused it."""
+        return SUSPECT[cause]
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
         raise NotImplementedError

@@ -26,17 +26,39 @@ from ibmon.detect.base import (
     describe,
     totals_column,
 )
-from ibmon.detect.cause import bit_errors
+from ibmon.detect.cause import SUSPECT, bit_errors
 from ibmon.detect.columns import Memo, attribute, with_keep
 from ibmon.detect.events import Severity
 from ibmon.infiniband.linkspeed import SPEED_ORDER, WIDTH_LANES
-from ibmon.infiniband.model import LinkInfo, PortKey, PortState, PortView, state_json, state_label
+from ibmon.infiniband.model import (
+    LinkInfo,
+    PhysState,
+    PortKey,
+    PortState,
+    PortView,
+    state_json,
+    state_label,
+)
 
 __all__ = ["LinkDegraded", "LinkFlapping", "PortDown"]
 
 _ACTIVE = int(PortState.ACTIVE)
 # Derived from linkspeed's tables (the one copy), never restated here.
 _SPEED_RANK = {name: i for i, name in enumerate(SPEED_ORDER)}
+
+
+#: What a port that is not Active says by its physical state (docs/infiniband.md, section 3):
+#: Polling, no signal from a peer; Disabled, switched off by management; LinkUp while the port
+#: is Init or Armed, the link trained but no subnet manager made the port Active.
+_WHY_DOWN: dict[object, str] = {
+    PhysState.POLLING: "no signal: the cable is out, or the far end is down or rebooting",
+    PhysState.DISABLED: "the port is disabled (by an administrator, ibportstate or the subnet "
+                        "manager)",
+    PhysState.LINK_UP: "the link trained, but no subnet manager has made the port Active "
+                       "(is one running?)",
+    PhysState.PORT_CONFIGURATION_TRAINING: "the link is training",
+    PhysState.LINK_ERROR_RECOVERY: "the link is recovering from errors",
+}
 
 
 class PortDownSettings(DetectorSettings):
@@ -78,6 +100,10 @@ class PortDown(PortDetector):
                     self._was_active.add(fresh[i][0])
         self.memo.keep(answers)
         return list(compress(fresh, with_keep(fresh, answers, active)))
+
+    def suspect(self, finding: Finding, cause: str) -> str:
+        """What the physical state says of a port that is not Active."""
+        return _WHY_DOWN.get(finding.details.get("phys_state"), SUSPECT[cause])
 
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
         state = view.state

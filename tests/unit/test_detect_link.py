@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,25 @@ def test_port_down_only_for_ports_that_were_active() -> None:
     assert step(engine, [view(state=None)], 4) == []  # unknown state: no opinion
     (resolved,) = step(engine, [view(state=4)], 5)
     assert (resolved.type, resolved.status) == ("port_down", "resolved")
+
+
+@pytest.mark.parametrize(("state", "phys", "says"), [
+    (1, 2, "is down (DOWN/Polling): no signal: the cable is out, or the far end is down or "
+           "rebooting"),
+    (1, 3, "is down (DOWN/Disabled): the port is disabled (by an administrator, ibportstate "
+           "or the subnet manager)"),
+    (2, 5, "is down (INIT/LinkUp): the link trained, but no subnet manager has made the port "
+           "Active (is one running?)"),
+    (1, 6, "is down (DOWN/LinkErrorRecovery): the link is recovering from errors"),
+    (1, None, "is down (DOWN): the link was down"),
+])
+def test_port_down_says_what_the_physical_state_tells(state: int, phys: int | None,
+                                                      says: str) -> None:
+    engine = Engine()
+    step(engine, [view(link=link())], 0)
+    (fired,) = step(engine, [dataclasses.replace(view(state=state, link=link()),
+                                                 phys_state=phys)], 1)
+    assert fired.message == f"host042 mlx5_0 port 1 (to leaf03 port 12) {says}"
 
 
 def test_flapping_counts_link_downs_in_a_sliding_window() -> None:
