@@ -56,6 +56,7 @@ __all__ = [
     "MadRequest",
     "MadResult",
     "RawResult",
+    "answer",
     "load_libraries",
     "local_cas",
 ]
@@ -121,7 +122,7 @@ class MadResult(NamedTuple):
     """The attribute payload (SMP 64 bytes, PMA 192 bytes) or why there is none."""
 
     data: bytes | None
-    error: str | None = None  # timeout | status_0xNNNN | send_failed
+    error: str | None = None  # timeout | busy | redirect | status_0xNNNN | send_failed
 
 
 _CA_NAME_LEN = 20  # UMAD_CA_NAME_LEN
@@ -304,6 +305,28 @@ def _build_into(buf: bytearray | memoryview, req: MadRequest, tid: int) -> None:
         buf[64 + 1] = req.port_select
 
 
+#: MAD status words that say "not now" rather than "not supported" (IBA MAD status field:
+#: bit 0 busy, bit 1 redirect; libibmad mad.h ``IB_MAD_STS_BUSY``, ``IB_MAD_STS_REDIRECT``).
+_NOT_NOW = {0x0001: "busy", 0x0002: "redirect"}
+
+
+def answer(mad: memoryview | bytes) -> RawResult:
+    """A response MAD's attribute, or why there is none.
+
+    Any status but 0 is an error, as in libibmad's ``mad_rpc`` (what perfquery reports): a busy
+    or redirecting responder sends no attribute, and reading its payload as counters would
+    count a reset that never happened. ``busy`` and ``redirect`` are passing; ``status_0xNNNN``
+    (bad version, method, attribute or value: bits 2-4) means the responder does not support
+    the request. The D bit (15) of a directed-route SMP's status says which way it travelled.
+    """
+    status = _STATUS.unpack_from(mad, 4)[0]
+    if mad[1] == CLASS_SMI_DIRECT:
+        status &= 0x7FFF
+    if status:
+        return None, _NOT_NOW.get(status) or f"status_0x{status:04x}"
+    return bytes(mad[64:]), None
+
+
 class MadEngine:
     """One umad port with a window of outstanding MADs; ``run`` is blocking (use a thread).
 
@@ -466,13 +489,7 @@ class MadEngine:
                     if _U32.unpack_from(head, 4)[0] == _ETIMEDOUT or not view[3] & 0x80:
                         retry_or_fail(idx)  # the kernel returned our own send: it timed out
                     else:
-                        status = _STATUS.unpack_from(view, 4)[0]
-                        if view[1] == CLASS_SMI_DIRECT:
-                            status &= 0x7FFF
-                        if status & 0x1C:  # bad version / method / attribute / value
-                            results[idx] = (None, f"status_0x{status:04x}")
-                        else:
-                            results[idx] = (view[64:].tobytes(), None)
+                        results[idx] = answer(view)
                 now = time.monotonic()
             while deadlines and deadlines[0][0] <= now:
                 idx = pending.pop(deadlines.popleft()[1], -1)

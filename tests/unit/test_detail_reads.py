@@ -292,6 +292,7 @@ class PmaSource(MadSource):
         self.cap_mask = cap_mask
         self.rcv_errors: dict[int, int] = {2: 0, 3: 0}
         self.sent: list[MadRequest] = []
+        self.refusal = "status_0x000c"  # method/attribute not supported
 
     async def _ensure_worker(self) -> None:
         return None
@@ -308,7 +309,7 @@ class PmaSource(MadSource):
         elif r.attr_id == ATTR_PORT_COUNTERS:
             struct.pack_into(">H", data, 8, self.rcv_errors[r.lid])
         elif r.attr_id == ATTR_PORT_RCV_ERROR_DETAILS and r.lid == 2:
-            return MadResult(None, "status_0x000c")  # method/attribute not supported
+            return MadResult(None, self.refusal)
         elif r.attr_id not in (ATTR_PORT_COUNTERS_EXT, 0x16, ATTR_PORT_RCV_ERROR_DETAILS):
             return MadResult(None, "timeout")
         return MadResult(bytes(data))
@@ -324,6 +325,22 @@ def two_hosts() -> FabricView:
     for guid, lid in (("0x0000000000100001", 2), ("0x0000000000100002", 3)):
         view.add(guid, 1, desc=guid, node_type="ca", lid=lid)
     return view
+
+
+async def test_a_busy_pma_is_asked_again_at_the_next_poll() -> None:
+    """Busy is "not now": the read is owed, unlike an unsupported attribute's refusal."""
+    src = PmaSource()
+    src.refusal = "busy"
+    try:
+        src._adopt(two_hosts(), [], time.monotonic())
+        snap = await src.sample()
+        assert (2, 0x15) in src.detail_mads()
+        assert [(e.reason, e.key) for e in snap.errors] == [
+            ("busy", ("0x0000000000100001", "1"))]
+        await src.sample()
+        assert src.detail_mads() == [(2, 0x15)]
+    finally:
+        await src.close()
 
 
 async def test_mad_remembers_a_refusal_and_a_healthy_poll_sends_nothing_more() -> None:

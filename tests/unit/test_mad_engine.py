@@ -1,5 +1,5 @@
-"""The MAD wire layout the engine writes (no device needed; the GC pause around sweeps:
-``tests/unit/test_gcpause.py``)."""
+"""The MAD wire layout the engine writes and how it reads an answer's status (no device
+needed; the GC pause around sweeps: ``tests/unit/test_gcpause.py``)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from ibmon.sources.libibmad import (
     CLASS_SMI_DIRECT,
     MadRequest,
     _build_into,
+    answer,
 )
 
 
@@ -50,3 +51,37 @@ def test_building_over_a_used_buffer_needs_the_zeroing_the_engine_does() -> None
     buf[:] = bytes(256)
     _build_into(buf, MadRequest(CLASS_SMI, ATTR_NODE_INFO, path=(2,)), 1)
     assert bytes(buf) == _mad(MadRequest(CLASS_SMI, ATTR_NODE_INFO, path=(2,)), 1)
+
+
+def _reply(mgmt_class: int, status: int) -> bytes:
+    """A response (GetResp) with ``status`` and a payload of 0xab bytes."""
+    raw = bytearray(256)
+    raw[:4] = bytes([1, mgmt_class, 1, 0x81])
+    struct.pack_into(">H", raw, 4, status)
+    raw[64:] = b"\xab" * 192
+    return bytes(raw)
+
+
+def test_an_answer_with_status_zero_is_its_payload() -> None:
+    assert answer(_reply(CLASS_PMA, 0)) == (b"\xab" * 192, None)
+    # a directed-route SMP coming back has its direction bit set: not an error
+    assert answer(_reply(CLASS_SMI_DIRECT, 0x8000)) == (b"\xab" * 192, None)
+    assert answer(memoryview(_reply(CLASS_SMI, 0))) == (b"\xab" * 192, None)
+
+
+def test_a_busy_or_redirecting_responder_gives_no_values() -> None:
+    """perfquery (libibmad's mad_rpc) refuses any status but 0; so does the engine, or a busy
+    switch's echoed payload would read as counters at zero: a reset that never happened."""
+    assert answer(_reply(CLASS_PMA, 0x0001)) == (None, "busy")
+    assert answer(_reply(CLASS_PMA, 0x0002)) == (None, "redirect")
+    assert answer(_reply(CLASS_SMI_DIRECT, 0x8001)) == (None, "busy")
+    # class-specific bits (8-14) are no answer either
+    assert answer(_reply(CLASS_PMA, 0x0100)) == (None, "status_0x0100")
+
+
+def test_an_unsupported_request_says_its_status() -> None:
+    """Bits 2-4: bad version, method, attribute or value; the source stops asking for an
+    unsupported detail attribute on ``status_`` (``tests/unit/test_detail_reads.py``)."""
+    assert answer(_reply(CLASS_PMA, 0x000C)) == (None, "status_0x000c")
+    assert answer(_reply(CLASS_SMI_DIRECT, 0x801C)) == (None, "status_0x001c")
+    assert answer(_reply(CLASS_SMI, 0x0004)) == (None, "status_0x0004")
