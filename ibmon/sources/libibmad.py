@@ -315,9 +315,10 @@ def answer(mad: memoryview | bytes) -> RawResult:
 
     Any status but 0 is an error, as in libibmad's ``mad_rpc`` (what perfquery reports): a busy
     or redirecting responder sends no attribute, and reading its payload as counters would
-    count a reset that never happened. ``busy`` and ``redirect`` are passing; ``status_0xNNNN``
-    (bad version, method, attribute or value: bits 2-4) means the responder does not support
-    the request. The D bit (15) of a directed-route SMP's status says which way it travelled.
+    count a reset that never happened. ``busy`` and ``redirect`` say "not now" (the next poll
+    asks again; redirects are not followed); ``status_0xNNNN`` with bits 2-4 set (bad version,
+    method, attribute or value) says the responder does not support the request. The D bit
+    (15) of a directed-route SMP's status says which way it travelled.
     """
     status = _STATUS.unpack_from(mad, 4)[0]
     if mad[1] == CLASS_SMI_DIRECT:
