@@ -319,7 +319,8 @@ def test_counters_reset_while_no_daemon_runs_never_lower_a_total(tmp_path: Path)
         run.start()
         run.settle(10)
         after = run.totals()
-        body = urllib.request.urlopen(f"http://127.0.0.1:{run.port}/metrics", timeout=10).read()
+        with urllib.request.urlopen(f"http://127.0.0.1:{run.port}/metrics", timeout=10) as resp:
+            body = resp.read()
     finally:
         run.stop()
     assert {k for k, v in before.items() if after[k] < v} == set()
