@@ -23,6 +23,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ibmon.infiniband.model import PhysState, phys_state_name, state_label
+
 __all__ = [
     "LocalCA",
     "LocalPort",
@@ -33,16 +35,6 @@ __all__ = [
     "umad_access_problem",
 ]
 
-_STATE_NAMES = {1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
-_PHYS_NAMES = {
-    1: "Sleep",
-    2: "Polling",
-    3: "Disabled",
-    4: "PortConfigurationTraining",
-    5: "LinkUp",
-    6: "LinkErrorRecovery",
-    7: "Phy Test",
-}
 _PHYS_DISABLED, _PHYS_LINKUP, _STATE_ACTIVE = 3, 5, 4
 _PERMISSION_ERRNOS = frozenset({errno_codes.EACCES, errno_codes.EPERM})
 
@@ -59,10 +51,7 @@ class LocalPort:
         return self.link_layer in ("InfiniBand", "IB")
 
     def describe(self, switch: bool) -> str:
-        state = _STATE_NAMES.get(self.state, str(self.state))
-        parts = [state]
-        if self.state != _STATE_ACTIVE and self.phys_state in _PHYS_NAMES:
-            parts.append(_PHYS_NAMES[self.phys_state])
+        parts = [state_label(self.state, self.phys_state or None)]
         if not self.infiniband:
             parts.append(f"{self.link_layer}, not InfiniBand")
         what = "switch management port, " if switch and self.number == 0 else ""
@@ -208,7 +197,9 @@ _IBSTAT_CA = re.compile(r"^(CA|Switch|Router)\s+'(?P<name>[^']*)'\s*$")
 _IBSTAT_PORT = re.compile(r"^\s*Port\s+(?P<n>\d+):\s*$")
 _IBSTAT_FIELD = re.compile(r"^\s*(?P<k>[A-Za-z ]+):\s*(?P<v>.*?)\s*$")
 _IBSTAT_STATES = {"down": 1, "initializing": 2, "armed": 3, "active": 4, "active_defer": 5}
-_IBSTAT_PHYS = {v.lower(): k for k, v in _PHYS_NAMES.items()} | {"linkup": 5, "polling": 2}
+# ibstat prints the physical state as sysfs spells it (infiniband-diags ibstat.c: "LinkUp",
+# "PhyTest"); its port state in words of its own ("Initializing").
+_IBSTAT_PHYS = {str(phys_state_name(p)).lower(): int(p) for p in PhysState if p}
 
 
 def parse_ibstat(text: str) -> list[LocalCA]:

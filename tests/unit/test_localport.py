@@ -77,14 +77,14 @@ def test_missing_port_on_an_hca_lists_its_ports() -> None:
     f = explain_open_failure([HCA], "mlx5_0", 3)
     assert f.cause == "absent"
     assert "mlx5_0 has no port 3" in f.message
-    assert "1 (DOWN, Polling), 2 (ACTIVE)" in f.message
+    assert "1 (DOWN/Polling), 2 (ACTIVE)" in f.message
 
 
 def test_no_usable_port() -> None:
     f = explain_open_failure([DISABLED], None, None)
     assert f.cause == "absent"
     assert "no InfiniBand port that is up" in f.message
-    assert "1 (DOWN, Disabled)" in f.message
+    assert "1 (DOWN/Disabled)" in f.message
 
 
 @pytest.mark.parametrize("code", [errno.EACCES, errno.EPERM])
@@ -145,3 +145,17 @@ def test_parse_ibstat() -> None:
     assert ca.ports[1] == LocalPort(1, 1, 3, "InfiniBand")
     assert ca.ports[2] == LocalPort(2, 4, 5, "Ethernet")
     assert parse_ibstat("") == []
+
+
+def test_parse_ibstat_knows_every_state_as_ibstat_spells_it() -> None:
+    """infiniband-diags' ibstat.c: ``port_state_str`` and ``port_phy_state_str``."""
+    states = ["Down", "Initializing", "Armed", "Active"]
+    phys = ["Sleep", "Polling", "Disabled", "PortConfigurationTraining", "LinkUp",
+            "LinkErrorRecovery", "PhyTest"]
+    text = "CA 'mlx5_0'\n" + "".join(
+        f"\tPort {n}:\n\t\tState: {states[n % 4]}\n\t\tPhysical state: {p}\n"
+        for n, p in enumerate(phys, start=1))
+    (ca,) = parse_ibstat(text)
+    assert [(ca.ports[n].state, ca.ports[n].phys_state) for n in sorted(ca.ports)] == [
+        (2, 1), (3, 2), (4, 3), (1, 4), (2, 5), (3, 6), (4, 7)]
+    assert ca.ports[2].describe(switch=False) == "2 (ARMED/Polling)"
