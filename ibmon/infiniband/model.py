@@ -101,7 +101,8 @@ def state_name(state: int | None) -> str | None:
 
 
 def phys_state_name(phys: int | None) -> str | None:
-    """``LinkUp``, ``Polling``, ``Disabled``, ``LinkErrorRecovery``... (sysfs's spelling)."""
+    """``LinkUp``, ``Polling``, ``Disabled``, ``PhyTest``... as ibstat spells them (sysfs too,
+    but for its "Phy Test")."""
     if phys is None:
         return None
     try:

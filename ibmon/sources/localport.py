@@ -197,8 +197,8 @@ _IBSTAT_CA = re.compile(r"^(CA|Switch|Router)\s+'(?P<name>[^']*)'\s*$")
 _IBSTAT_PORT = re.compile(r"^\s*Port\s+(?P<n>\d+):\s*$")
 _IBSTAT_FIELD = re.compile(r"^\s*(?P<k>[A-Za-z ]+):\s*(?P<v>.*?)\s*$")
 _IBSTAT_STATES = {"down": 1, "initializing": 2, "armed": 3, "active": 4, "active_defer": 5}
-# ibstat prints the physical state as sysfs spells it (infiniband-diags ibstat.c: "LinkUp",
-# "PhyTest"); its port state in words of its own ("Initializing").
+# ibstat's physical states are ``phys_state_name``'s (infiniband-diags ibstat.c: "LinkUp",
+# "PhyTest", where sysfs says "Phy Test"); its port states are words of its own ("Initializing").
 _IBSTAT_PHYS = {str(phys_state_name(p)).lower(): int(p) for p in PhysState if p}
 
 
