@@ -92,7 +92,7 @@ def choose_port(ca: LocalCA, port: int | None, *, named: bool = True) -> int | N
     if named and port:
         return port if port in ca.ports else None
     if ca.switch:
-        return 0 if 0 in ca.ports or not ca.ports else None
+        return 0
     if port:
         p = ca.ports.get(port)
         if p is None or not p.infiniband:
@@ -144,7 +144,7 @@ def explain_open_failure(
     if not usable:
         detail = "; ".join(f"{c.name} ports: {c.describe_ports()}" for c in targets)
         the_ca = targets[0] if len(targets) == 1 else None
-        if the_ca is not None and port and the_ca.switch and port != 0:
+        if the_ca is not None and port and the_ca.switch:
             why = f"{the_ca.name} is a switch: its only port is 0, the management port"
         elif the_ca is not None and port and port not in the_ca.ports:
             why = f"{the_ca.name} has no port {port}"
@@ -211,13 +211,12 @@ def parse_ibstat(text: str) -> list[LocalCA]:
 
     def close_port() -> None:
         if ca is not None and port is not None:
+            layer = port.get("Link layer", "InfiniBand")
             ca.ports[pnum] = LocalPort(
                 number=pnum,
                 state=_IBSTAT_STATES.get(port.get("State", "").lower(), 0),
                 phys_state=_IBSTAT_PHYS.get(port.get("Physical state", "").lower(), 0),
-                link_layer="InfiniBand"
-                if port.get("Link layer", "IB") in ("IB", "InfiniBand")
-                else port.get("Link layer", ""),
+                link_layer="InfiniBand" if layer == "IB" else layer,
             )
 
     for line in text.splitlines():

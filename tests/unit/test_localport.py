@@ -21,6 +21,10 @@ HCA = LocalCA("mlx5_0", False, {
 })
 ROCE = LocalCA("mlx5_1", False, {1: LocalPort(1, 4, 5, "Ethernet")})
 DISABLED = LocalCA("mlx5_2", False, {1: LocalPort(1, 1, 3)})
+# port 1 trained but not yet Active (Init/LinkUp), port 2 Active
+TRAINED = LocalCA("mlx5_3", False, {1: LocalPort(1, 2, 5), 2: LocalPort(2, 4, 5)})
+# port 1 trained but not yet Active, port 2 looking for a peer
+WAITING = LocalCA("mlx5_4", False, {1: LocalPort(1, 2, 5), 2: LocalPort(2, 1, 2)})
 
 
 @pytest.mark.parametrize(
@@ -36,6 +40,9 @@ DISABLED = LocalCA("mlx5_2", False, {1: LocalPort(1, 1, 3)})
         (ROCE, None, True, 1),  # no IB port up: fall back to the first not Disabled
         (ROCE, 1, False, None),  # an explicit port must be InfiniBand
         (DISABLED, None, True, None),
+        (DISABLED, 1, False, None),  # searched: a Disabled port that is not Active is refused
+        (TRAINED, None, True, 2),  # "any": an Active port before a LinkUp one
+        (WAITING, None, True, 1),  # no Active port: the first LinkUp one
     ],
 )
 def test_choose_port_mirrors_libibumad(
@@ -159,3 +166,23 @@ def test_parse_ibstat_knows_every_state_as_ibstat_spells_it() -> None:
     assert [(ca.ports[n].state, ca.ports[n].phys_state) for n in sorted(ca.ports)] == [
         (2, 1), (3, 2), (4, 3), (1, 4), (2, 5), (3, 6), (4, 7)]
     assert ca.ports[2].describe(switch=False) == "2 (ARMED/Polling)"
+
+
+def test_a_disabled_port_asked_for_without_a_ca_cannot_carry_mads() -> None:
+    """The CA is searched for (none named): the port asked for must not be Disabled."""
+    f = explain_open_failure([DISABLED], None, 1, os_errno=errno.EIO)
+    assert f.cause == "absent"
+    assert "mlx5_2 port 1 cannot carry MADs" in f.message
+
+
+@pytest.mark.parametrize("code", [errno.ENOENT, errno.ENODEV, errno.ENXIO])
+def test_a_missing_umad_node_is_absence(code: int) -> None:
+    f = explain_open_failure([HCA], "mlx5_0", 2, os_errno=code)
+    assert f.cause == "absent"
+    assert "no umad device node for it" in f.message and "load ib_umad" in f.message
+
+
+def test_a_port_without_a_physical_state_is_named_by_its_state_alone() -> None:
+    """ibstat prints "???" for a physical state it has no word for: read as 0, shown as
+    nothing rather than as a state called NOP."""
+    assert LocalPort(1, 1, 0).describe(switch=False) == "1 (DOWN)"
