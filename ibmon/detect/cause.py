@@ -48,6 +48,7 @@ __all__ = [
     "MEANINGS",
     "RECEIVE_DETAILS",
     "SUSPECT",
+    "UNKNOWN_LOAD_ACTION",
     "Cause",
     "DetailWindow",
     "action",
@@ -158,6 +159,13 @@ ACTIONS: Final[dict[str, str]] = {
 #: The action of a congestion hotspot on a healthy link (cause ``unknown``: nothing is broken).
 HOTSPOT_ACTION: Final = ("Too much traffic is routed over {here} towards {peer}: rebalance "
                          "jobs or routing (adaptive routing, more uplinks).")
+
+#: The action of congestion on a port whose utilization is unknown (its data counters give no
+#: rate), as the ``IBPortCongestion`` alert's "utilization unknown" text does.
+UNKNOWN_LOAD_ACTION: Final = (
+    "Compare the transmit rate of {here} with its link rate (perfquery -x, the congestion "
+    "dashboard): near the link rate, too much traffic is routed over it (rebalance jobs or "
+    "routing); well below it, look past {peer} for the hotspot that blocks it.")
 
 _ACTIVE: Final = int(PortState.ACTIVE)
 _STATE_WORDS: Final = {s.value: s.name.lower().replace("_", " ") for s in PortState}

@@ -3,7 +3,8 @@
 docs/infiniband.md §4: ``xmit_wait_ratio`` at or above 0.10 for 3 polls is a warning, at or above
 0.50 for 3 polls critical; it clears only after 3 polls below 0.05. A congested port that is busy
 sending is a *hotspot*; one that sends little while waiting suffers *backpressure* from
-downstream, and fixing it means looking further along the path. The event says which.
+downstream, and fixing it means looking further along the path. The event says which, or
+``unknown`` when the port's data counters give no rate to tell by.
 
 State exists only for ports at or above the clear level (or already firing), so a quiet fabric
 of 20,000 ports costs one comparison per port.
@@ -29,6 +30,7 @@ from ibmon.detect.base import (
 from ibmon.detect.cause import (
     HOTSPOT_ACTION,
     SUSPECT,
+    UNKNOWN_LOAD_ACTION,
     action,
     end_name,
     far_end,
@@ -151,27 +153,33 @@ class Congestion(PortDetector):
         self, view: PortView, value: float, severity: Severity, threshold: float, unit: str
     ) -> Finding:
         util = view.utilization_tx
-        kind = (
-            "hotspot"
-            if util is not None and util >= self._s.hotspot_utilization
-            else ("backpressure")
-        )
-        used = "unknown" if util is None else f"{util * 100:.0f} %"
+        if util is None:  # the data counters give no rate (a pinned 32-bit counter)
+            kind = "unknown"
+        elif util >= self._s.hotspot_utilization:
+            kind = "hotspot"
+        else:
+            kind = "backpressure"
+        used = "utilization unknown" if util is None else f"{kind}, {util * 100:.0f} % utilized"
         if unit == "ratio":
             what = f"{value * 100:.0f} % of the time stalled"
         else:
             what = f"{value:.0f} ECN/CNP per second"
         # Backpressure: blocked by congestion further along. A hotspot on a link that trained
         # slow is slow because of that; a hotspot on a healthy link is just oversubscribed:
-        # nothing is broken (cause unknown), the action is to spread the traffic.
+        # nothing is broken (cause unknown), the action is to spread the traffic. Without a
+        # utilization neither can be told, and the action says how to tell.
         if kind == "backpressure":
             cause = "congestion_victim"
-        elif _trained_slow(view):
+        elif kind == "hotspot" and _trained_slow(view):
             cause = "speed_negotiation"
         else:
             cause = "unknown"
-        if cause == "unknown":
-            act = HOTSPOT_ACTION.format(here=end_name(view.identity), peer=far_end(view))
+        ends = {"here": end_name(view.identity), "peer": far_end(view)}
+        if kind == "unknown":
+            act = UNKNOWN_LOAD_ACTION.format(**ends)
+            suspect = "whether it is the hotspot or blocked further along cannot be told"
+        elif cause == "unknown":
+            act = HOTSPOT_ACTION.format(**ends)
             suspect = "too much traffic for this link"
         else:
             act = action(cause, view)
@@ -182,7 +190,7 @@ class Congestion(PortDetector):
             severity,
             value,
             threshold,
-            f"{describe(view)} is congested ({kind}, {used} utilized, {what}): {suspect}"
+            f"{describe(view)} is congested ({used}, {what}): {suspect}"
             + (f"; {note}" if note else ""),
             {
                 "kind": kind,

@@ -19,7 +19,7 @@ from ibmon.infiniband.model import LinkInfo
 from tests.detect_settings import TABLE_IDS, TABLES, above, below, settings_for
 
 
-def run(engine: Engine, ratios: list[float | None], util: float = 0.9,
+def run(engine: Engine, ratios: list[float | None], util: float | None = 0.9,
         **extra: object) -> list[tuple[int, Event]]:
     out: list[tuple[int, Event]] = []
     for t, r in enumerate(ratios):
@@ -104,6 +104,22 @@ def test_a_hotspot_on_a_link_that_trained_below_its_best_blames_the_training(
         assert ev.details["action"].startswith("Too much traffic is routed over host042 mlx5_0 "
                                                "port 1 towards leaf03 port 12: rebalance")
         assert "too much traffic for this link" in ev.message
+
+
+@pytest.mark.parametrize("trained", [{}, {"width": "1X"}])
+def test_unknown_utilization_is_neither_hotspot_nor_backpressure(trained: dict[str, str]) -> None:
+    """A port whose data counters give no rate (a pinned 32-bit PortXmitData) may be the
+    hotspot or blocked further along: the event says it cannot tell, and how to."""
+    evs = run(Engine(), [0.38] * 3, util=None, link=link(**trained))
+    (ev,) = [e for _, e in evs if e.type == "congestion"]
+    assert ev.details["kind"] == "unknown"
+    assert ev.details["utilization"] is None
+    assert ev.details["cause"] == "unknown"
+    assert "is congested (utilization unknown, 38 % of the time stalled): whether" in ev.message
+    assert "hotspot or blocked further along cannot be told" in ev.message
+    assert ev.details["action"].startswith("Compare the transmit rate of host042 mlx5_0 port 1 "
+                                           "with its link rate")
+    assert "look past leaf03 port 12 for the hotspot" in ev.details["action"]
 
 
 def test_missing_ratio_keeps_the_condition() -> None:
