@@ -181,6 +181,9 @@ class Engine:
         self._offset: float | None = None  # wall - monotonic of the latest poll
         self._order: PortOrder | None = None  # the answered ports of the latest poll
         self._pending: dict[str, Any] | None = None
+        #: Loaded conditions of detectors now disabled: resolved at the next poll, so an event
+        #: consumer does not hold them open for ever.
+        self._retired: list[ActiveCondition] = []
 
     # ------------------------------------------------------------------ polling
 
@@ -198,7 +201,8 @@ class Engine:
         if self._pending is not None:
             pending, self._pending = self._pending, None
             self._load_detectors(pending, self._offset)
-        events: list[Event] = []
+        events = [self._resolved(cur, None, wall) for cur in self._retired]
+        self._retired = []
         now = monotonic
         # The conditions as of the previous poll, so a detector can quote what the port and
         # the far end of its link already show; refilled with this poll's below.
@@ -501,19 +505,22 @@ class Engine:
                         guid=guid, port=port, status=status, severity=severity,
                         episode=ep.number, repeat=repeat)
 
-    def _resolved(self, cur: ActiveCondition, view: PortView, wall: float) -> Event:
+    def _resolved(self, cur: ActiveCondition, view: PortView | None, wall: float) -> Event:
+        """The ``resolved`` edge of ``cur``; without a view, its detector was disabled (a
+        reload or restart) and the condition is no longer watched."""
         f = cur.finding
-        done = Finding(
-            f.severity,
-            None,
-            f.threshold,
-            f"{cur.type.replace('_', ' ')} resolved after {_duration(wall - cur.since)}: "
-            f"{f.message}",
-            {**f.details, "active_seconds": round(wall - cur.since, 3)},
-        )
-        return self._event(
-            cur.type, "resolved", done, view.identity, peer_ref(view) or cur.peer, wall=wall
-        )
+        took = _duration(wall - cur.since)
+        details = {**f.details, "active_seconds": round(wall - cur.since, 3)}
+        name = cur.type.replace("_", " ")
+        if view is None:
+            text = f"{name} no longer watched after {took} (the detector is disabled)"
+            details["reason"] = "detector_disabled"
+            identity, peer = cur.identity, cur.peer
+        else:
+            text = f"{name} resolved after {took}"
+            identity, peer = view.identity, peer_ref(view) or cur.peer
+        done = Finding(f.severity, None, f.threshold, f"{text}: {f.message}", details)
+        return self._event(cur.type, "resolved", done, identity, peer, wall=wall)
 
     # ------------------------------------------------------------------ queries
 
@@ -553,7 +560,7 @@ class Engine:
                 },
                 "peer": a.peer.model_dump() if a.peer else None,
             }
-            for a in self.active()
+            for a in [*self.active(), *self._retired]
         ]
         if offset is None:  # no poll since load (or ever): hand the loaded windows back as-is
             detectors = dict((self._pending or {}).get("detectors", {}))
@@ -571,16 +578,18 @@ class Engine:
         """Restore ``dump`` output; ValueError (and no change) if it does not fit.
 
         Active conditions are restored at once (so they are neither re-announced nor lost);
-        detector windows wait for the first poll, whose clock tells how to shift their times.
+        those of a detector disabled since resolve at the next poll (``detector_disabled``).
+        Detector windows wait for the first poll, whose clock tells how to shift their times.
         """
         if not isinstance(data, Mapping) or data.get("version") != ENGINE_STATE_VERSION:
             raise ValueError("engine state: unsupported version")
         active: dict[str, dict[PortKey, ActiveCondition]] = {k: {} for k in self._active}
+        retired: list[ActiveCondition] = []
         try:
             for raw in data.get("active", []):
                 kind = raw["type"]
-                if kind not in active:
-                    continue  # detector since disabled: its conditions are dropped quietly
+                if kind not in DETECTORS:
+                    continue  # a type this version does not know (a newer one's file)
                 key = key_from_json(raw["key"])
                 ident = raw.get("identity") or {}
                 identity = PortIdentity(
@@ -601,9 +610,11 @@ class Engine:
                 if finding.severity not in SEVERITIES:
                     raise ValueError(f"bad severity {finding.severity!r}")
                 peer = PortRef.model_validate(raw["peer"]) if raw.get("peer") else None
-                active[kind][key] = ActiveCondition(
-                    kind, key, finding, float(raw["since"]), identity, peer
-                )
+                cond = ActiveCondition(kind, key, finding, float(raw["since"]), identity, peer)
+                if kind in active:
+                    active[kind][key] = cond
+                else:  # its detector is disabled now
+                    retired.append(cond)
         except (KeyError, TypeError, ValidationError) as exc:
             raise ValueError(f"engine state: bad active condition: {exc}") from None
         episodes = _load_episodes(data.get("episodes", []))
@@ -623,6 +634,7 @@ class Engine:
                 except (KeyError, TypeError, IndexError, AttributeError) as exc:
                     raise ValueError(f"engine state: {det.type}: {exc}") from None
         self._active = active
+        self._retired = retired
         self._episodes = episodes
         self._marks = {t: {} for t in self._marks}
         self._pending = {"version": ENGINE_STATE_VERSION, "detectors": dict(detectors)}

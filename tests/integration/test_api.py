@@ -181,3 +181,32 @@ async def test_reload_with_new_thresholds_keeps_active_conditions(tmp_path: Any)
     finally:
         daemon.stop()
         await task
+
+
+async def test_reload_that_disables_a_detector_resolves_its_conditions(tmp_path: Any) -> None:
+    """An operator switches a noisy detector off: its open conditions end with one
+    ``resolved`` event each, so whatever consumes events does not hold them open for ever."""
+    cfg_file = tmp_path / "ibmon.toml"
+    base = ('[prometheus]\nlisten = "127.0.0.1:0"\n'
+            '[[sources]]\ntype = "sysfs"\nname = "fabric"\ninterval = "0.05s"\n')
+    cfg_file.write_text(base)
+    daemon = Daemon(load_settings(cfg_file), config_path=cfg_file,
+                    source_factory=lambda c: StalledSource(c.label))
+    task = asyncio.create_task(daemon.run())
+    try:
+        await until(lambda: [(e.type, e.status) for e in daemon.bus.history]
+                    == [("congestion", "firing")])
+        cfg_file.write_text(base + "[detect.congestion]\nenabled = false\n")
+        daemon.reload()
+        await until(lambda: len(daemon.bus.history) == 2)
+        assert daemon.conditions() == []
+        await asyncio.sleep(0.3)  # more polls: nothing more to say
+        firing, done = daemon.bus.history
+        assert (done.type, done.status, done.severity) == ("congestion", "resolved", "warning")
+        assert done.details["reason"] == "detector_disabled"
+        assert done.message.startswith("congestion no longer watched after ")
+        assert done.id != firing.id
+        assert done.port == firing.port
+    finally:
+        daemon.stop()
+        await task

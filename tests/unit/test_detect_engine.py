@@ -87,6 +87,33 @@ def test_disabled_detector_never_fires() -> None:
     assert step(engine, 1, state=1) == []
 
 
+def test_a_detector_disabled_since_resolves_what_it_held_once() -> None:
+    first = Engine()
+    (fired,) = [e for t in range(3) for e in step(first, t, xmit_wait_ratio=0.3)]
+    off = {"congestion": {"enabled": False}}
+    second = Engine(off)
+    second.load(json.loads(json.dumps(first.dump())))
+    assert second.active() == []
+    # reloaded again before any poll: the condition is still owed its end
+    third = Engine(off)
+    third.load(second.dump())
+    (done,) = step(third, 0, boot=1e9 + 60, xmit_wait_ratio=0.3)
+    assert (done.type, done.status, done.severity) == ("congestion", "resolved", "warning")
+    assert done.port == fired.port
+    assert done.id != fired.id
+    assert done.details["reason"] == "detector_disabled"
+    assert done.details["active_seconds"] == pytest.approx(58.0)
+    assert done.message.startswith("congestion no longer watched after ")
+    assert done.message.endswith(fired.message)
+    assert step(third, 1, boot=1e9 + 60, xmit_wait_ratio=0.3) == []
+    assert "congestion" not in [a["type"] for a in third.dump()["active"]]
+    # switched back on before a poll: the condition was never dropped
+    again = Engine()
+    again.load(second.dump())
+    assert [a.type for a in again.active()] == ["congestion"]
+    assert step(again, 0, xmit_wait_ratio=0.3) == []
+
+
 def test_detect_tables_are_validated_at_config_load(tmp_path: Path) -> None:
     cfg = tmp_path / "ibmon.toml"
     cfg.write_text("[detect.congestion]\nwarning = 0.3\ncritical = 0.6\n")
