@@ -146,6 +146,14 @@ class LinkFlapping(PortDetector):
         changes = self._window.changes(fresh, totals_column(fresh, "link_downed"), active)
         return list(compress(fresh, changes))
 
+    def suspect(self, finding: Finding, cause: str) -> str:
+        """Without bit errors, what takes a link down again and again (``link_down``'s own
+        clause, "the link was down", would repeat the symptom)."""
+        if cause == "link_down":
+            return ("a far end that keeps restarting, or a cable or transceiver that keeps "
+                    "losing the signal")
+        return SUSPECT[cause]
+
     def check(self, key: PortKey, view: PortView, now: float, active: Finding | None) -> Verdict:
         total = view.totals.get("link_downed")
         if total is None:

@@ -363,6 +363,10 @@ def test_a_flapping_link_with_bit_errors_at_either_end_is_the_cable(
         flapped += [e for e in step(engine, [a, b], t) if e.type == "link_flapping"]
     (ev,) = flapped
     assert (ev.status, ev.details["cause"]) == ("firing", cause)
+    assert ev.message.endswith({
+        "link_down": ": a far end that keeps restarting, or a cable or transceiver that keeps "
+                     "losing the signal",
+        "physical": ": suspect the cable or transceiver"}[cause])
 
 
 def test_a_port_whose_link_downed_is_not_read_keeps_its_flapping() -> None:
