@@ -48,7 +48,7 @@ from ibmon.detect.events import (
     severity_rank,
 )
 from ibmon.detect.link import LinkDegraded, LinkFlapping, PortDown
-from ibmon.detect.source import SourceFailed, SourceFailedSettings
+from ibmon.detect.source import SourceFailed, SourceFailedSettings, health_json, load_health
 from ibmon.detect.topology import TopologyChanged
 from ibmon.infiniband.model import LinkInfo, PortIdentity, PortKey, PortView
 from ibmon.track.rowview import Layout
@@ -166,6 +166,9 @@ class Engine:
         sf = settings.get(SourceFailed.type) or SourceFailedSettings()
         assert isinstance(sf, SourceFailedSettings)
         self._source_health: SourceFailed | None = SourceFailed(sf, source) if sf.enabled else None
+        #: A source outage loaded while ``source_failed`` is disabled: resolved at the next
+        #: poll's outcome, like ``_retired``.
+        self._source_owed: Finding | None = None
         self._active: dict[str, dict[PortKey, ActiveCondition]] = {
             d.type: {} for d in self.detectors if not d.oneshot
         }
@@ -421,19 +424,21 @@ class Engine:
         """Report one poll's outcome; returns a ``source_failed`` edge when there is one."""
         health = self._source_health
         if health is None:
-            return []
-        edge = health.observe(ok, reason, error)
+            owed, self._source_owed = self._source_owed, None
+            if owed is None:
+                return []
+            edge: tuple[str, Finding] | None = "resolved", owed
+            text = f"source {self.source} no longer watched (the detector is disabled)"
+            extra = {"resolution": "detector_disabled"}
+        else:
+            edge = health.observe(ok, reason, error)
+            text, extra = f"source {self.source} recovered", {}
         if edge is None:
             return []
         status, finding = edge
         if status == "resolved":
-            finding = Finding(
-                finding.severity,
-                None,
-                finding.threshold,
-                f"source {self.source} recovered",
-                finding.details,
-            )
+            finding = Finding(finding.severity, None, finding.threshold, text,
+                              {**finding.details, **extra})
         kind = SourceFailed.type
         return [
             Event(
@@ -514,7 +519,7 @@ class Engine:
         name = cur.type.replace("_", " ")
         if view is None:
             text = f"{name} no longer watched after {took} (the detector is disabled)"
-            details["reason"] = "detector_disabled"
+            details["resolution"] = "detector_disabled"
             identity, peer = cur.identity, cur.peer
         else:
             text = f"{name} resolved after {took}"
@@ -540,7 +545,8 @@ class Engine:
     # ------------------------------------------------------------------ persistence
 
     def dump(self) -> dict[str, Any]:
-        """Active conditions and detector windows, times as wall clock, as JSON types."""
+        """Active conditions, detector windows and the source's health, times as wall clock,
+        as JSON types."""
         offset = self._offset
         active = [
             {
@@ -571,8 +577,10 @@ class Engine:
              [[status, severity, n] for (status, severity), n in ep.seen.items()]]
             for (kind, guid, port), ep in self._episodes.items()
         ]
+        health = self._source_health
+        source = health.dump() if health else health_json(0, self._source_owed)
         return {"version": ENGINE_STATE_VERSION, "active": active, "detectors": detectors,
-                "episodes": episodes}
+                "episodes": episodes, "source": source}
 
     def load(self, data: Mapping[str, Any]) -> None:
         """Restore ``dump`` output; ValueError (and no change) if it does not fit.
@@ -618,6 +626,7 @@ class Engine:
         except (KeyError, TypeError, ValidationError) as exc:
             raise ValueError(f"engine state: bad active condition: {exc}") from None
         episodes = _load_episodes(data.get("episodes", []))
+        failures, outage = load_health(data.get("source") or health_json(0, None))
         for kind, by_key in active.items():
             for guid, port in by_key:
                 # a state saved before episodes were: its conditions are open episodes
@@ -636,6 +645,10 @@ class Engine:
         self._active = active
         self._retired = retired
         self._episodes = episodes
+        if self._source_health is not None:
+            self._source_health.failures, self._source_health.active = failures, outage
+        else:
+            self._source_owed = outage
         self._marks = {t: {} for t in self._marks}
         self._pending = {"version": ENGINE_STATE_VERSION, "detectors": dict(detectors)}
 

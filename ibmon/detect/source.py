@@ -5,14 +5,14 @@ Not a port detector: the daemon reports each poll's outcome and gets back the ed
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import Field
 
 from ibmon.detect.base import DetectorSettings, Finding
-from ibmon.detect.events import EventType, Severity
+from ibmon.detect.events import SEVERITIES, EventType, Severity
 
-__all__ = ["SourceFailed", "SourceFailedSettings"]
+__all__ = ["SourceFailed", "SourceFailedSettings", "health_json", "load_health"]
 
 
 class SourceFailedSettings(DetectorSettings):
@@ -50,3 +50,30 @@ class SourceFailed:
             {"source": self.source, "reason": reason, "error": error[:300]},
         )
         return "firing", self.active
+
+    def dump(self) -> dict[str, Any]:
+        """What ``load_health`` takes back (the engine's saved state), so a reload or a restart
+        neither announces an outage again nor leaves it open."""
+        return health_json(self.failures, self.active)
+
+
+def health_json(failures: int, active: Finding | None) -> dict[str, Any]:
+    """Failures in a row and the open outage, as JSON types."""
+    return {"failures": failures, "active": None if active is None else {
+        "severity": active.severity, "value": active.value, "threshold": active.threshold,
+        "message": active.message, "details": active.details}}
+
+
+def load_health(data: Any) -> tuple[int, Finding | None]:
+    """``health_json`` output back; ValueError when it does not fit."""
+    try:
+        failures = int(data["failures"])
+        raw = data["active"]
+        finding = None if raw is None else Finding(
+            raw["severity"], raw.get("value"), raw.get("threshold"), str(raw["message"]),
+            dict(raw.get("details") or {}))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"engine state: bad source health: {exc!r}") from None
+    if failures < 0 or (finding is not None and finding.severity not in SEVERITIES):
+        raise ValueError("engine state: bad source health")
+    return failures, finding

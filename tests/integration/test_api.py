@@ -183,6 +183,42 @@ async def test_reload_with_new_thresholds_keeps_active_conditions(tmp_path: Any)
         await task
 
 
+async def test_an_outage_across_a_reload_is_announced_once_and_resolved(tmp_path: Any) -> None:
+    """A source fails; the operator edits the config and reloads (new detector rules rebuild
+    the engine) while it still fails, then it recovers: one ``firing``, one ``resolved``."""
+    cfg_file = tmp_path / "ibmon.toml"
+    base = ('[prometheus]\nlisten = "127.0.0.1:0"\n'
+            '[[sources]]\ntype = "sysfs"\nname = "fabric"\ninterval = "0.05s"\n')
+    cfg_file.write_text(base)
+    made: list[StalledSource] = []
+
+    def factory(c: Any) -> StalledSource:
+        made.append(StalledSource(c.label, broken=not made or made[-1].broken))
+        return made[-1]
+
+    daemon = Daemon(load_settings(cfg_file), config_path=cfg_file, source_factory=factory)
+    task = asyncio.create_task(daemon.run())
+
+    def outages() -> list[tuple[str, str]]:
+        return [(e.type, e.status) for e in daemon.bus.history if e.type == "source_failed"]
+
+    try:
+        await until(lambda: outages() == [("source_failed", "firing")])
+        cfg_file.write_text(base + "[detect.congestion]\nwarning = 0.2\n")
+        daemon.reload()
+        await until(lambda: daemon.settings.detect.tables() == {"congestion": {"warning": 0.2}})
+        await asyncio.sleep(0.3)  # failed polls under the new rules: nothing new to say
+        assert outages() == [("source_failed", "firing")]
+        for source in made:
+            source.broken = False
+        await until(lambda: len(outages()) == 2)
+        await asyncio.sleep(0.2)
+        assert outages() == [("source_failed", "firing"), ("source_failed", "resolved")]
+    finally:
+        daemon.stop()
+        await task
+
+
 async def test_reload_that_disables_a_detector_resolves_its_conditions(tmp_path: Any) -> None:
     """An operator switches a noisy detector off: its open conditions end with one
     ``resolved`` event each, so whatever consumes events does not hold them open for ever."""
@@ -203,7 +239,7 @@ async def test_reload_that_disables_a_detector_resolves_its_conditions(tmp_path:
         await asyncio.sleep(0.3)  # more polls: nothing more to say
         firing, done = daemon.bus.history
         assert (done.type, done.status, done.severity) == ("congestion", "resolved", "warning")
-        assert done.details["reason"] == "detector_disabled"
+        assert done.details["resolution"] == "detector_disabled"
         assert done.message.startswith("congestion no longer watched after ")
         assert done.id != firing.id
         assert done.port == firing.port

@@ -71,12 +71,16 @@ def test_dump_before_any_poll_keeps_loaded_state() -> None:
     {"version": 1, "active": [{"type": "congestion"}]},
     {"version": 1, "active": [], "detectors": {"congestion": [["0x1", "1", [1]]]}},
     {"version": 1, "active": [], "detectors": {"high_ber": "nonsense"}},
+    {"version": 1, "active": [], "source": {"failures": -1, "active": None}},
+    {"version": 1, "active": [], "source": {"failures": 2, "active": {"severity": "dire",
+                                                                     "message": "x"}}},
+    {"version": 1, "active": [], "source": {"failures": 2, "active": {"severity": "critical"}}},
 ])
 def test_bad_state_is_rejected_without_change(bad: dict[str, object]) -> None:
     engine = Engine()
     for t in range(3):
         step(engine, t, xmit_wait_ratio=0.3)
-    with pytest.raises(ValueError, match=r"state|congestion|high_ber"):
+    with pytest.raises(ValueError, match=r"state|congestion|high_ber|source health"):
         engine.load(bad)
     assert [a.type for a in engine.active()] == ["congestion"]
 
@@ -101,7 +105,7 @@ def test_a_detector_disabled_since_resolves_what_it_held_once() -> None:
     assert (done.type, done.status, done.severity) == ("congestion", "resolved", "warning")
     assert done.port == fired.port
     assert done.id != fired.id
-    assert done.details["reason"] == "detector_disabled"
+    assert done.details["resolution"] == "detector_disabled"
     assert done.details["active_seconds"] == pytest.approx(58.0)
     assert done.message.startswith("congestion no longer watched after ")
     assert done.message.endswith(fired.message)
@@ -137,6 +141,33 @@ def test_source_failed_fires_once_and_resolves() -> None:
     (ok,) = engine.source_poll(True, wall=4)
     assert ok.status == "resolved"
     assert engine.source_poll(True, wall=5) == []
+
+
+def test_an_outage_is_neither_announced_again_nor_left_open_after_a_restart() -> None:
+    first = Engine(source="fabric")
+    (fired,) = first.source_poll(False, wall=1, reason="poll_failed", error="no PMA")
+    saved = json.loads(json.dumps(first.dump()))
+    still = Engine(source="fabric")
+    still.load(saved)
+    assert still.source_poll(False, wall=2, reason="poll_failed", error="no PMA") == []
+    (done,) = still.source_poll(True, wall=3)
+    assert (done.type, done.status, done.severity) == ("source_failed", "resolved", "critical")
+    assert done.message == "source fabric recovered"
+    assert done.id != fired.id
+    back = Engine(source="fabric")  # recovered by the first poll after the restart
+    back.load(saved)
+    (again,) = back.source_poll(True, wall=3)
+    assert again.id == done.id  # the same edge of the same outage
+    # switched off meanwhile: the outage ends with the next poll, whatever its outcome
+    off = Engine({"source_failed": {"enabled": False}}, source="fabric")
+    off.load(saved)
+    off_again = Engine({"source_failed": {"enabled": False}}, source="fabric")
+    off_again.load(off.dump())
+    (gone,) = off_again.source_poll(False, wall=4, reason="poll_failed")
+    assert (gone.status, gone.details["resolution"]) == ("resolved", "detector_disabled")
+    assert gone.details["reason"] == "poll_failed"  # why it had failed, as its firing said
+    assert gone.message == "source fabric no longer watched (the detector is disabled)"
+    assert off_again.source_poll(True, wall=5) == []
 
 
 def test_every_detector_has_a_config_table_with_enabled() -> None:
