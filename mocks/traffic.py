@@ -275,17 +275,15 @@ class FabricModel:
             li = link_of[i]
             if not up[li]:
                 continue
-            if i in lo:
+            if i in lo:  # congested: send + wait <= 1 (``congest``)
                 f = lo[i]
-                w = wo.get(i, 0.0)
-            else:
+                w = wo[i]
+            else:  # the baseline wait is under 0.1 % of the time: it fits beside 0.98
                 f = base * factor[i] * (1.0 + 0.25 * sin(omega + phase[i])) * (0.9 + 0.2 * rnd())
-                w = wo[i] if wo and i in wo else wait[i] * f
-            # explicit comparisons: min() costs a call per port per step on the hot path
+                w = wait[i] * f
+            # an explicit comparison: min() costs a call per port per step on the hot path
             if f > 0.98:  # noqa: PLR1730
                 f = 0.98
-            if f > 1.0 - w:  # noqa: PLR1730
-                f = 1.0 - w
             c = i * width  # the port's row in ``flat``
             if f > 0:
                 words_f = f * rate[li] * words_per_bps + cw[i]
@@ -293,11 +291,14 @@ class FabricModel:
                 cw[i] = words_f - words
                 pkts_f = words * 4.0 / pkt[i] + cp[i]
                 pkts = int(pkts_f)
-                cp[i] = pkts_f - pkts
                 if pkts == 0 and words > 0:
-                    # bytes without a packet would break bytes <= packets x (MTU + headers)
+                    # bytes without a packet would break bytes <= packets x (MTU + headers):
+                    # the packet counts now, and is not owed back (a debt carried into the
+                    # next steps made a negative count, a packet counter going down)
                     pkts = 1
-                    cp[i] -= 1.0
+                    cp[i] = 0.0
+                else:
+                    cp[i] = pkts_f - pkts
                 mc = int(pkts * share)
                 r = peer[i] * width
                 # 64-bit fields: 2**64 words at 800 Gb/s take decades, so no wrap handling
@@ -430,7 +431,7 @@ class FabricModel:
         if wait_ratio + utilization > 1.0 + 1e-9:
             raise ValueError("a port cannot transmit and wait more than 100 % of the time")
         i = self.port_index(key)
-        self._load_override[i] = utilization
+        self._load_override[i] = min(utilization, 1.0 - wait_ratio)  # rounding past 1
         self._wait_override[i] = wait_ratio
 
     def clear_congestion(self, key: tuple[str, int]) -> None:

@@ -70,6 +70,8 @@ def test_healthy_scenario_obeys_physics() -> None:
             assert pkts == delta[IX["unicast_transmit_packets"]] + delta[
                 IX["multicast_transmit_packets"]]
             assert pkts > 0, "a healthy port carries traffic"
+            # multicast is a small share of it (0.1 %), never none on a busy port
+            assert 0 < delta[IX["multicast_transmit_packets"]] <= pkts * 0.001
             # a healthy fabric: no errors, transmit-wait far below any congestion level
             for name in NARROW:
                 if name != "transmit_wait":
@@ -186,8 +188,8 @@ def test_congestion_sets_the_wait_ratio_and_utilization(role: str) -> None:
 
 
 def test_a_narrower_link_counts_per_lane_units_for_its_lanes() -> None:
-    """A Switch-IB 2 port retrained to 1X counts 32 bytes, not 128, and at a quarter of the
-    rate: the same stall fraction is a sixteenth of the counts."""
+    """A Switch-IB 2 port retrained to 1X counts 32 bytes, not 128, at a quarter of the rate:
+    the same stall fraction gives the same counts (a per-lane unit follows the width)."""
     model = _small()
     i = next(n for n, k in enumerate(model.keys)
              if model.fabric.nodes[k[0]].desc.startswith("spine"))
@@ -261,3 +263,117 @@ def test_port_sample_describes_the_port() -> None:
     assert s.link.remote_node_desc == "leaf03"
     assert s.link.remote_port == "6"
     assert set(s.counters) == set(COUNTER_NAMES)
+
+
+def test_a_narrower_link_counts_per_port_units_at_its_lower_rate() -> None:
+    """A ConnectX-6 port (8 bytes a count whatever its width) retrained from 4X to 1X sends a
+    quarter of the bytes a second: the same stall fraction is a quarter of the counts."""
+    model = _small()
+    i = next(n for n, k in enumerate(model.keys) if model.fabric.nodes[k[0]].kind == "ca")
+    key = model.keys[i]
+    model.congest(key, wait_ratio=0.5, utilization=0.1)
+    model.degrade(key, width="1X")
+    w0 = model.value(key, "transmit_wait")
+    model.advance(10.0)
+    counts = model.value(key, "transmit_wait") - w0
+    assert counts == pytest.approx(counts_for(0.5, 8.0, 25e9 / 8, 10.0), abs=1.0)
+
+
+def test_no_port_sends_more_than_98_percent_of_its_link_at_full_load() -> None:
+    model = FabricModel(fat_tree(radix=8, leaves=2, hosts_per_leaf=4), seed=5, load=0.98)
+    before = [model.row(i)[IX["transmit_data"]] for i in range(len(model.keys))]
+    model.advance(10.0)
+    for i, d0 in enumerate(before):
+        sent = (model.row(i)[IX["transmit_data"]] - d0) * 32
+        assert sent <= 0.98 * model.rate_bps(i) * 10.0 + 32
+    assert max((model.row(i)[IX["transmit_data"]] - d0) * 32 / (model.rate_bps(i) * 10.0)
+               for i, d0 in enumerate(before)) > 0.97  # the cap is what held them
+
+
+def test_packets_follow_bytes_at_any_step_and_in_the_history() -> None:
+    """Counters read at any instant show no bytes without the packets that carried them: the
+    model's starting history, and steps too short for a whole packet."""
+    model = _small()
+
+    def size_ok(words: int, pkts: int) -> bool:
+        return pkts * 64 <= words * 4 <= pkts * (MTU_BYTES + 126)
+
+    rows = model.rows()
+    assert all(size_ok(r[IX["transmit_data"]], r[IX["transmit_packets"]]) for r in rows)
+    for _ in range(300):  # 20 ns steps: a few words each, most of a packet at the most
+        model.advance(2e-8)
+        cur = model.rows()
+        for c, p in zip(cur, rows, strict=True):
+            words = c[IX["transmit_data"]] - p[IX["transmit_data"]]
+            pkts = c[IX["transmit_packets"]] - p[IX["transmit_packets"]]
+            assert pkts >= (1 if words else 0)  # never down, and no bytes without a packet
+            # a packet counts once whole: at most one more packet's bytes than packets
+            assert words * 4 <= (pkts + 1) * (MTU_BYTES + 126)
+        rows = cur
+
+
+def test_a_down_link_counts_no_errors() -> None:
+    model = _small()
+    key = model.keys[0]
+    model.set_error_rate(key, "symbol_errors", 10.0)
+    model.link_down(key)
+    model.advance(10.0)
+    assert model.value(key, "symbol_errors") == 0
+    model.link_up(key)
+    model.advance(10.0)
+    assert model.value(key, "symbol_errors") == 100
+
+
+def test_a_flaps_transitions_happen_at_their_time_within_one_advance() -> None:
+    """Down for 5 s of a 10 s advance: traffic for the 5 s it was up, not the whole step."""
+    model = _small()
+    key = model.keys[0]
+    model.congest(key, wait_ratio=0.0, utilization=0.5)
+    d0 = model.value(key, "transmit_data")
+    model.flap(key, count=1, down_for=5.0)
+    model.advance(10.0)
+    words = model.value(key, "transmit_data") - d0
+    assert words * 32 == pytest.approx(0.5 * model.rate_bps(0) * 5.0, abs=64)
+
+
+def test_a_port_with_the_32_bit_wait_only_says_so_in_every_sample() -> None:
+    model = _small()
+    key = model.keys[3]
+    model.set_value(key, "transmit_wait", 1 << 40)
+    model.narrow_wait(key)
+    assert model.value(key, "transmit_wait") == (1 << 32) - 1  # a 32-bit field holds no more
+    (poll,) = [s for s in model.samples() if s.identity.key == (key[0], str(key[1]))]
+    assert "transmit_wait" not in poll.wide
+    assert poll.wide == model.port_sample(*key).wide
+    assert poll.counters["transmit_wait"] == (1 << 32) - 1
+
+
+def test_load_swings_slowly_so_graphs_move() -> None:
+    """Each port's load follows a 15-minute swing of +-25 % (its own phase): a minute now and
+    a minute half a swing later differ by more than the per-step noise on many ports."""
+    model = _small()
+    n = len(model.keys)
+
+    def minute() -> list[int]:
+        start = [model.row(i)[IX["transmit_data"]] for i in range(n)]
+        for _ in range(60):
+            model.advance(1.0)
+        return [model.row(i)[IX["transmit_data"]] - start[i] for i in range(n)]
+
+    first = minute()
+    model.advance(450.0 - 60.0)
+    later = minute()
+    moved = [abs(a - b) / max(a, b) > 0.1 for a, b in zip(first, later, strict=True)]
+    assert sum(moved) >= n // 4
+
+
+def test_a_congested_port_never_sends_and_waits_more_than_the_time_there_is() -> None:
+    """``congest`` allows rounding past 100 % (0.35 + 0.65 in floats): the port still sends
+    at most the 65 % it does not wait."""
+    model = _small()
+    key = model.keys[0]
+    model.congest(key, wait_ratio=0.35, utilization=0.65 + 5e-10)
+    d0 = model.value(key, "transmit_data")
+    model.advance(10.0)
+    sent = (model.value(key, "transmit_data") - d0) * 32
+    assert sent <= (1.0 - 0.35) * model.rate_bps(0) * 10.0 + 32
