@@ -112,6 +112,13 @@ def parse_detect_tables(tables: Mapping[str, Any]) -> dict[str, BaseModel]:
     return out
 
 
+#: ``details.resolution`` of a condition that ended because nothing watches it any more.
+DETECTOR_DISABLED: Final = "detector_disabled"
+SOURCE_REMOVED: Final = "source_removed"
+_WHY: Final = {DETECTOR_DISABLED: "the detector is disabled",
+               SOURCE_REMOVED: "the source was removed from the config"}
+
+
 @dataclass(slots=True)
 class _Episode:
     """One (type, port)'s firing episodes so far, for its event ids (``events.event_id``)."""
@@ -204,7 +211,7 @@ class Engine:
         if self._pending is not None:
             pending, self._pending = self._pending, None
             self._load_detectors(pending, self._offset)
-        events = [self._resolved(cur, None, wall) for cur in self._retired]
+        events = [self._resolved(cur, None, wall, DETECTOR_DISABLED) for cur in self._retired]
         self._retired = []
         now = monotonic
         # The conditions as of the previous poll, so a detector can quote what the port and
@@ -425,36 +432,58 @@ class Engine:
         health = self._source_health
         if health is None:
             owed, self._source_owed = self._source_owed, None
-            if owed is None:
-                return []
-            edge: tuple[str, Finding] | None = "resolved", owed
-            text = f"source {self.source} no longer watched (the detector is disabled)"
-            extra = {"resolution": "detector_disabled"}
-        else:
-            edge = health.observe(ok, reason, error)
-            text, extra = f"source {self.source} recovered", {}
+            return [] if owed is None else [self._outage_ended(owed, wall, DETECTOR_DISABLED)]
+        edge = health.observe(ok, reason, error)
         if edge is None:
             return []
         status, finding = edge
         if status == "resolved":
-            finding = Finding(finding.severity, None, finding.threshold, text,
-                              {**finding.details, **extra})
+            return [self._outage_ended(finding, wall, None)]
+        return [self._source_event("firing", finding, wall)]
+
+    def release(self, wall: float) -> list[Event]:
+        """End everything this engine holds, its source having left the config (a reload):
+        one ``resolved`` event per condition and for an outage. Detector windows stay, so a
+        source that comes back raises what still holds again."""
+        held = [*self.active(), *self._retired]
+        events = [self._resolved(cur, None, wall, SOURCE_REMOVED) for cur in held]
+        health = self._source_health
+        outage = health.active if health is not None else self._source_owed
+        if outage is not None:
+            events.append(self._outage_ended(outage, wall, SOURCE_REMOVED))
+        if health is not None:
+            health.active, health.failures = None, 0
+        self._source_owed = None
+        self._active = {kind: {} for kind in self._active}
+        self._retired = []
+        self._marks = {kind: {} for kind in self._marks}
+        return events
+
+    def _outage_ended(self, finding: Finding, wall: float, why: str | None) -> Event:
+        """The ``resolved`` edge of a source outage: recovered, or (``why``) no longer
+        watched."""
+        if why is None:
+            text, details = f"source {self.source} recovered", finding.details
+        else:
+            text = f"source {self.source} no longer watched ({_WHY[why]})"
+            details = {**finding.details, "resolution": why}
+        done = Finding(finding.severity, None, finding.threshold, text, details)
+        return self._source_event("resolved", done, wall)
+
+    def _source_event(self, status: Status, finding: Finding, wall: float) -> Event:
         kind = SourceFailed.type
-        return [
-            Event(
-                id=self._event_id(kind, "firing" if status == "firing" else "resolved",
-                                  finding.severity, "", ""),
-                time=Event.at(wall),
-                fabric=self.fabric,
-                type=kind,
-                status="firing" if status == "firing" else "resolved",
-                severity=finding.severity,
-                value=finding.value,
-                threshold=finding.threshold,
-                details=finding.details,
-                message=finding.message,
-            )
-        ]
+        return Event(
+            id=self._event_id(kind, status, finding.severity, "", ""),
+            time=Event.at(wall),
+            fabric=self.fabric,
+            type=kind,
+            status=status,
+            severity=finding.severity,
+            value=finding.value,
+            threshold=finding.threshold,
+            details=finding.details,
+            message=finding.message,
+        )
 
     # ------------------------------------------------------------------ events
 
@@ -510,16 +539,17 @@ class Engine:
                         guid=guid, port=port, status=status, severity=severity,
                         episode=ep.number, repeat=repeat)
 
-    def _resolved(self, cur: ActiveCondition, view: PortView | None, wall: float) -> Event:
-        """The ``resolved`` edge of ``cur``; without a view, its detector was disabled (a
-        reload or restart) and the condition is no longer watched."""
+    def _resolved(self, cur: ActiveCondition, view: PortView | None, wall: float,
+                  why: str = "") -> Event:
+        """The ``resolved`` edge of ``cur``: it ended on ``view``, or nothing watches it any
+        more (no view: ``why`` says what stopped watching)."""
         f = cur.finding
         took = _duration(wall - cur.since)
         details = {**f.details, "active_seconds": round(wall - cur.since, 3)}
         name = cur.type.replace("_", " ")
         if view is None:
-            text = f"{name} no longer watched after {took} (the detector is disabled)"
-            details["resolution"] = "detector_disabled"
+            text = f"{name} no longer watched after {took} ({_WHY[why]})"
+            details["resolution"] = why
             identity, peer = cur.identity, cur.peer
         else:
             text = f"{name} resolved after {took}"

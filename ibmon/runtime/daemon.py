@@ -40,7 +40,7 @@ from exporters.api import ApiProvider, api_routes
 from exporters.base import EventConsumer, Exporter
 from exporters.prometheus import PrometheusExporter
 from ibmon.config import ConfigError, Settings, SourceConfig, load_settings
-from ibmon.detect.engine import ActiveCondition
+from ibmon.detect.engine import ActiveCondition, Engine
 from ibmon.detect.events import Event, EventBus, EventFileWriter, EventLog, Subscription
 from ibmon.jobs.attribute import Attributor
 from ibmon.jobs.model import JobTable
@@ -250,6 +250,7 @@ class Daemon:
         self._chores.append(tg.create_task(self.loop_lag.run(), name="loop-lag"))
         await self._sync_exporters(tg)  # a StartError here ends the start: exit 2, one line
         self._polls = self._start_polls(tg)
+        self._release_removed()
         await self._publish()
         while True:
             notify("READY=1\nSTATUS=" + self._status())
@@ -266,6 +267,7 @@ class Daemon:
             if await self._apply_reload(tg):
                 await self._stop_polls()
                 self._polls = self._start_polls(tg)
+                self._release_removed()
                 await self._publish()
 
     async def _shutdown(self) -> None:
@@ -608,6 +610,31 @@ class Daemon:
                     "were restored); the next save replaces them",
                 )
         return pipeline
+
+    def _release_removed(self) -> None:
+        """End what sources no longer in the config held, at a reload or, from the state file,
+        at a start: one ``resolved`` event each (``source_removed``), so no consumer keeps
+        them open. Their totals stay (a pipeline, or the saved part), for a source that comes
+        back."""
+        configured = {c.label for c in self.settings.sources}
+        wall = time.time()
+        for label, pipeline in self._pipelines.items():
+            if label not in configured:
+                self._emit(pipeline.release(wall))
+        for label, part in self._restored.items():
+            if label in configured or label in self._pipelines:
+                continue
+            saved = part.get("engine")
+            if not isinstance(saved, Mapping):
+                continue
+            engine = Engine(self._engine_tables, fabric=self.settings.fabric, source=label)
+            try:
+                engine.load(saved)
+            except ValueError:
+                continue  # nothing usable to end (the saved part stays as it is)
+            if events := engine.release(wall):
+                self._restored[label] = {**part, "engine": engine.dump()}
+                self._emit(events)
 
     def _emit(self, events: list[Event]) -> None:
         if events:

@@ -510,6 +510,13 @@ class Pipeline:
 
     # -- persistence -----------------------------------------------------------------------------
 
+    def release(self, wall: float) -> list[Event]:
+        """The source left the config: what its engine holds ends (``Engine.release``); the
+        totals stay, for a source that comes back."""
+        events = self.engine.release(wall)
+        self._conditions = ()
+        return events
+
     def dump(self) -> dict[str, Any]:
         """Tracker and engine state as JSON types, for the state file."""
         return {"tracker": self.tracker.dump(), "engine": self.engine.dump()}

@@ -246,3 +246,74 @@ async def test_reload_that_disables_a_detector_resolves_its_conditions(tmp_path:
     finally:
         daemon.stop()
         await task
+
+
+def _sources(*names: str) -> str:
+    return '[prometheus]\nlisten = "127.0.0.1:0"\n' + "".join(
+        f'[[sources]]\ntype = "sysfs"\nname = "{n}"\ninterval = "0.05s"\n' for n in names)
+
+
+def _from(source: str, daemon: Daemon) -> list[tuple[str, str, str | None]]:
+    return [(e.type, e.status, e.details.get("resolution")) for e in daemon.bus.history
+            if e.details.get("source") == source]
+
+
+async def test_a_source_removed_from_the_config_ends_what_it_held(tmp_path: Any) -> None:
+    """Conditions and an outage of a source the operator removes end with one ``resolved``
+    each (``source_removed``); put back, it raises what still holds again."""
+    cfg_file = tmp_path / "ibmon.toml"
+    cfg_file.write_text(_sources("fabric", "broken"))
+    daemon = Daemon(load_settings(cfg_file), config_path=cfg_file,
+                    source_factory=lambda c: StalledSource(c.label, broken=c.label == "broken"))
+    task = asyncio.create_task(daemon.run())
+    try:
+        await until(lambda: _from("fabric", daemon) == [("congestion", "firing", None)]
+                    and _from("broken", daemon) == [("source_failed", "firing", None)])
+        cfg_file.write_text(_sources("broken"))
+        daemon.reload()
+        await until(lambda: len(_from("fabric", daemon)) == 2)
+        assert _from("fabric", daemon)[1] == ("congestion", "resolved", "source_removed")
+        assert daemon.conditions() == []
+        cfg_file.write_text(_sources("fabric", "broken"))
+        daemon.reload()
+        await until(lambda: len(_from("fabric", daemon)) == 3)
+        assert _from("fabric", daemon)[2] == ("congestion", "firing", None)
+        cfg_file.write_text(_sources("fabric"))
+        daemon.reload()
+        await until(lambda: len(_from("broken", daemon)) == 2)
+        await asyncio.sleep(0.2)
+        assert _from("broken", daemon) == [("source_failed", "firing", None),
+                                          ("source_failed", "resolved", "source_removed")]
+        assert len(_from("fabric", daemon)) == 3
+    finally:
+        daemon.stop()
+        await task
+
+
+async def test_a_source_removed_while_ibmon_was_stopped_ends_what_it_held(
+        tmp_path: Any) -> None:
+    cfg_file = tmp_path / "ibmon.toml"
+    cfg_file.write_text(_sources("fabric", "spare"))
+
+    def factory(c: Any) -> StalledSource:
+        return StalledSource(c.label, broken=c.label == "spare")
+
+    first = Daemon(load_settings(cfg_file), config_path=cfg_file, source_factory=factory)
+    task = asyncio.create_task(first.run())
+    await until(lambda: _from("fabric", first) == [("congestion", "firing", None)])
+    first.stop()
+    await task
+    cfg_file.write_text(_sources("spare"))
+    for expected in ([("congestion", "resolved", "source_removed")], []):  # once, not at each start
+        daemon = Daemon(load_settings(cfg_file), config_path=cfg_file, source_factory=factory)
+        task = asyncio.create_task(daemon.run())
+        try:
+            await daemon.ready.wait()
+            await asyncio.sleep(0.3)  # polls of the source that stayed
+            assert _from("fabric", daemon) == expected
+            # the outage of the source that stayed was saved: neither announced again nor lost
+            assert _from("spare", daemon) == []
+            assert daemon.state.sources["spare"].up is False
+        finally:
+            daemon.stop()
+            await task

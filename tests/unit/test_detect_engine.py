@@ -170,6 +170,26 @@ def test_an_outage_is_neither_announced_again_nor_left_open_after_a_restart() ->
     assert off_again.source_poll(True, wall=5) == []
 
 
+def test_release_ends_every_condition_and_the_outage_once_and_keeps_the_windows() -> None:
+    engine = Engine(source="fabric")
+    fired = [e for t in range(5)
+             for e in step(engine, t, xmit_wait_ratio=0.3, totals={"link_downed": 1 + t})]
+    assert sorted(e.type for e in fired) == ["congestion", "link_flapping"]
+    engine.source_poll(False, wall=1e9 + 5, reason="poll_failed", error="no PMA")
+    ended = engine.release(1e9 + 6)
+    assert sorted((e.type, e.status, e.details["resolution"]) for e in ended) == [
+        ("congestion", "resolved", "source_removed"),
+        ("link_flapping", "resolved", "source_removed"),
+        ("source_failed", "resolved", "source_removed")]
+    assert all("no longer watched" in e.message for e in ended)
+    assert "the source was removed from the config" in ended[0].message
+    assert engine.active() == [] and engine.release(1e9 + 7) == []
+    assert engine.source_poll(True, wall=1e9 + 7) == []  # nothing left to recover from
+    # back in the config: the flapping window remembered the downs, so it holds at once
+    again = step(engine, 7, totals={"link_downed": 6})
+    assert [(e.type, e.status) for e in again] == [("link_flapping", "firing")]
+
+
 def test_every_detector_has_a_config_table_with_enabled() -> None:
     for name, cls in DETECTORS.items():
         assert cls.type == name
