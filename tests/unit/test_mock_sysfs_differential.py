@@ -12,8 +12,10 @@ seconds; from that poll on, sysfs must show it saturated and the two totals part
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,8 @@ from ibmon.sources.sysfs import SysfsSource
 from ibmon.track.tracker import Tracker
 from mocks.scenario import Scenario, list_scenarios, load_scenario, resolve_port
 from mocks.sysfs import SysfsRenderer
+from mocks.topology import fat_tree
+from mocks.traffic import SM_LID, FabricModel
 
 #: Counters a PMA has but sysfs has no file for (QP1Dropped, the error and discard details).
 NOT_IN_SYSFS = {c.name for c in CATALOGUE if c.sysfs is None}
@@ -183,3 +187,44 @@ async def test_tree_matches_kernel_format(tree_root: Path) -> None:
     assert data.strip().isdigit()
     assert int(data) == src.model.value((host.guid, 1), "transmit_data")
     assert not any(p.name.startswith(".") for p in dev.rglob("*"))
+
+
+def test_tree_prints_what_the_kernel_prints(tree_root: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rest of each file, as ``drivers/infiniband/core/sysfs.c`` prints it: ``sm_lid``
+    ``0x%x``, ``cap_mask`` ``0x%08x``, ``rate`` with ``.5`` for a half (``2.5 Gb/sec (1X
+    SDR)``), ``phys_state`` 7 as ``Phy Test``; ``node_desc`` at most the 64 bytes of an IB
+    NodeDescription; ``sys_image_guid`` the node's. A tree chosen by node description, and
+    written without a temporary name ever inside it."""
+    fabric = fat_tree(radix=8, leaves=2, hosts_per_leaf=4)
+    first = fabric.hosts()[0]
+    host = fabric.nodes[first.guid] = replace(first, desc="h" * 70)
+    model = FabricModel(fabric, seed=1)
+    renderer = SysfsRenderer(model, tree_root, hosts={host.desc})
+    (dev,) = renderer.devices
+    i = model.port_index((host.guid, 1))
+    model.degrade((host.guid, 1), width="1X", speed="SDR")
+    model.phys[i] = 7
+    written: list[str] = []  # where each file was written before it was moved into place
+    replace_file = os.replace
+
+    def spy(src: str, dst: str) -> None:
+        written.append(os.fspath(src))
+        replace_file(src, dst)
+
+    monkeypatch.setattr(os, "replace", spy)
+    for _ in range(3):
+        renderer.render()
+    ddir = tree_root / "class" / "infiniband" / dev
+    port = ddir / "ports" / "1"
+    assert (port / "sm_lid").read_text() == f"0x{SM_LID:x}\n"
+    assert re.fullmatch(r"0x[0-9a-f]{8}\n", (port / "cap_mask").read_text())
+    assert (port / "rate").read_text() == "2.5 Gb/sec (1X SDR)\n"
+    assert (port / "phys_state").read_text() == "7: Phy Test\n"
+    assert (ddir / "node_desc").read_text() == "h" * 64 + "\n"
+    assert (ddir / "sys_image_guid").read_text() == (ddir / "node_guid").read_text()
+    assert (port / "link_layer").read_text() == "InfiniBand\n"
+    tree = os.fspath(tree_root / "class")
+    assert written and not any(p.startswith(tree) for p in written)
+    assert not any(p.name.startswith(".") or "tmp" in p.name
+                   for p in (tree_root / "class").rglob("*"))
