@@ -34,6 +34,7 @@ __all__ = [
     "effective_rate_bps",
     "enabled_speeds",
     "enabled_widths",
+    "ext_speeds",
     "is_degraded",
     "max_common",
     "port_rate_bps",
@@ -46,8 +47,12 @@ WIDTH_BITS: dict[int, str] = {1: "1X", 2: "4X", 4: "8X", 8: "12X", 16: "2X"}
 WIDTH_LANES: dict[str, int] = {"1X": 1, "2X": 2, "4X": 4, "8X": 8, "12X": 12}
 #: PortInfo LinkSpeed{Active,Enabled,Supported} bits (the original speeds).
 SPEED_BITS: dict[int, str] = {1: "SDR", 2: "DDR", 4: "QDR"}
-#: PortInfo LinkSpeedExt{Active,Enabled,Supported} bits (IBA 1.3+; NDR since 1.5, XDR 1.7).
-EXT_SPEED_BITS: dict[int, str] = {1: "FDR", 2: "EDR", 4: "HDR", 8: "NDR", 16: "XDR"}
+#: Extended speeds as rdma-core aggregates them (libibnetdisc ``ibnd_get_agg_linkspeedext``):
+#: LinkSpeedExt{Active,Enabled,Supported} bits (IBA 1.3+; NDR since 1.5), and XDR (IBA 1.7)
+#: from LinkSpeedExt*2, whose bit 0 counts as bit 5 (``ext_speeds``). 16 is unused.
+EXT_SPEED_BITS: dict[int, str] = {1: "FDR", 2: "EDR", 4: "HDR", 8: "NDR", 32: "XDR"}
+_EXT_DISABLED = 30
+"""LinkSpeedExtEnabled's "extended speeds disabled" (rdma-core reads it as none enabled)."""
 #: Slowest to fastest. FDR10 is Mellanox-specific (vendor ExtendedPortInfo), never in PortInfo.
 SPEED_ORDER: tuple[str, ...] = ("SDR", "DDR", "QDR", "FDR10", "FDR", "EDR", "HDR", "NDR", "XDR")
 #: Per-lane signalling rate in Gb/s.
@@ -92,6 +97,10 @@ class LinkCaps(Protocol):
     def speed_ext_supported(self) -> int: ...
     @property
     def speed_ext_enabled(self) -> int: ...
+    @property
+    def speed_ext2_supported(self) -> int: ...
+    @property
+    def speed_ext2_enabled(self) -> int: ...
 
 
 def width_names(mask: int) -> list[str]:
@@ -111,8 +120,17 @@ def active_width(code: int) -> str:
     return WIDTH_BITS.get(code, "")
 
 
-def active_speed(speed_active: int, speed_ext_active: int = 0) -> str:
-    """LinkSpeedActive/LinkSpeedExtActive -> "EDR"; an extended speed, when set, wins."""
+def ext_speeds(ext: int, ext2: int = 0) -> int:
+    """One extended-speed mask (``EXT_SPEED_BITS``) from a LinkSpeedExt field and its
+    LinkSpeedExt*2 companion, as rdma-core aggregates them."""
+    return ext | (ext2 << 5)
+
+
+def active_speed(speed_active: int, speed_ext_active: int = 0, speed_ext2_active: int = 0) -> str:
+    """LinkSpeedActive/LinkSpeedExtActive/LinkSpeedExtActive2 -> "EDR"; an extended speed,
+    when set, wins, and XDR's over the others."""
+    if speed_ext2_active:
+        return EXT_SPEED_BITS.get(ext_speeds(0, speed_ext2_active), "")
     if speed_ext_active:
         return EXT_SPEED_BITS.get(speed_ext_active, "")
     return SPEED_BITS.get(speed_active, "")
@@ -123,7 +141,11 @@ def enabled_widths(p: LinkCaps) -> int:
 
 
 def enabled_speeds(p: LinkCaps) -> tuple[int, int]:
-    return p.speed_supported & p.speed_enabled, p.speed_ext_supported & p.speed_ext_enabled
+    """The base and extended (``ext_speeds``) speeds a port supports and has enabled."""
+    enabled = 0 if p.speed_ext_enabled == _EXT_DISABLED else p.speed_ext_enabled
+    return (p.speed_supported & p.speed_enabled,
+            ext_speeds(p.speed_ext_supported, p.speed_ext2_supported)
+            & ext_speeds(enabled, p.speed_ext2_enabled))
 
 
 def max_common(a: LinkCaps, b: LinkCaps) -> tuple[str, str]:

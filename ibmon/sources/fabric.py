@@ -204,7 +204,8 @@ class FabricView:
         fp.phys_state = info.phys_state or None
         if info.state > 1:  # Init/Armed/Active: the link trained, the active fields mean something
             fp.active_width = active_width(info.width_active)
-            fp.active_speed = active_speed(info.speed_active, info.speed_ext_active)
+            fp.active_speed = active_speed(info.speed_active, info.speed_ext_active,
+                                           info.speed_ext2_active)
         else:
             fp.active_width = fp.active_speed = ""
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ibmon.infiniband.counters import DETAIL_ATTRIBUTES, DETAILS
-from ibmon.infiniband.linkspeed import effective_rate_bps, is_degraded, max_common
+from ibmon.infiniband.linkspeed import active_speed, effective_rate_bps, is_degraded, max_common
 from ibmon.infiniband.model import Topology
 from ibmon.sources.parse import (
     ParseError,
@@ -722,6 +722,52 @@ def test_max_common_uses_supported_and_enabled_on_both_ends() -> None:
     assert effective_rate_bps("4X", "EDR") == 100e9
     assert effective_rate_bps("4X", "NDR") == 400e9
     assert effective_rate_bps("", "EDR") is None
+
+
+def _port_info_bytes(*, ext: tuple[int, int, int], ext2: tuple[int, int, int],
+                     speed: int = 4) -> bytes:
+    """A 64-byte PortInfo of a 4X port: LinkSpeed{Supported,Enabled,Active} ``speed`` (QDR),
+    LinkSpeedExt (active, supported, enabled) at bytes 62-63 and LinkSpeedExt*2 (IBA 1.7)
+    at byte 56, bits 449-450, 451-452 and 453-455 (rdma-core libibmad ``fields.c``)."""
+    data = bytearray(64)
+    data[30], data[31] = 0x02, 0x02  # LinkWidthSupported, LinkWidthActive: 4X
+    data[29] = 0x02  # LinkWidthEnabled
+    data[32] = speed << 4 | 4  # LinkSpeedSupported, LinkState Active
+    data[35] = speed << 4 | speed  # LinkSpeedActive, LinkSpeedEnabled
+    e_act, e_sup, e_en = ext
+    data[62] = e_act << 4 | e_sup
+    data[63] = e_en
+    x_act, x_sup, x_en = ext2
+    data[56] = x_act << 5 | x_sup << 3 | x_en
+    return bytes(data)
+
+
+def test_an_xdr_port_is_xdr_as_rdma_core_reads_it() -> None:
+    """XDR is not a LinkSpeedExt bit: it is LinkSpeedExtActive2 and friends, which rdma-core
+    folds in as bit 5 (libibnetdisc ``ibnd_get_agg_linkspeedext``). Read without them, an XDR
+    port was its LinkSpeedActive (QDR here: 32 Gb/s for 800) and every XDR link degraded."""
+    xdr = decode_port_info(_port_info_bytes(ext=(0, 0xF, 0xF), ext2=(1, 1, 1)))
+    assert (xdr.speed_ext2_active, xdr.speed_ext2_supported, xdr.speed_ext2_enabled) == (1, 1, 1)
+    assert active_speed(xdr.speed_active, xdr.speed_ext_active, xdr.speed_ext2_active) == "XDR"
+    assert max_common(xdr, xdr) == ("4X", "XDR")
+    assert effective_rate_bps("4X", "XDR") == 800e9
+    # an NDR port facing it: the best both ends support is NDR, so NDR is not degraded
+    ndr = decode_port_info(_port_info_bytes(ext=(8, 0xF, 0xF), ext2=(0, 0, 0)))
+    assert active_speed(ndr.speed_active, ndr.speed_ext_active, ndr.speed_ext2_active) == "NDR"
+    assert max_common(xdr, ndr) == ("4X", "NDR")
+    # XDR supported but not enabled at one end: not the best common speed either
+    off = decode_port_info(_port_info_bytes(ext=(8, 0xF, 0xF), ext2=(0, 1, 0)))
+    assert max_common(xdr, off) == ("4X", "NDR")
+    assert is_degraded("4X", "NDR", *max_common(xdr, xdr))
+
+
+def test_extended_speeds_disabled_leave_the_base_speeds() -> None:
+    """LinkSpeedExtEnabled 30 means "extended speeds disabled", not the mask 11110b (rdma-core
+    reads it as none): such a link runs QDR on purpose and is not degraded."""
+    a = decode_port_info(_port_info_bytes(ext=(0, 0x3, 30), ext2=(0, 0, 0)))
+    assert max_common(a, a) == ("4X", "QDR")
+    b = decode_port_info(_port_info_bytes(ext=(2, 0x3, 0x3), ext2=(0, 0, 0)))
+    assert max_common(b, b) == ("4X", "EDR")
 
 
 # ------------------------------------------------------------------ sharding

@@ -114,18 +114,23 @@ class PortInfo(NamedTuple):
     speed_ext_active: int
     speed_ext_supported: int
     speed_ext_enabled: int
+    #: LinkSpeedExt{Active,Supported,Enabled}2 (IBA 1.7, XDR): byte 56, reserved (0) before.
+    speed_ext2_active: int = 0
+    speed_ext2_supported: int = 0
+    speed_ext2_enabled: int = 0
 
 
 #: PortInfo bytes 16-63 in one unpack (a sweep decodes one per port, thousands per discovery
 #: and, with the per-poll state refresh, per poll): LID, SMLID, CapabilityMask, then bytes 28-35
-#: one by one, then CapabilityMask2 and the two extended-speed bytes at 60-63.
-_PORT_INFO = struct.Struct(">16xHHI4xBBBBBBBB24xHBB")
+#: one by one, the XDR speeds' byte 56, then CapabilityMask2 and the two extended-speed bytes
+#: at 60-63.
+_PORT_INFO = struct.Struct(">16xHHI4xBBBBBBBB20xB3xHBB")
 
 
 def decode_port_info(data: bytes) -> PortInfo:
     if len(data) < 64:
         raise ParseError("PortInfo payload shorter than 64 bytes")
-    lid, smlid, capmask, lport, w_en, w_sup, w_act, b32, b33, b34, b35, cap2, b62, b63 = (
+    lid, smlid, capmask, lport, w_en, w_sup, w_act, b32, b33, b34, b35, b56, cap2, b62, b63 = (
         _PORT_INFO.unpack_from(data)
     )
     return PortInfo(
@@ -146,4 +151,7 @@ def decode_port_info(data: bytes) -> PortInfo:
         b62 >> 4,  # speed_ext_active
         b62 & 0x0F,  # speed_ext_supported
         b63 & 0x1F,  # speed_ext_enabled
+        (b56 >> 5) & 0x3,  # speed_ext2_active (bits 449-450)
+        (b56 >> 3) & 0x3,  # speed_ext2_supported (bits 451-452)
+        b56 & 0x7,  # speed_ext2_enabled (bits 453-455)
     )
