@@ -14,8 +14,10 @@ from ibmon.infiniband.linkspeed import (
     LANE_EFFECTIVE_GBPS,
     SPEED_ORDER,
     WIDTH_LANES,
+    active_width,
     effective_rate_bps,
     port_rate_bps,
+    width_names,
 )
 from ibmon.infiniband.model import PortIdentity
 from ibmon.sources.fabric import FabricPort, make_sample
@@ -86,3 +88,17 @@ def test_port_rate_rules() -> None:
     assert port_rate_bps("4X", "QDR", link_layer="Ethernet", reported_bps=None) is None
     assert port_rate_bps("4X", "") is None  # speed unknown: no rate rather than a wrong one
     assert port_rate_bps("", "EDR") is None
+
+
+def test_width_codes_are_portinfos() -> None:
+    """LinkWidth bits as rdma-core's libibmad ``dump.c`` names them: 1 1X, 2 4X, 4 8X, 8 12X,
+    16 2X (IBA 1.4: HDR's 2X ports)."""
+    assert [active_width(c) for c in (1, 2, 4, 8, 16, 3, 0)] == [
+        "1X", "4X", "8X", "12X", "2X", "", ""]
+    assert width_names(0x1F) == ["1X", "2X", "4X", "8X", "12X"]
+    assert effective_rate_bps("2X", "HDR") == 100e9
+
+
+def test_rates_take_widths_and_speeds_as_tools_print_them() -> None:
+    """ibnetdiscover prints ``4x``; the rate does not depend on the case."""
+    assert effective_rate_bps("4x", "edr") == effective_rate_bps("4X", "EDR") == 100e9

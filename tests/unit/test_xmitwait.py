@@ -22,7 +22,9 @@ from ibmon.infiniband.model import PortIdentity, PortSample, Snapshot
 from ibmon.infiniband.xmitwait import (
     DEFAULT_UNIT,
     WaitUnit,
+    configured_unit,
     device_id_of_hca_type,
+    family_of,
     parse_unit,
     unit_for,
 )
@@ -179,3 +181,15 @@ def test_a_per_lane_unit_needs_the_width() -> None:
     assert unit.bytes_per_count("4X") == 128.0
     assert unit.bytes_per_count("") is None
     assert dataclasses.replace(unit, per_lane=False).bytes_per_count("") == 32.0
+
+
+def test_every_switchx_device_id_is_switchx() -> None:
+    """rdma-core's ``vendstat.c`` lists Switch-X as the inclusive range 0xc738-0xc73b."""
+    assert [family_of(i) for i in range(0xC737, 0xC73D)] == [None] + [
+        WaitUnit(32, True, "family", "SwitchX")] * 4 + [None]
+
+
+def test_the_first_configured_glob_that_matches_decides() -> None:
+    units = {"mlx5_*": parse_unit("8/port"), "mlx5_1": parse_unit("32/lane")}
+    assert configured_unit("mlx5_1", units) == WaitUnit(8, False, "config")
+    assert configured_unit("mlx4_0", units) is None
