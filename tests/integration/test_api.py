@@ -76,6 +76,11 @@ async def until(pred: Any, limit: float = 10.0) -> None:
         await asyncio.sleep(0.05)
 
 
+def _sources(*names: str) -> str:
+    return '[prometheus]\nlisten = "127.0.0.1:0"\n' + "".join(
+        f'[[sources]]\ntype = "sysfs"\nname = "{n}"\ninterval = "0.05s"\n' for n in names)
+
+
 async def test_ports_events_health_and_metrics() -> None:
     cfg = SysfsSourceConfig(name="fabric", interval=0.05)
     daemon = Daemon(settings(cfg), source_factory=lambda c: StalledSource(c.label))
@@ -187,8 +192,7 @@ async def test_an_outage_across_a_reload_is_announced_once_and_resolved(tmp_path
     """A source fails; the operator edits the config and reloads (new detector rules rebuild
     the engine) while it still fails, then it recovers: one ``firing``, one ``resolved``."""
     cfg_file = tmp_path / "ibmon.toml"
-    base = ('[prometheus]\nlisten = "127.0.0.1:0"\n'
-            '[[sources]]\ntype = "sysfs"\nname = "fabric"\ninterval = "0.05s"\n')
+    base = _sources("fabric")
     cfg_file.write_text(base)
     made: list[StalledSource] = []
 
@@ -223,8 +227,7 @@ async def test_reload_that_disables_a_detector_resolves_its_conditions(tmp_path:
     """An operator switches a noisy detector off: its open conditions end with one
     ``resolved`` event each, so whatever consumes events does not hold them open for ever."""
     cfg_file = tmp_path / "ibmon.toml"
-    base = ('[prometheus]\nlisten = "127.0.0.1:0"\n'
-            '[[sources]]\ntype = "sysfs"\nname = "fabric"\ninterval = "0.05s"\n')
+    base = _sources("fabric")
     cfg_file.write_text(base)
     daemon = Daemon(load_settings(cfg_file), config_path=cfg_file,
                     source_factory=lambda c: StalledSource(c.label))
@@ -246,11 +249,6 @@ async def test_reload_that_disables_a_detector_resolves_its_conditions(tmp_path:
     finally:
         daemon.stop()
         await task
-
-
-def _sources(*names: str) -> str:
-    return '[prometheus]\nlisten = "127.0.0.1:0"\n' + "".join(
-        f'[[sources]]\ntype = "sysfs"\nname = "{n}"\ninterval = "0.05s"\n' for n in names)
 
 
 def _from(source: str, daemon: Daemon) -> list[tuple[str, str, str | None]]:

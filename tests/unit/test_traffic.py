@@ -187,20 +187,21 @@ def test_congestion_sets_the_wait_ratio_and_utilization(role: str) -> None:
         model.congest(key, wait_ratio=0.6, utilization=0.6)
 
 
-def test_a_narrower_link_counts_per_lane_units_for_its_lanes() -> None:
-    """A Switch-IB 2 port retrained to 1X counts 32 bytes, not 128, at a quarter of the rate:
-    the same stall fraction gives the same counts (a per-lane unit follows the width)."""
+@pytest.mark.parametrize(("role", "bpc"), [("spine", 32.0), ("host", 8.0)])
+def test_a_narrower_link_counts_in_its_units_at_its_lower_rate(role: str, bpc: float) -> None:
+    """Retrained from 4X to 1X, a port sends a quarter of the bytes a second. A Switch-IB 2
+    spine's count (32 bytes a lane) shrinks with the width too, so the same stall fraction is
+    the same counts; a ConnectX-6's (8 bytes a port) does not, so it is a quarter of them."""
     model = _small()
     i = next(n for n, k in enumerate(model.keys)
-             if model.fabric.nodes[k[0]].desc.startswith("spine"))
+             if model.fabric.nodes[k[0]].desc.startswith(role))
     key = model.keys[i]
     model.congest(key, wait_ratio=0.5, utilization=0.1)
     model.degrade(key, width="1X")
     w0 = model.value(key, "transmit_wait")
     model.advance(10.0)
     counts = model.value(key, "transmit_wait") - w0
-    bpc = LANE_32.bytes_per_count("1X")
-    assert bpc == 32.0
+    assert UNIT_BY_ROLE[role].bytes_per_count("1X") == bpc
     assert counts == pytest.approx(counts_for(0.5, bpc, 25e9 / 8, 10.0), abs=1.0)
 
 
@@ -263,20 +264,6 @@ def test_port_sample_describes_the_port() -> None:
     assert s.link.remote_node_desc == "leaf03"
     assert s.link.remote_port == "6"
     assert set(s.counters) == set(COUNTER_NAMES)
-
-
-def test_a_narrower_link_counts_per_port_units_at_its_lower_rate() -> None:
-    """A ConnectX-6 port (8 bytes a count whatever its width) retrained from 4X to 1X sends a
-    quarter of the bytes a second: the same stall fraction is a quarter of the counts."""
-    model = _small()
-    i = next(n for n, k in enumerate(model.keys) if model.fabric.nodes[k[0]].kind == "ca")
-    key = model.keys[i]
-    model.congest(key, wait_ratio=0.5, utilization=0.1)
-    model.degrade(key, width="1X")
-    w0 = model.value(key, "transmit_wait")
-    model.advance(10.0)
-    counts = model.value(key, "transmit_wait") - w0
-    assert counts == pytest.approx(counts_for(0.5, 8.0, 25e9 / 8, 10.0), abs=1.0)
 
 
 def test_no_port_sends_more_than_98_percent_of_its_link_at_full_load() -> None:
