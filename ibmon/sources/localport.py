@@ -23,7 +23,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ibmon.infiniband.model import PhysState, phys_state_name, state_label
+from ibmon.infiniband.model import PhysState, PortState, phys_state_name, state_label
 
 __all__ = [
     "LocalCA",
@@ -35,7 +35,6 @@ __all__ = [
     "umad_access_problem",
 ]
 
-_PHYS_DISABLED, _PHYS_LINKUP, _STATE_ACTIVE = 3, 5, 4
 _PERMISSION_ERRNOS = frozenset({errno_codes.EACCES, errno_codes.EPERM})
 
 
@@ -97,13 +96,13 @@ def choose_port(ca: LocalCA, port: int | None, *, named: bool = True) -> int | N
         p = ca.ports.get(port)
         if p is None or not p.infiniband:
             return None
-        return port if p.state == _STATE_ACTIVE or p.phys_state != _PHYS_DISABLED else None
+        return port if p.state == PortState.ACTIVE or p.phys_state != PhysState.DISABLED else None
     ib = [ca.ports[n] for n in sorted(ca.ports) if ca.ports[n].infiniband]
-    active = [p.number for p in ib if p.state == _STATE_ACTIVE]
-    linkup = [p.number for p in ib if p.phys_state == _PHYS_LINKUP]
+    active = [p.number for p in ib if p.state == PortState.ACTIVE]
+    linkup = [p.number for p in ib if p.phys_state == PhysState.LINK_UP]
     if active or linkup:
         return (active or linkup)[0]
-    return next((n for n in sorted(ca.ports) if ca.ports[n].phys_state != _PHYS_DISABLED), None)
+    return next((n for n in sorted(ca.ports) if ca.ports[n].phys_state != PhysState.DISABLED), None)
 
 
 def _tried(ca: str | None, port: int | None) -> str:
