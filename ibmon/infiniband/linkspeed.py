@@ -22,6 +22,7 @@ from typing import Protocol
 
 __all__ = [
     "EXT_SPEED_BITS",
+    "FDR10_BIT",
     "LANE_EFFECTIVE_GBPS",
     "LANE_SIGNAL_GBPS",
     "SPEED_BITS",
@@ -53,7 +54,14 @@ SPEED_BITS: dict[int, str] = {1: "SDR", 2: "DDR", 4: "QDR"}
 EXT_SPEED_BITS: dict[int, str] = {1: "FDR", 2: "EDR", 4: "HDR", 8: "NDR", 32: "XDR"}
 _EXT_DISABLED = 30
 """LinkSpeedExtEnabled's "extended speeds disabled" (rdma-core reads it as none enabled)."""
-#: Slowest to fastest. FDR10 is Mellanox-specific (vendor ExtendedPortInfo), never in PortInfo.
+#: FDR10's bit in the LinkSpeed{Supported,Enabled,Active} fields of Mellanox's vendor
+#: ExtendedPortInfo (SMP attribute 0xff90; rdma-core libibmad ``iba_types.h`` ``FDR10``). FDR10
+#: is never in PortInfo: an FDR10 port reports QDR there.
+FDR10_BIT = 0x01
+#: FDR10 in a base-speed mask (``enabled_speeds``): bit 4, outside PortInfo's 4-bit fields.
+_FDR10_IN_BASE = 0x10
+_BASE_NAMES = {**SPEED_BITS, _FDR10_IN_BASE: "FDR10"}
+#: Slowest to fastest.
 SPEED_ORDER: tuple[str, ...] = ("SDR", "DDR", "QDR", "FDR10", "FDR", "EDR", "HDR", "NDR", "XDR")
 #: Per-lane signalling rate in Gb/s.
 LANE_SIGNAL_GBPS: dict[str, float] = {
@@ -101,6 +109,10 @@ class LinkCaps(Protocol):
     def speed_ext2_supported(self) -> int: ...
     @property
     def speed_ext2_enabled(self) -> int: ...
+    @property
+    def mlnx_speed_supported(self) -> int: ...
+    @property
+    def mlnx_speed_enabled(self) -> int: ...
 
 
 def width_names(mask: int) -> list[str]:
@@ -110,7 +122,7 @@ def width_names(mask: int) -> list[str]:
 
 def speed_names(mask: int, ext_mask: int = 0) -> list[str]:
     """Speed names in the base and extended masks, slowest first."""
-    names = [n for b, n in SPEED_BITS.items() if mask & b]
+    names = [n for b, n in _BASE_NAMES.items() if mask & b]
     names += [n for b, n in EXT_SPEED_BITS.items() if ext_mask & b]
     return sorted(names, key=_SPEED_RANK.__getitem__)
 
@@ -126,13 +138,19 @@ def ext_speeds(ext: int, ext2: int = 0) -> int:
     return ext | (ext2 << 5)
 
 
-def active_speed(speed_active: int, speed_ext_active: int = 0, speed_ext2_active: int = 0) -> str:
+def active_speed(
+    speed_active: int, speed_ext_active: int = 0, speed_ext2_active: int = 0,
+    mlnx_speed_active: int = 0,
+) -> str:
     """LinkSpeedActive/LinkSpeedExtActive/LinkSpeedExtActive2 -> "EDR"; an extended speed,
-    when set, wins, and XDR's over the others."""
+    when set, wins, and XDR's over the others. A QDR port whose vendor ExtendedPortInfo says
+    FDR10 (``mlnx_speed_active``) is FDR10, as rdma-core's ibnetdiscover and iblinkinfo say."""
     if speed_ext2_active:
         return EXT_SPEED_BITS.get(ext_speeds(0, speed_ext2_active), "")
     if speed_ext_active:
         return EXT_SPEED_BITS.get(speed_ext_active, "")
+    if speed_active == 4 and mlnx_speed_active & FDR10_BIT:
+        return "FDR10"
     return SPEED_BITS.get(speed_active, "")
 
 
@@ -141,9 +159,11 @@ def enabled_widths(p: LinkCaps) -> int:
 
 
 def enabled_speeds(p: LinkCaps) -> tuple[int, int]:
-    """The base and extended (``ext_speeds``) speeds a port supports and has enabled."""
+    """The base and extended (``ext_speeds``) speeds a port supports and has enabled; FDR10,
+    from the vendor ExtendedPortInfo, counts as a base speed."""
     enabled = 0 if p.speed_ext_enabled == _EXT_DISABLED else p.speed_ext_enabled
-    return (p.speed_supported & p.speed_enabled,
+    fdr10 = _FDR10_IN_BASE if p.mlnx_speed_supported & p.mlnx_speed_enabled & FDR10_BIT else 0
+    return ((p.speed_supported & p.speed_enabled) | fdr10,
             ext_speeds(p.speed_ext_supported, p.speed_ext2_supported)
             & ext_speeds(enabled, p.speed_ext2_enabled))
 

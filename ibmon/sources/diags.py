@@ -66,13 +66,14 @@ seconds (default 30; 0 = every poll but the one right after a discovery, which j
 state; None from the config = that default; the schedule is ``fabric.StateSchedule``) one extra
 ``ibnetdiscover --cache`` process for the whole fabric runs beside the poll's perfquerys, and
 every known port takes its state, phys state and active width/speed from the cache's raw
-PortInfo (the same decoding as discovery). One process per refresh, not one per node: ibsim and
-real fabrics answer a discovery in about the time of a counter sweep, and a port that goes down
-is seen within ``state_interval`` instead of the topology interval (5 min). A refresh that
-fails applies nothing. Peers and links still change only at discovery; a CA port that became
-unreachable (its only link is down) is not in the cache and keeps its last state, its counters
-fail and are reported as SourceErrors. The ``mad`` source refreshes state on every poll
-instead (one SMP per port in its MAD batch).
+PortInfo (the same decoding as discovery; FDR10, which the cache does not hold, is kept from
+the discovery's text while the link stays up at QDR). One process per refresh, not one per
+node: ibsim and real fabrics answer a discovery in about the time of a counter sweep, and a
+port that goes down is seen within ``state_interval`` instead of the topology interval (5 min).
+A refresh that fails applies nothing. Peers and links still change only at discovery; a CA
+port that became unreachable (its only link is down) is not in the cache and keeps its last
+state, its counters fail and are reported as SourceErrors. The ``mad`` source refreshes state
+on every poll instead (one SMP per port in its MAD batch).
 
 Forwarding tables (``Topology.forwarding``): each discovery runs ``ibroute -n <lid>`` for every
 switch in the cache, beside the Tick reads and bounded like them (the runner's concurrency,
@@ -103,6 +104,7 @@ import structlog
 from pydantic import field_validator, model_validator
 
 from ibmon.config import Duration
+from ibmon.infiniband.linkspeed import FDR10_BIT
 from ibmon.infiniband.model import PortKey, Snapshot, SourceError, Topology
 from ibmon.runtime.polltime import poll_timeout
 from ibmon.sources.fabric import (
@@ -988,6 +990,9 @@ class DiagsSource(FabricSource):
                 fp.remote = (p.remote_guid, p.remote_port)
             info = fab.ports.get((p.guid, p.port))
             if info is not None:
+                if p.speed == "FDR10":  # only the text has it: the cache keeps no vendor attribute
+                    info = info._replace(mlnx_speed_supported=FDR10_BIT,
+                                         mlnx_speed_enabled=FDR10_BIT, mlnx_speed_active=FDR10_BIT)
                 view.apply_port_info(key, info)
         peer_desc = {
             p.remote_guid: self._desc(p.remote_guid, p.remote_desc or "")

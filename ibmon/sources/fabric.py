@@ -205,7 +205,7 @@ class FabricView:
         if info.state > 1:  # Init/Armed/Active: the link trained, the active fields mean something
             fp.active_width = active_width(info.width_active)
             fp.active_speed = active_speed(info.speed_active, info.speed_ext_active,
-                                           info.speed_ext2_active)
+                                           info.speed_ext2_active, info.mlnx_speed_active)
         else:
             fp.active_width = fp.active_speed = ""
 
@@ -216,6 +216,14 @@ class FabricView:
         discovery, but a link that retrained narrower or slower shows it at once.
         """
         fp = self.ports[key]
+        last = fp.info
+        if (last is not None and last.mlnx_speed_supported and not info.mlnx_speed_supported
+                and (info.phys_state, info.speed_active) == (last.phys_state, last.speed_active)):
+            # No ExtendedPortInfo this time (the diags cache never has it; a Get was lost):
+            # FDR10 or not holds while the link stays up at QDR.
+            info = info._replace(mlnx_speed_supported=last.mlnx_speed_supported,
+                                 mlnx_speed_enabled=last.mlnx_speed_enabled,
+                                 mlnx_speed_active=last.mlnx_speed_active)
         self.apply_port_info(key, info)
         link = fp.link
         if (

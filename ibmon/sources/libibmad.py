@@ -39,6 +39,7 @@ RawResult = tuple[bytes | None, str | None]
 __all__ = [
     "ATTR_CLASS_PORT_INFO",
     "ATTR_LINEAR_FWD_TBL",
+    "ATTR_MLNX_EXT_PORT_INFO",
     "ATTR_NODE_DESC",
     "ATTR_NODE_INFO",
     "ATTR_PORT_COUNTERS",
@@ -68,6 +69,8 @@ ATTR_CLASS_PORT_INFO = 0x0001
 ATTR_NODE_DESC = 0x0010
 ATTR_NODE_INFO = 0x0011
 ATTR_PORT_INFO = 0x0015
+# Mellanox's vendor ExtendedPortInfo SMP (FDR10): libibmad mad.h IB_ATTR_MLNX_EXT_PORT_INFO
+ATTR_MLNX_EXT_PORT_INFO = 0xFF90
 # SMP SwitchInfo (its LinearFDBTop bounds the table) and LinearForwardingTable (64 one-byte
 # egress ports a block, attribute modifier = block number): libibmad mad.h
 ATTR_SWITCH_INFO = 0x0012

@@ -46,6 +46,12 @@ PMA ones (measured in benchmarks/README.md). Peers and links still change only a
 The poll that directly follows a discovery (the daemon samples right after each one) skips it:
 the sweep read every PortInfo less than a second before.
 
+FDR10 hides behind QDR in PortInfo: a port of a device that has Mellanox's ExtendedPortInfo
+(``parse.has_mlnx_ext_port_info``) which is LinkUp at QDR with no extended speed
+(``parse.may_be_fdr10``) is asked that attribute too, after the sweep and after each state
+refresh, in a batch of its own (none on a fabric without such ports). An unanswered one leaves
+the port as it was (``FabricView.refresh_port``).
+
 The umad port lives in a worker process (``madworker``: one ``MadEngine`` on one umad port),
 which keeps ``window`` MADs in flight (``concurrency``); building the requests and decoding the
 answers happens here, on one thread bridged to asyncio with ``run_in_executor``. The worker
@@ -98,6 +104,7 @@ from ibmon.sources.fabric import (
 from ibmon.sources.libibmad import (
     ATTR_CLASS_PORT_INFO,
     ATTR_LINEAR_FWD_TBL,
+    ATTR_MLNX_EXT_PORT_INFO,
     ATTR_NODE_DESC,
     ATTR_NODE_INFO,
     ATTR_PORT_COUNTERS,
@@ -130,6 +137,9 @@ from ibmon.sources.parse import (
     decode_node_info,
     decode_port_info,
     decode_samples_control_tick,
+    has_mlnx_ext_port_info,
+    may_be_fdr10,
+    with_mlnx_speeds,
 )
 
 __all__ = ["Config", "MadSource", "MadSourceConfig", "SweepResult", "build"]
@@ -297,6 +307,8 @@ class MadSource(FabricSource):
         self._cpi_failed: dict[int, str] = {}
         #: the counters the last discovery read, until the poll that follows it takes them
         self._first: _FirstSweep | None = None
+        #: nodes whose device answers ExtendedPortInfo, asked for FDR10 (``may_be_fdr10``)
+        self._epi_nodes: frozenset[str] = frozenset()
         self.last_sweep_mads = 0
         #: of ``last_sweep_mads``, the detail Gets (PortRcvErrorDetails, PortXmitDiscardDetails)
         self.last_detail_mads = 0
@@ -483,6 +495,19 @@ class MadSource(FabricSource):
         while new:
             self._describe(res, new)
             new = self._next_level(res, new)
+        self._epi_nodes = frozenset(
+            guid for guid, node in res.nodes.items()
+            if has_mlnx_ext_port_info(node.info.vendor_id, node.info.device_id)
+        )
+        asks = [(node, p) for guid, node in res.nodes.items() if guid in self._epi_nodes
+                for p, pi in node.ports.items() if p and may_be_fdr10(pi)]
+        answers = self._run_sync(
+            [MadRequest(CLASS_SMI, ATTR_MLNX_EXT_PORT_INFO, attr_mod=p, path=node.path)
+             for node, p in asks], keep=False) if asks else []
+        res.mads += len(asks)
+        for (node, p), r in zip(asks, answers, strict=True):
+            if r.data is not None:  # else QDR, as PortInfo says (rdma-core ignores the miss too)
+                node.ports[p] = with_mlnx_speeds(node.ports[p], r.data)
         return res
 
     def _describe(self, res: SweepResult, new: list[_Arrival]) -> None:
@@ -838,9 +863,14 @@ class MadSource(FabricSource):
         more, more_failed = self._decode_plan(plan, results, self._cpi)
         out.update(more)
         failed.update(more_failed)
-        for (k, _lid), r in zip(state, itertools.islice(results, len(state)), strict=True):
+        fdr10: list[tuple[PortKey, int, PortInfo]] = []  # refreshed once their answer is in
+        for (k, lid), r in zip(state, itertools.islice(results, len(state)), strict=True):
             if r.data is not None:
-                view.refresh_port(k, decode_port_info(r.data))
+                info = decode_port_info(r.data)
+                if k[0] in self._epi_nodes and may_be_fdr10(info):
+                    fdr10.append((k, lid, info))
+                else:
+                    view.refresh_port(k, info)
             elif k in out:
                 # one error per port and poll: report the state miss only when the PMA answered
                 errors.append(
@@ -851,6 +881,13 @@ class MadSource(FabricSource):
         )
         detail_mads = len(early)
         self._record_details(early, list(results), out, errors)
+        if fdr10:
+            answers = self._run_sync(
+                [MadRequest(CLASS_SMI, ATTR_MLNX_EXT_PORT_INFO, attr_mod=int(k[1]), lid=lid)
+                 for k, lid, _info in fdr10], keep=False)
+            mads += len(fdr10)
+            for (k, _lid, info), r in zip(fdr10, answers, strict=True):
+                view.refresh_port(k, info if r.data is None else with_mlnx_speeds(info, r.data))
         late = details.moved(out, set(early))
         if late:
             more_reqs = [self._detail_request(view, read) for read in late]

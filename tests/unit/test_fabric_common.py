@@ -115,6 +115,26 @@ def test_finish_links_names_peers_outside_the_view() -> None:
     assert (outside.remote_node_desc, outside.max_width) == ("h2 (mapped)", "")
 
 
+def test_a_refresh_without_extended_port_info_keeps_fdr10_while_the_link_stays_up_at_qdr() -> None:
+    """FDR10 is known only from the vendor ExtendedPortInfo, which the diags state refresh (the
+    cache) never has and a mad poll can lose: the port stays FDR10 while PortInfo still says
+    LinkUp at QDR, and is QDR again once an ExtendedPortInfo says so or the link went down."""
+    view = FabricView(source="t")
+    key = (H1, "1")
+    view.ports[key] = _port(H1, 1, 2)
+    fdr10 = _info(2)._replace(mlnx_speed_supported=1, mlnx_speed_enabled=1, mlnx_speed_active=1)
+    view.apply_port_info(key, fdr10)
+    assert view.ports[key].active_speed == "FDR10"
+    view.refresh_port(key, _info(2))
+    assert view.ports[key].active_speed == "FDR10"
+    view.refresh_port(key, _info(2)._replace(mlnx_speed_supported=1, mlnx_speed_enabled=1))
+    assert view.ports[key].active_speed == "QDR"  # it says QDR now
+    view.apply_port_info(key, fdr10)
+    view.refresh_port(key, _info(2)._replace(phys_state=2, state=1))
+    view.refresh_port(key, _info(2))  # back up: FDR10 or QDR cannot be told without it
+    assert view.ports[key].active_speed == "QDR"
+
+
 async def test_diags_filter_names_and_groups(tmp_path: Path) -> None:
     nnm = tmp_path / "node-name-map"
     nnm.write_text(f'{SW} "leaf-01"\n{H1} "compute-001"\n')

@@ -23,6 +23,8 @@ from ibmon.sources.parse import (
     decode_port_counters,
     decode_port_counters_ext,
     decode_port_info,
+    has_mlnx_ext_port_info,
+    may_be_fdr10,
     parse_ibnd_cache,
     parse_ibnetdiscover,
     parse_ibnetdiscover_ports,
@@ -31,6 +33,7 @@ from ibmon.sources.parse import (
     parse_perfquery_details,
     parse_topology_file,
     topology_from_ports,
+    with_mlnx_speeds,
 )
 from ibmon.sources.shard import assign_nodes, filter_topology, parse_shard
 from mocks.topology import fat_tree
@@ -733,6 +736,7 @@ def _port_info_bytes(*, ext: tuple[int, int, int], ext2: tuple[int, int, int],
     data[30], data[31] = 0x02, 0x02  # LinkWidthSupported, LinkWidthActive: 4X
     data[29] = 0x02  # LinkWidthEnabled
     data[32] = speed << 4 | 4  # LinkSpeedSupported, LinkState Active
+    data[33] = 5 << 4  # PhysLinkState LinkUp
     data[35] = speed << 4 | speed  # LinkSpeedActive, LinkSpeedEnabled
     e_act, e_sup, e_en = ext
     data[62] = e_act << 4 | e_sup
@@ -768,6 +772,72 @@ def test_extended_speeds_disabled_leave_the_base_speeds() -> None:
     assert max_common(a, a) == ("4X", "QDR")
     b = decode_port_info(_port_info_bytes(ext=(2, 0x3, 0x3), ext2=(0, 0, 0)))
     assert max_common(b, b) == ("4X", "EDR")
+
+
+def _mlnx_bytes(supported: int, enabled: int, active: int) -> bytes:
+    """A Mellanox ExtendedPortInfo payload: LinkSpeed{Supported,Enabled,Active} at bytes 7,
+    11 and 15 (libibmad ``fields.c``), every other byte set so a wrong offset shows."""
+    data = bytearray(b"\xa0" * 64)
+    data[7], data[11], data[15] = supported, enabled, active
+    return bytes(data)
+
+
+def test_mlnx_ext_port_info_offsets_match_libibmad() -> None:
+    lib = _libibmad()
+    ids = _field_ids(lib, "StateChangeEnable",
+                     ["StateChangeEnable", "LinkSpeedSupported", "LinkSpeedEnabled",
+                      "LinkSpeedActive"])
+    base = decode_port_info(_port_info_bytes(ext=(0, 0, 0), ext2=(0, 0, 0)))
+    rng = random.Random(11)
+    for _ in range(50):
+        data = bytes(rng.randrange(256) for _ in range(64))
+        pi = with_mlnx_speeds(base, data)
+        assert pi.mlnx_speed_supported == _decode(lib, data, ids["LinkSpeedSupported"])
+        assert pi.mlnx_speed_enabled == _decode(lib, data, ids["LinkSpeedEnabled"])
+        assert pi.mlnx_speed_active == _decode(lib, data, ids["LinkSpeedActive"])
+        assert pi._replace(mlnx_speed_supported=0, mlnx_speed_enabled=0,
+                           mlnx_speed_active=0) == base  # the PortInfo part untouched
+
+
+def test_an_fdr10_port_is_fdr10_as_rdma_core_reads_it() -> None:
+    """FDR10 is in no PortInfo: the port says QDR there and FDR10 in Mellanox's vendor
+    ExtendedPortInfo (bit 0 of its LinkSpeed fields), which ibnetdiscover and iblinkinfo print.
+    Read as QDR, a 40 Gb/s link was 32 Gb/s: every utilization a quarter too high."""
+    qdr = decode_port_info(_port_info_bytes(ext=(0, 0, 0), ext2=(0, 0, 0)))
+    fdr10 = with_mlnx_speeds(qdr, _mlnx_bytes(1, 1, 1))
+    assert active_speed(qdr.speed_active, 0, 0, fdr10.mlnx_speed_active) == "FDR10"
+    assert active_speed(qdr.speed_active, 0, 0, 0) == "QDR"
+    assert effective_rate_bps("4X", "FDR10") == 40e9
+    assert max_common(fdr10, fdr10) == ("4X", "FDR10")
+    # both ends can run FDR10 but the link came up at QDR: degraded (iblinkinfo: "Could be
+    # FDR10 (Found link at QDR but expected speed is FDR10)")
+    at_qdr = with_mlnx_speeds(qdr, _mlnx_bytes(1, 1, 0))
+    assert active_speed(at_qdr.speed_active, 0, 0, at_qdr.mlnx_speed_active) == "QDR"
+    assert is_degraded("4X", "QDR", *max_common(at_qdr, at_qdr))
+    # FDR10 supported but not enabled at one end, or unknown there: QDR is the best
+    assert max_common(fdr10, with_mlnx_speeds(qdr, _mlnx_bytes(1, 0, 0))) == ("4X", "QDR")
+    assert max_common(fdr10, qdr) == ("4X", "QDR")
+    # FDR beats FDR10 when both ends have both
+    fdr = decode_port_info(_port_info_bytes(ext=(1, 1, 1), ext2=(0, 0, 0)))
+    fdr_too = with_mlnx_speeds(fdr, _mlnx_bytes(1, 1, 0))
+    assert max_common(fdr_too, fdr_too) == ("4X", "FDR")
+    assert active_speed(fdr.speed_active, fdr.speed_ext_active, 0, 1) == "FDR"
+
+
+def test_fdr10_is_asked_only_where_rdma_core_asks() -> None:
+    """libibnetdisc asks ExtendedPortInfo of a listed Mellanox (or Bull) device whose port is
+    LinkUp at QDR with no extended speed active: nowhere else can FDR10 hide."""
+    assert all(has_mlnx_ext_port_info(0x02C9, d)
+               for d in (0xC738, 0xC73B, 0xD2F0, 0x1003, 0x1011, 0x101B, 0xA2D2))
+    assert not any(has_mlnx_ext_port_info(0x02C9, d) for d in (0xC737, 0xC73C, 0x101C, 0x1B33))
+    assert has_mlnx_ext_port_info(0x119F, 0x1B33) and has_mlnx_ext_port_info(0x119F, 0x1BD5)
+    assert not has_mlnx_ext_port_info(0x119F, 0x1BD6)
+    qdr = decode_port_info(_port_info_bytes(ext=(0, 0, 0), ext2=(0, 0, 0)))
+    assert may_be_fdr10(qdr)
+    assert not may_be_fdr10(qdr._replace(phys_state=2))  # polling: no link
+    assert not may_be_fdr10(qdr._replace(speed_active=2))  # DDR
+    assert not may_be_fdr10(qdr._replace(speed_ext_active=1))  # FDR
+    assert not may_be_fdr10(qdr._replace(speed_ext2_active=1))  # XDR
 
 
 # ------------------------------------------------------------------ sharding

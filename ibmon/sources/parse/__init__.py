@@ -58,6 +58,9 @@ from ibmon.sources.parse.smp import (
     decode_node_desc,
     decode_node_info,
     decode_port_info,
+    has_mlnx_ext_port_info,
+    may_be_fdr10,
+    with_mlnx_speeds,
 )
 from ibmon.sources.parse.topofile import parse_topology_file
 
@@ -87,7 +90,9 @@ __all__ = [
     "decode_port_info",
     "decode_samples_control_tick",
     "expect_blocks",
+    "has_mlnx_ext_port_info",
     "load_node_name_map",
+    "may_be_fdr10",
     "merge_counters",
     "parse_ibnd_cache",
     "parse_ibnetdiscover",
@@ -99,4 +104,5 @@ __all__ = [
     "parse_perfquery_tick",
     "parse_topology_file",
     "topology_from_ports",
+    "with_mlnx_speeds",
 ]

@@ -21,7 +21,10 @@ __all__ = [
     "decode_node_desc",
     "decode_node_info",
     "decode_port_info",
+    "has_mlnx_ext_port_info",
     "hex_guid",
+    "may_be_fdr10",
+    "with_mlnx_speeds",
 ]
 
 #: NodeInfo.NodeType codes; anything else is "unknown".
@@ -118,6 +121,11 @@ class PortInfo(NamedTuple):
     speed_ext2_active: int = 0
     speed_ext2_supported: int = 0
     speed_ext2_enabled: int = 0
+    #: LinkSpeed{Supported,Enabled,Active} of Mellanox's vendor ExtendedPortInfo (FDR10), when
+    #: it was read (``with_mlnx_speeds``); 0 otherwise.
+    mlnx_speed_supported: int = 0
+    mlnx_speed_enabled: int = 0
+    mlnx_speed_active: int = 0
 
 
 #: PortInfo bytes 16-63 in one unpack (a sweep decodes one per port, thousands per discovery
@@ -155,3 +163,43 @@ def decode_port_info(data: bytes) -> PortInfo:
         (b56 >> 3) & 0x3,  # speed_ext2_supported (bits 451-452)
         b56 & 0x7,  # speed_ext2_enabled (bits 453-455)
     )
+
+
+#: Mellanox ExtendedPortInfo (vendor SMP attribute 0xff90): LinkSpeedSupported, LinkSpeedEnabled
+#: and LinkSpeedActive are bytes 7, 11 and 15 (libibmad ``fields.c``: bit offsets 56, 88, 120).
+_MLNX_SPEEDS = struct.Struct(">7xB3xB3xB")
+
+#: The devices rdma-core asks for ExtendedPortInfo (libibnetdisc ``ibnetdisc.c``
+#: ``is_mlnx_ext_port_info_supported``): Mellanox SwitchX to Quantum and ConnectX-3 to ConnectX-6
+#: by device ID, and Bull's OEM parts of them by vendor ID 0x119f.
+_MLNX_EPI_DEVICES = frozenset(
+    [*range(0xC738, 0xC73C), 0xC839, 0xCB20, 0xCF08, 0xCF09, 0xD2F0,
+     *range(0x1003, 0x101C), 0xA2D2]
+)
+_BULL = 0x119F
+_BULL_EPI_DEVICES = frozenset(
+    [0x1B02, 0x1B50, 0x1BA0, *range(0x1BD0, 0x1BD6), 0x1BF0,
+     0x1B33, 0x1B73, 0x1B40, 0x1B41, 0x1B60, 0x1B61, 0x1B83, 0x1B93, 0x1B94,
+     0x1BB4, 0x1BB5, 0x1BC4, 0x1BC5, 0x1BC6]
+)
+
+
+def has_mlnx_ext_port_info(vendor_id: int, device_id: int) -> bool:
+    """Whether the device answers Mellanox's ExtendedPortInfo (rdma-core's list)."""
+    return device_id in _MLNX_EPI_DEVICES or (vendor_id == _BULL and device_id in _BULL_EPI_DEVICES)
+
+
+def may_be_fdr10(info: PortInfo) -> bool:
+    """Whether a port's PortInfo may hide FDR10, so its ExtendedPortInfo is worth a Get: link up
+    at QDR with no extended speed active (libibnetdisc asks exactly then)."""
+    return (info.phys_state == 5 and info.speed_active == 4 and not info.speed_ext_active
+            and not info.speed_ext2_active)
+
+
+def with_mlnx_speeds(info: PortInfo, data: bytes) -> PortInfo:
+    """``info`` with the speeds of the port's ExtendedPortInfo payload."""
+    if len(data) < _MLNX_SPEEDS.size:
+        raise ParseError("ExtendedPortInfo payload shorter than 16 bytes")
+    supported, enabled, active = _MLNX_SPEEDS.unpack_from(data)
+    return info._replace(mlnx_speed_supported=supported, mlnx_speed_enabled=enabled,
+                         mlnx_speed_active=active)
