@@ -512,7 +512,8 @@ _DEVID_RE = re.compile(r"^devid\s*=\s*(0x[0-9a-fA-F]+|\d+)\s*$")
 _GUIDLINE_RE = re.compile(r"^(switchguid|hcaguids|caguid|rtguid)\s*([=+])\s*(0x[0-9a-fA-F]+|\d+)")
 _DESC_RE = re.compile(r'#\s*"([^"]*)"')
 _LID_RE = re.compile(r"\blid\s+(\d+)")
-_WIDTH_BITS = ((8, "12X"), (4, "8X"), (2, "4X"), (1, "1X"))  # LinkWidthEnabled mask, widest first
+#: LinkWidthEnabled bits (``w=``), widest first: ibsim's ``get_active_linkwidth`` order.
+_WIDTH_BITS = ((8, "12X"), (4, "8X"), (2, "4X"), (16, "2X"), (1, "1X"))
 
 
 @dataclass(slots=True)
@@ -548,15 +549,18 @@ def load_ibnetdiscover(text: str) -> Fabric:
     a node record that are not understood are ignored (ibnetdiscover interleaves vendor/devid
     lines and tools' warnings), a record ends at the first line not starting with ``[``, GUIDs
     come from ``switchguid=``/``caguid=`` lines or ibsim's own sequence (CAs from 0x100000,
-    switches from 0x200000). Links without a width/speed are 4X SDR, ibsim's default. When the
-    two ends of a link state different widths or speeds (hand-edited captures do, e.g. the
-    ibnetdiscover man page), the link gets the lower one: a link runs at what both ends manage.
+    switches from 0x200000); ``switchguid+N`` is N past the last absolute base, not past the
+    GUIDs handed out since (ibsim ``sim_net.c`` ``parse_guidbase``). Links without a
+    width/speed are 4X SDR, ibsim's default. When the two ends of a link state different widths
+    or speeds (hand-edited captures do, e.g. the ibnetdiscover man page), the link gets the lower
+    one: a link runs at what both ends manage.
     A ``devid=`` line gives the following records their device ID until the next one, as in ibsim
     (ibnetdiscover writes one before every record).
     Anything inside a record that cannot be understood, and dangling or one-sided links, raise
     ValueError naming the line.
     """
     guid_base = {"switch": 0x200000, "ca": 0x100000, "router": 0x300000}  # ibsim 0.10
+    absolute = dict(guid_base)  # the last ``=`` of each kind, what ``+`` counts from
     nodes: dict[str, _RawNode] = {}
     current: _RawNode | None = None
     found_any = False
@@ -606,7 +610,9 @@ def load_ibnetdiscover(text: str) -> Fabric:
         if gm:
             kind = {"switchguid": "switch", "rtguid": "router"}.get(gm.group(1), "ca")
             value = int(gm.group(3), 0)
-            guid_base[kind] = value if gm.group(2) == "=" else guid_base[kind] + value
+            if gm.group(2) == "=":
+                absolute[kind], value = value, 0
+            guid_base[kind] = absolute[kind] + value
             continue
         dv = _DEVID_RE.match(stripped)
         if dv:

@@ -18,6 +18,8 @@ from ibmon.infiniband.xmitwait import family_of
 from mocks.topology import (
     DEVICE_IDS,
     Fabric,
+    Link,
+    Node,
     fabric_for_hosts,
     fabric_for_ports,
     fat_tree,
@@ -58,6 +60,22 @@ def test_guids_lids_and_descriptions_are_stable_and_well_formed() -> None:
     assert host.kind == "ca"
     assert host.nports == 1
     assert a.peer(host.guid, 1) == (a.node_by_desc("leaf03").guid, 6)
+    # OUI | role (0a HCA, 01 leaf) | 7-digit index | a zero nibble for the port number
+    assert (host.guid, a.node_by_desc("leaf03").guid) == ("0x0002c90a00000290",
+                                                          "0x0002c90100000020")
+
+
+def test_links_appended_later_are_found_and_a_shared_description_is_refused() -> None:
+    f = fat_tree(radix=4, leaves=1, levels=1, hosts_per_leaf=3)
+    leaf, host = f.node_by_desc("leaf01"), f.node_by_desc("host001 mlx5_0")
+    assert f.peer(leaf.guid, 4) is None  # answered before the link below exists
+    other = Node(guid="0x0002c90a000000f0", kind="ca", desc="host001 mlx5_0", nports=1, lid=99)
+    f.nodes[other.guid] = other
+    f.links.append(Link(a=(leaf.guid, 4), b=(other.guid, 1), width="4X", speed="EDR"))
+    assert f.peer(leaf.guid, 4) == (other.guid, 1)
+    assert f.link_of(other.guid, 1) is f.links[-1]
+    with pytest.raises(ValueError, match="2 nodes share the description"):
+        f.node_by_desc(host.desc)
 
 
 def test_peer_is_symmetric_and_links_carry_their_tier_rates() -> None:
@@ -95,6 +113,13 @@ def test_three_level_tree_connects_every_spine_to_cores() -> None:
 def test_impossible_trees_say_why() -> None:
     with pytest.raises(ValueError, match="exceed the switch radix"):
         fat_tree(radix=8, hosts_per_leaf=9)
+    assert len(fat_tree(levels=1, radix=4, leaves=1, hosts_per_leaf=4).hosts()) == 4  # full
+    with pytest.raises(ValueError, match="exactly one switch"):
+        fat_tree(levels=1, radix=8, leaves=2, hosts_per_leaf=4)
+    with pytest.raises(ValueError, match="exceed the spine radix"):
+        fat_tree(levels=2, radix=8, leaves=10, hosts_per_leaf=4, spines=1)
+    with pytest.raises(ValueError, match="pods cannot reach 1 cores per group"):
+        fat_tree(levels=3, radix=8, leaves=12, hosts_per_leaf=4, cores=4)
     with pytest.raises(ValueError, match="levels=3"):
         fat_tree(radix=8, leaves=20, hosts_per_leaf=4)
     with pytest.raises(ValueError, match="unknown link speed"):
@@ -106,6 +131,12 @@ def test_fabric_for_ports_reaches_the_requested_size(n: int) -> None:
     f = fabric_for_ports(n)
     assert len(f.ports()) >= n
     assert len(f.ports()) < n * 1.3 + 200  # smallest tree, not an arbitrary big one
+
+
+def test_fabric_for_ports_of_an_exact_tree_size_is_that_tree() -> None:
+    # radix 36: one leaf with 18 hosts and 18 uplinks to one spine is 72 ports
+    assert len(fabric_for_ports(72).ports()) == 72
+    assert len(fabric_for_ports(73).ports()) == 144
 
 
 def test_fabric_for_hosts() -> None:
@@ -153,6 +184,44 @@ def test_netfile_gives_ibsim_every_node_s_vendor_and_device_id() -> None:
         assert guid.startswith(("switchguid=", "caguid="))
         node = f.nodes["0x" + re.sub(r"[(].*", "", guid.split("=")[1])[2:]]
         assert int(dev.split("=")[1], 16) == node.device_id
+
+
+def test_netfile_starts_with_a_switch_and_refuses_what_it_cannot_write() -> None:
+    """The first record is where ibsim attaches its first client (opensm): a switch, as in
+    ibsim's examples. A description with a double quote or a line break cannot be written."""
+    f = fat_tree(radix=4, leaves=1, levels=1, hosts_per_leaf=2)
+    switch, *hosts = f.nodes.values()
+    f.nodes = {n.guid: n for n in (hosts[0], switch, *hosts[1:])}  # a host first
+    records = re.findall(r"^(Switch|Ca)\t", to_ibsim_netfile(f), re.M)
+    assert records == ["Switch", "Ca", "Ca"]
+    host = f.hosts()[0]
+    for bad in ('gpu"01', "gpu\n01"):
+        f.nodes[host.guid] = Node(guid=host.guid, kind="ca", desc=bad, nports=1, lid=2)
+        with pytest.raises(ValueError, match="cannot be written"):
+            to_ibsim_netfile(f)
+
+
+def test_net_file_details_read_as_ibsim_reads_them() -> None:
+    """ibsim ``sim_net.c``: ``+`` counts from the last ``=`` base (``parse_guidbase``), a
+    remote port not given is 1, a 16-bit device ID, ``w=`` is LinkWidthEnabled and the link
+    trains to the widest bit; a switch's port lines name the peer's LID, never its own."""
+    text = ('switchguid=0x500\nSwitch 4 "S1"\n[1] "H1"[1] # "h1" lid 7 4xFDR\n'
+            '[2] "S2"[1] w=18\n[3] "H2" w=16\n\n'
+            'switchguid+0x10\nSwitch 2 "S2"\n[1] "S1"[2] w=2\n\n'
+            'devid=0x1d2f0\nCa 1 "H1"\n[1] "S1"[1] # lid 7 4xEDR\n\n'
+            'Ca 1 "H2"\n[1] "S1"[3] w=16\n')
+    f = load_ibnetdiscover(text)
+    s1, s2 = f.node_by_desc("S1"), f.node_by_desc("S2")
+    assert (s1.guid, s2.guid) == ("0x0000000000000500", "0x0000000000000510")
+    assert s1.lid == 0  # "lid 7" on its port line is H1's
+    h1, h2 = f.node_by_desc("H1"), f.node_by_desc("H2")
+    assert (h1.lid, h1.device_id) == (7, 0xD2F0)
+    assert f.peer(s1.guid, 3) == (h2.guid, 1)
+    host_link = f.link_of(s1.guid, 1)
+    assert host_link is not None and host_link.speed == "FDR"  # the lower of FDR and EDR
+    isl, narrow = f.link_of(s1.guid, 2), f.link_of(s1.guid, 3)
+    assert isl is not None and isl.width == "4X"  # 4X|2X enabled at one end, 4X at the other
+    assert narrow is not None and narrow.width == "2X"
 
 
 def test_devid_applies_to_following_records_until_changed() -> None:
@@ -269,6 +338,11 @@ def test_ibsim_serves_the_generated_fabric(tmp_path: Path) -> None:
         assert {g: n.device_id for g, n in seen.nodes.items()} == {
             g: n.device_id for g, n in fabric.nodes.items()}
         assert re.search(r'"host001 mlx5_0" lid \d+ 1xHDR', out)
+        # every port GUID the net file states (a CA's: node GUID + port) is the one ibsim uses
+        def port_guids(text: str) -> set[int]:
+            return {int(g, 16) for g in re.findall(r"\(([0-9a-f]+)\)", text)}
+
+        assert port_guids(net.read_text()) == port_guids(out)
     finally:
         os.killpg(sim.pid, signal.SIGKILL)
         sim.wait(timeout=5)
