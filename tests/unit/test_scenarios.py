@@ -8,6 +8,7 @@ BER rule runs in both readings the key allows (window over the history so far, o
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 from ibmon.infiniband.model import PortKey, PortView, Snapshot
 from ibmon.track.tracker import Tracker
 from mocks.scenario import (
+    Congestion,
     Expected,
     Scenario,
     ScenarioError,
@@ -27,8 +29,10 @@ from mocks.scenario import (
     load_scenario,
     parse_scenario,
     resolve_port,
+    running_jobs,
+    squeue_json,
 )
-from mocks.topology import fat_tree
+from mocks.topology import fat_tree, load_ibnetdiscover
 from mocks.traffic import FabricModel
 
 REQUIRED = {"healthy", "congestion", "link-errors", "flap", "degraded", "counter-reset",
@@ -94,6 +98,42 @@ BASE = "name: x\ndescription: d\nduration: 600\n"
         ("name: x\ndescription: [unclosed\nduration: 5\n", r"<t>:3: YAML syntax error"),
         ("name: x\n", r"<t>:1: \(top level\)\.?.*duration.*Field required|duration: Field"),
         ("- just\n- a list\n", r"a scenario is a mapping"),
+        (BASE + "timeline:\n  - {at: 10, fault: flap, port: 'leaf01[2]', every: 5, down_for: 5}\n",
+         r"timeline\[0\].*every must be longer than down_for"),
+        (BASE + "timeline:\n  - {at: 10, for: 30, fault: flap, port: 'leaf01[2]'}\n",
+         r"timeline\[0\].*'for' is not used by flap"),
+        (BASE + "timeline:\n  - {at: 10, fault: degraded, port: 'leaf01[2]'}\n",
+         r"timeline\[0\].*degraded needs width and/or speed"),
+        (BASE + "timeline:\n  - {at: 10, fault: degraded, port: 'leaf01[2]', width: 3X}\n",
+         r"timeline\[0\].*width '3X' is not one of"),
+        (BASE + "timeline:\n  - {at: 10, fault: degraded, port: 'leaf01[2]', speed: QQR}\n",
+         r"timeline\[0\].*speed 'QQR' is not one of"),
+        (BASE + "timeline:\n  - {at: 10, fault: counter_reset, port: 'leaf01[2]',"
+                " counters: [symbol_errors, bogus]}\n",
+         r"timeline\[0\]\.counters: .*unknown counters \['bogus'\]"),
+        (BASE + "timeline:\n  - {at: 0, fault: saturate, port: 'leaf01[2]',"
+                " counter: transmit_data}\n",
+         r"timeline\[0\].*'transmit_data' is not a narrow counter"),
+        (BASE + "timeline:\n  - {at: 600, fault: link_down, port: 'leaf01[2]'}\n",
+         r"timeline\[0\]\.at: 600\.0 is not before duration 600"),
+        (BASE + "loop: true\ntimeline:\n  - {at: 590, for: 20, fault: link_down,"
+                " port: 'leaf01[2]'}\n",
+         r"timeline\[0\]: ends at 610\.0, after the loop's duration"),
+        # the ends of a flap (the last one back up) and of an integrity series (its last bump)
+        (BASE + "loop: true\ntimeline:\n  - {at: 476, fault: flap, port: 'leaf01[2]'}\n",
+         r"timeline\[0\]: ends at 601\.0, after the loop's duration"),
+        (BASE + "loop: true\ntimeline:\n  - {at: 490, fault: integrity, port: 'leaf01[2]',"
+                " count: 3}\n",
+         r"timeline\[0\]: ends at 610\.0, after the loop's duration"),
+        (BASE + "loop: true\ntimeline:\n  - {at: 0, fault: saturate, port: 'leaf01[2]'}\n",
+         r"a looping scenario cannot use saturate"),
+        (BASE + "expect:\n  - {type: port_down, port: 'leaf01[1]', status: firing,"
+                " window: [601, 700]}\n",
+         r"expect\[0\]\.window: starts after duration 600"),
+        (BASE + "jobs:\n  - {id: 1, name: j, hosts: 'host[001-002]', start: 10, end: 10}\n",
+         r"<t>:5: jobs\[0\]: .*end must be after start"),
+        (BASE + "jobs:\n  - {id: 1, name: j, hosts: 'host[071-073]'}\n",
+         r"jobs\[0\]\.hosts: no such host: host073"),
     ],
 )
 def test_invalid_scenarios_name_line_and_field(text: str, expected: str) -> None:
@@ -107,6 +147,68 @@ def test_missing_field_is_named() -> None:
     text = str(info.value)
     assert "f.yaml:1: duration: Field required" in text
     assert "f.yaml:1: description: Field required" in text
+
+
+def test_valid_edges_of_a_scenario_file() -> None:
+    """What the checks above must not refuse: a flap whose last cycle ends exactly at the loop's
+    end, link kinds written ``4x HDR`` or ``4XHDR``, and an explicit zero stall fraction."""
+    sc = parse_scenario(BASE + "loop: true\ntopology: {host_link: 4x HDR, leaf_link: 4XHDR}\n"
+                        "timeline:\n  - {at: 475, fault: flap, port: 'leaf01[2]'}\n"
+                        "  - {at: 10, fault: congestion, port: 'leaf01[3]', kind: hotspot,"
+                        " wait_ratio: 0}\n")
+    fabric = sc.topology.build()
+    assert {(lk.width, lk.speed) for lk in fabric.links} == {("4X", "HDR")}
+    congestion = sc.timeline[1]
+    assert isinstance(congestion, Congestion) and congestion.levels() == (0.0, 0.6)
+
+
+def test_jobs_run_from_start_to_end_in_every_loop() -> None:
+    sc = parse_scenario(BASE + "loop: true\njobs:\n  - {id: 7, name: j, hosts: 'host[001-002]',"
+                        " start: 10, end: 20}\n")
+    for t, running in ((9.9, False), (10, True), (19.9, True), (20, False), (610, True),
+                       (1215, True), (1220, False)):
+        assert bool(running_jobs(sc, t)) is running, t
+    listed = json.loads(squeue_json(running_jobs(sc, 10), started=1000.0))["jobs"]
+    assert [(j["job_id"], j["start_time"], j["nodes"]) for j in listed] == [
+        (7, 1010, "host[001-002]")]
+
+
+def test_player_clears_before_it_applies_and_at_the_end_of_each_loop() -> None:
+    """At one instant a fault's end comes before the next fault's start (a link down again as
+    it comes back stays down); a looping scenario clears what is still in force at its end; an
+    integrity bump is an instant, never a fault in force."""
+    sc = parse_scenario(BASE + "loop: true\ntimeline:\n"
+                        "  - {at: 15, for: 5, fault: link_down, port: 'leaf01[2]'}\n"
+                        "  - {at: 10, for: 5, fault: link_down, port: 'leaf01[2]'}\n"
+                        "  - {at: 500, fault: link_down, port: 'leaf01[3]'}\n"
+                        "  - {at: 30, fault: integrity, port: 'leaf01[4]'}\n")
+    model = FabricModel(sc.topology.build())
+    player = ScenarioPlayer(sc, model)
+    again, forever = (model.port_index(resolve_port(model.fabric, f"leaf01[{p}]")) for p in (2, 3))
+    player.run_until(17)
+    assert model.state[again] == 1
+    player.run_until(31)
+    assert model.state[again] == 4
+    assert player.active() == []  # the integrity bump at 30 is over
+    player.run_until(550)
+    assert model.state[forever] == 1 and player.active() == ["link_down on leaf01[3]"]
+    player.run_until(610)  # the second loop: leaf01[3] is back until 1100
+    assert model.state[forever] == 4
+
+
+def test_hosts_override_keeps_the_scenario_leaf_shape() -> None:
+    sc = parse_scenario(BASE + "topology: {radix: 8, leaves: 2, hosts_per_leaf: 2}\n")
+    fabric = build_fabric(sc, hosts=10)
+    assert len(fabric.hosts()) == 10
+    assert sum(n.desc.startswith("leaf") for n in fabric.nodes.values()) == 5
+
+
+def test_a_reference_two_nodes_match_by_number_is_refused() -> None:
+    fabric = load_ibnetdiscover('Switch 2 "leaf03"\n[1] "leaf003"[1]\n\n'
+                                'Switch 2 "leaf003"\n[1] "leaf03"[1]\n')
+    with pytest.raises(ValueError, match="no node 'leaf3'"):
+        resolve_port(fabric, "leaf3[1]")
+    assert fabric.nodes[resolve_port(fabric, "leaf03[1]")[0]].desc == "leaf03"
 
 
 def test_ports_resolve_across_zero_padding() -> None:
