@@ -22,6 +22,7 @@ import pytest
 
 from ibmon.infiniband.linkspeed import effective_rate_bps
 from mocks.ibsim import IbSim
+from mocks.topology import fat_tree, to_ibsim_netfile
 from tests.ibsim_fixtures import require_ibsim, run_diags, run_mad
 
 pytestmark = pytest.mark.system
@@ -109,3 +110,19 @@ def test_diags_keeps_fdr10_through_state_refreshes(sim: IbSim) -> None:
     for snap in res["snapshots"]:
         check_poll(snap, expected)
         assert snap["errors"] == []
+
+
+def test_the_simulators_fdr10_links_read_the_same_through_ibsim() -> None:
+    """Our simulated fabric (``mocks``) cabled FDR10 to its hosts: its HCAs and leaves are
+    devices rdma-core asks, so the ``mad`` source reads every link at the speed and rate the
+    simulator itself reports."""
+    require_ibsim()
+    fabric = fat_tree(levels=2, radix=4, leaves=2, hosts_per_leaf=2,
+                      host_link=("4X", "FDR10"), leaf_link=("4X", "EDR"))
+    with IbSim(to_ibsim_netfile(fabric)) as s:
+        snap = run_mad(s, ["discover", "sample", "sample"])["snapshots"][-1]
+    seen = {k: (p["active_speed"], p["rate_bps"]) for k, p in snap["ports"].items()
+            if p["link"] is not None}
+    want = {f"{g}/{p}": (lk.speed, lk.rate_bps) for lk in fabric.links for g, p in (lk.a, lk.b)}
+    assert seen == want
+    assert {s for s, _ in seen.values()} == {"FDR10", "EDR"}
