@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from mocks.ibsim import IbSimError
 from mocks.ibsim_driver import IbSimDriver
 from mocks.traffic import COUNTER_NAMES
 from tests.ibsim_fixtures import REPO, require_ibsim
@@ -118,6 +119,25 @@ def test_only_changed_values_are_pushed(drv: IbSimDriver) -> None:
     assert stats.lines == 1
     assert perfquery(drv, "host005 mlx5_0", 1)["SymbolErrorCounter"] == \
         model_values(drv, "host005 mlx5_0", 1)["symbol_errors"]
+
+
+def test_a_counter_ibsim_does_not_set_fails_the_push(drv: IbSimDriver) -> None:
+    """A PerformanceSet that ibsim answers without "has been set to" (here: a node it does not
+    have) is an IbSimError, not a counter silently left behind the model."""
+    key = (drv.model.fabric.node_by_desc("host006 mlx5_0").guid, 1)
+    i = drv.model.port_index(key)
+    prefix = drv._prefix[i]
+    drv._prefix[i] = 'PerformanceSet "H-00000000000dead0"[1] '
+    try:
+        drv.model.bump(key, "symbol_errors", 1)
+        with pytest.raises(IbSimError, match=r"PerformanceSet failed \(0/1 applied\)"):
+            drv.push()
+    finally:
+        drv._prefix[i] = prefix
+        drv._pushed.pop(i, None)  # push the port whole next time
+    drv.push()
+    assert perfquery(drv, "host006 mlx5_0", 1)["SymbolErrorCounter"] == \
+        model_values(drv, "host006 mlx5_0", 1)["symbol_errors"]
 
 
 def test_scripted_flap_shows_in_iblinkinfo_and_link_downed(drv: IbSimDriver) -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, cast
 
+from ibmon.infiniband.model import Snapshot, SourceError
 from mocks.ibsim import MAX_CONSOLE_LINE, IbSim
-from mocks.ibsim_driver import IbSimDriver
+from mocks.ibsim_driver import IbSimDriver, snapshot_from_json, snapshot_to_json
 from mocks.topology import fat_tree
 from mocks.traffic import FabricModel
 
@@ -161,3 +163,26 @@ def test_xmit_wait_reaches_ibsim_in_the_family_unit_saturated_at_32_bits() -> No
     # the 32-bit field stays pinned: nothing more is sent for it
     assert not [ln for ln in sim.lines if ln.startswith(f'PerformanceSet "{nid}"[1] PortCounters.'
                                                          "PortXmitWait")]
+
+
+def test_snapshots_cross_the_child_pipe_whole() -> None:
+    """``MadSourceProcess`` hands the child's snapshots over as JSON: every port's identity,
+    link, counters and which of them are 64-bit, and every source error, arrive as sent."""
+    model = FabricModel(fat_tree(levels=1, radix=4, leaves=1, hosts_per_leaf=2))
+    model.narrow_wait(model.keys[0])  # this port has the 32-bit PortXmitWait only
+    snap = Snapshot(source="mad", monotonic=1.5, wall=2.5)
+    keys = model.port_keys("mad")
+    snap.ports.update(zip(keys, model.samples("mad"), strict=True))
+    snap.errors += [SourceError("timeout", f"{keys[1][0]} port 1: PMA", keys[1]),
+                    SourceError("stray_process", "left 1", None)]
+    back = snapshot_from_json(json.loads(json.dumps(snapshot_to_json(snap))))
+    assert (back.source, back.monotonic, back.wall, back.errors) == ("mad", 1.5, 2.5, snap.errors)
+    assert back.ports.keys() == snap.ports.keys()
+    for key, sent in snap.ports.items():
+        got = back.ports[key]
+        assert (got.identity, got.link, got.state, got.rate_bps) == (
+            sent.identity, sent.link, sent.state, sent.rate_bps)
+        assert dict(got.counters.items()) == dict(sent.counters.items())
+        assert got.wide == sent.wide
+    assert "transmit_wait" not in back.ports[keys[0]].wide
+    assert "transmit_wait" in back.ports[keys[1]].wide
