@@ -284,11 +284,23 @@ def bad_configs(tmp: Path) -> dict[str, tuple[str, str, str]]:
     garbage = tmp / "garbage.pem"
     auth_line = tmp / "auth-line"
     auth_hash = tmp / "auth-hash"
+    fifo = tmp / "key.fifo"
     if tmp.is_dir():
         garbage.write_text(GARBAGE)
         auth_line.write_text("prometheus secret\n")
         auth_hash.write_text("prometheus:" + "g" * 64 + "\n")
+        os.mkfifo(fifo)  # read, it would wait for a writer for ever
+    mqtt = '[mqtt]\nhost = "127.0.0.1"\n'
     return {
+        "tls-key-fifo": (LISTEN + f'tls_cert = "{garbage}"\ntls_key = "{fifo}"\n', "",
+                         f"prometheus.tls_key: {fifo} is not a regular file"),
+        "events-directory": (LISTEN, f'[events]\nfile = "{tmp}"\n',
+                             f"events.file: {tmp} is a directory; give a file path"),
+        "mqtt-password-missing": (LISTEN, mqtt + 'username = "ibmon"\n'
+                                  'password_file = "/nonexistent/pw"\n',
+                                  "mqtt.password_file: cannot read /nonexistent/pw"),
+        "mqtt-ca-garbage": (LISTEN, mqtt + f'[mqtt.tls]\nca_file = "{garbage}"\n',
+                            f"mqtt.tls.ca_file: {garbage} holds no PEM certificate"),
         "tls-missing": (LISTEN + 'tls_cert = "/nonexistent/tls.crt"\n'
                         'tls_key = "/nonexistent/tls.key"\n', "",
                         "prometheus.tls_cert: cannot read /nonexistent/tls.crt: No such file"),
@@ -379,12 +391,39 @@ def test_legitimate_environment_and_a_good_config_pass(tmp_path: Path, tree: Pat
     users.write_text("# comment\nprometheus:" + "0" * 64 + "\n")
     cfg = write_config(tmp_path / "ibmon.toml", tree, prometheus=(
         f'listen = "127.0.0.1:0"\ntls_cert = "{tls.server_cert}"\ntls_key = "{tls.server_key}"\n'
-        f'basic_auth_file = "{users}"\n'))
+        f'basic_auth_file = "{users}"\n'), extra=(
+        f'[mqtt]\nhost = "127.0.0.1"\n[mqtt.tls]\nca_file = "{tls.ca}"\n'
+        f'cert_file = "{tls.client_cert}"\nkey_file = "{tls.client_key}"\n'))
     env = {"IBMON_STATE__PATH": str(tmp_path / "env-state.json"), "IBMON_LOG__LEVEL": "debug",
            "IBMON_FABRIC": "lab"}
     check, _ = ibmon("check-config", str(cfg), env=env)
     assert check.returncode == 0, check.stderr
     assert check.stdout == f"{cfg}: OK (1 source(s), listen 127.0.0.1:0)\n"
+
+
+@pytest.mark.parametrize("section", ["prometheus", "mqtt"])
+def test_a_key_that_is_not_the_certificates_is_refused(
+    tmp_path: Path, tree: Path, section: str
+) -> None:
+    """A certificate with another's private key would fail the first TLS handshake; check-config
+    and run refuse it first, naming the key."""
+    require_binary("openssl")
+    tls = make_tls(tmp_path / "tls")
+    if section == "prometheus":
+        cfg = write_config(tmp_path / "ibmon.toml", tree, prometheus=(
+            f'listen = "127.0.0.1:0"\ntls_cert = "{tls.server_cert}"\n'
+            f'tls_key = "{tls.client_key}"\n'))
+        expect = (f"prometheus.tls_key: {tls.client_key} is not the PEM private key of "
+                  f"{tls.server_cert}")
+    else:
+        cfg = write_config(tmp_path / "ibmon.toml", tree, extra=(
+            f'[mqtt]\nhost = "127.0.0.1"\n[mqtt.tls]\ncert_file = "{tls.client_cert}"\n'
+            f'key_file = "{tls.server_key}"\n'))
+        expect = f"mqtt.tls.key_file: no PEM private key for {tls.client_cert} in {tls.server_key}"
+    check, _ = ibmon("check-config", str(cfg))
+    run, _ = ibmon("run", "--config", str(cfg))
+    assert one_error_line(check) == one_error_line(run)
+    assert one_error_line(check).startswith(f"{cfg}: {expect}"), one_error_line(check)
 
 
 @pytest.mark.parametrize(

@@ -163,3 +163,15 @@ def test_watchdog_interval_is_half_of_watchdog_usec_for_this_process_only(
     assert sdnotify.watchdog_interval() == 15.0
     monkeypatch.setenv("WATCHDOG_PID", str(os.getpid() + 1))  # meant for another process
     assert sdnotify.watchdog_interval() is None
+    monkeypatch.setenv("WATCHDOG_PID", str(os.getpid()))
+    monkeypatch.setenv("WATCHDOG_USEC", "100000")  # 0.1 s: pinged every 0.1 s, not 0.05
+    assert sdnotify.watchdog_interval() == 0.1
+    monkeypatch.setenv("WATCHDOG_USEC", "soon")
+    assert sdnotify.watchdog_interval() is None
+
+
+def test_notify_to_a_socket_nobody_listens_on_is_false_not_an_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "gone.sock"))
+    assert sdnotify.notify("WATCHDOG=1") is False
