@@ -280,6 +280,19 @@ def test_topology_compares_far_ends_not_link_objects_and_survives_a_restart() ->
     assert moves(restored, [view("1", link=link()), view("2", link=moved)], 5) == []
 
 
+def test_a_cable_moved_while_ibmon_was_down_is_announced_at_the_first_poll() -> None:
+    """Restored far ends are a baseline already: the first poll after a restart compares with
+    them (a fresh engine, with nothing saved, takes its first poll as the baseline)."""
+    engine = Engine()
+    assert step(engine, [view("1", link=link()), view("2", link=link())], 0) == []
+    restored = Engine()
+    restored.load(engine.dump())
+    moved = LinkInfo(remote_guid="0x0002c90300ffff02", remote_port="3")
+    events = step(restored, [view("1", link=link()), view("2", link=moved)], 1)
+    (ev,) = [e for e in events if e.type == "topology_changed"]
+    assert (ev.details["change"], ev.details["old_remote_guid"]) == ("moved", PEER)
+
+
 # --------------------------------------------------------------------------- boundaries
 
 boundary = pytest.mark.parametrize("tables", TABLES, ids=TABLE_IDS)

@@ -20,6 +20,7 @@ from ibmon.detect.base import IncreaseWindow, PortDetector
 from ibmon.detect.cause import DetailWindow
 from ibmon.detect.engine import DETECTORS
 from ibmon.detect.portstate import PerPortState
+from ibmon.detect.source import SourceFailed, SourceFailedSettings, health_json, load_health
 from ibmon.runtime.pipeline import Pipeline
 from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.sources.mock import MockSource, MockSourceConfig
@@ -105,3 +106,33 @@ def test_a_bad_state_file_is_refused_naming_the_detector(cls: type[PortDetector]
         with pytest.raises(ValueError, match=f"^{cls.type}: "):
             det.load(bad, 0.0)
         assert _canonical(det.dump(0.0)) == before  # nothing changed
+
+
+def test_a_state_written_without_one_of_its_parts_loads_the_others() -> None:
+    """A window saved by an ibmon that kept one part less (or a hand-edited file without it)
+    restores what it has; the missing part starts empty instead of costing the whole state."""
+    window = IncreaseWindow(600.0)
+    window.observe(("0x0002c90300000001", "1"), 0.0, 5)
+    window.observe(("0x0002c90300000001", "1"), 10.0, 8)
+    saved = json.loads(json.dumps(window.dump(0.0)))
+    again = IncreaseWindow(600.0)
+    again.load({"last": saved["last"]}, 0.0)
+    assert again.dump(0.0) == {"last": saved["last"], "hist": []}
+    assert again.observe(("0x0002c90300000001", "1"), 20.0, 9) == 1  # from 8, history lost
+
+
+def test_source_failed_counts_failures_in_a_row_and_bounds_what_it_quotes() -> None:
+    failed = SourceFailed(SourceFailedSettings(after=2), "fabric")
+    assert failed.observe(False, "timeout", "no answer") is None
+    assert failed.observe(True) is None  # a good poll starts the count again
+    assert failed.observe(False, "timeout", "no answer") is None
+    edge = failed.observe(False, "tool_failed", "x" * 10_000)
+    assert edge is not None and edge[0] == "firing"
+    finding = edge[1]
+    assert len(finding.message) <= 500 and len(finding.details["error"]) == 300
+    assert load_health(json.loads(json.dumps(failed.dump())))[0] == 2
+    for bad in ({"failures": "many", "active": None}, {"failures": -1, "active": None},
+                {"failures": 1, "active": {**health_json(1, finding)["active"],
+                                           "severity": "fatal"}}):
+        with pytest.raises(ValueError, match="engine state: bad source health"):
+            load_health(bad)
