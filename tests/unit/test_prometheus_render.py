@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporters.prometheus import exposition
 from exporters.render import (
     PortRenderer,
+    _EscapeMemo,
     escape_help,
     escape_label_value,
     format_float,
@@ -25,6 +26,7 @@ from exporters.render import (
 )
 from ibmon.infiniband.counters import BY_NAME, CATALOGUE
 from ibmon.infiniband.model import LinkInfo, PortIdentity, PortView
+from ibmon.infiniband.xmitwait import family_of
 from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.sources.sysfs import SysfsSource
 from ibmon.state import FabricState
@@ -471,3 +473,33 @@ def test_exposition_orders_ports_by_guid_then_port_number() -> None:
         'ibmon_port_state{guid="0x0000000000000001",port="10"} 4',
         'ibmon_port_state{guid="0x0000000000000002",port="1"} 4',
     ]
+
+
+def test_several_conditions_and_causes_render_in_name_order_and_units_say_per_lane() -> None:
+    """Sets iterate in hash order, which changes from one run to the next: a port's several
+    conditions and causes are rendered sorted, so the body is the same every run. A Switch-IB
+    2 port's PortXmitWait unit is per lane (32 bytes x 4 lanes a count at 4X)."""
+    conditions = ["congestion", "discards", "high_ber", "link_degraded", "link_flapping",
+                  "link_integrity", "receive_errors"]
+    causes = dict.fromkeys(reversed(conditions), "physical")  # inserted last first
+    unit = family_of(0xCF08)
+    assert unit is not None
+    port = replace(_port_a(), conditions=frozenset(reversed(conditions)), causes=causes,
+                   identity=replace(_port_a().identity, xmit_wait=unit),
+                   active_width="4X", xmit_wait_seconds=1.5)
+    text = render_ports([port]).decode()
+    assert re.findall(r'^ibmon_port_condition\{[^}]*condition="(\w+)"\} 1$', text, re.M) == \
+        conditions
+    assert re.findall(r'^ibmon_port_condition_cause\{[^}]*condition="(\w+)",cause="physical"\} '
+                      r'1$', text, re.M) == conditions
+    assert re.findall(r'^ibmon_port_transmit_wait_unit_bytes\{[^}]*per="(\w+)",source="family",'
+                      r'family="Switch-IB 2"\} (\S+)$', text, re.M) == [("lane", "128.0")]
+
+
+def test_escaped_names_are_remembered_within_a_bound() -> None:
+    """Counter and stat names from hardware are escaped once and remembered, but a driver that
+    made up names without end cannot grow the memo past its bound."""
+    memo = _EscapeMemo()
+    for i in range(10_000):
+        assert memo[f'stat"{i}'] == f'stat\\"{i}'
+    assert len(memo) <= 4097
