@@ -150,6 +150,8 @@ def test_duplicate_and_invalid_definitions_are_refused() -> None:
         Gauge("ibmon_g2", "h", ["__reserved"], registry=r)
     with pytest.raises(ValueError, match="sorted"):
         Histogram("ibmon_h3", "h", buckets=[2.0, 1.0], registry=r)
+    with pytest.raises(ValueError, match="duplicate label names"):
+        Gauge("ibmon_g3", "h", ["source", "source"], registry=r)
     assert [f.name for f in r.families()] == ["ibmon_requests", "ibmon_h"]
 
 
