@@ -82,6 +82,21 @@ def test_array_task_in_2205_shape() -> None:
     assert [j.id for j in parse_squeue(_doc(job))] == ["40_2"]
 
 
+def test_a_plain_job_is_its_id_whatever_half_of_the_array_fields_says() -> None:
+    """squeue names an array task ``<array job>_<task>`` only when both are set; a plain job
+    has array_job_id 0 and no task, and half of the pair is no array task either."""
+    for array_job, task in ((0, 3), (40, None), (0, None), (_n(None), _n(2)), (_n(40), _n(None))):
+        job = dict(JOB_2205, array_job_id=array_job, array_task_id=task)
+        assert [j.id for j in parse_squeue(_doc(job))] == ["1"], (array_job, task)
+
+
+def test_hosts_are_sorted_and_counted_once_and_a_zero_start_is_unknown() -> None:
+    job = dict(JOB_2205, nodes="host002,host001,host002", start_time=0)
+    (parsed,) = parse_squeue(_doc(job))
+    assert parsed.hosts == ("host001", "host002")
+    assert parsed.start is None
+
+
 @pytest.mark.parametrize("state", ["PENDING", "COMPLETED", "CANCELLED", ["PENDING"],
                                    ["COMPLETED"], []])
 def test_only_running_jobs(state: Any) -> None:
@@ -114,6 +129,10 @@ def test_untrusted_text_is_bounded_and_printable() -> None:
         "a string",
         dict(JOB_2205, job_id="1; rm -rf /"),
         dict(JOB_2205, job_id=None),
+        dict(JOB_2205, job_id=True),  # JSON true is no number
+        dict(JOB_2205, job_id=-3),
+        dict(JOB_2205, job_id=1.5),
+        dict(JOB_2302, job_id=_n(None)),  # 23.02: a number that is not set
         dict(JOB_2205, job_state=None),
         dict(JOB_2205, nodes="host[004-001"),
         dict(JOB_2205, nodes=["host001"]),
