@@ -145,6 +145,8 @@ def test_perfquery_extended_plus_narrow_merge() -> None:
     assert c.counters["symbol_errors"] == 100
     assert c.counters["transmit_wait"] == 116  # CapMask bit 12 set
     assert "transmit_data" in c.wide and "symbol_errors" not in c.wide
+    # libibmad decodes the narrow QP1Dropped from VL15Dropped's bits: never taken from there
+    assert c.counters["vl15_dropped"] == 111 and "qp1_dropped" not in c.counters
 
 
 def test_perfquery_xmit_wait_dropped_without_capmask_bit12() -> None:
@@ -166,6 +168,9 @@ def test_perfquery_xmit_wait_dropped_without_capmask_bit12() -> None:
         (SIM_EXT.replace("PortMulticastRcvPkts:............0\n", ""),
          "incomplete (no PortMulticastRcvPkts)"),
         (SIM_EXT.replace("PortXmitPkts", "PortXmitPackets"), "PortXmitPackets does not belong"),
+        # the 64-bit error copies after CounterSelect2 come all together too
+        (SIM_EXT + "CounterSelect2:..................0x00000000\n"
+                   "SymbolErrorCounter:..............1\n", "incomplete (no ExcessiveBuffer"),
         (SIM_NARROW.replace("LinkDownedCounter:...............102",
                             "LinkDownedCounter:...............256"), "does not fit in 8 bits"),
         (SIM_NARROW.replace("PortSelect:......................4",
