@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ibmon.infiniband.model import PortIdentity
 from ibmon.sources.diags import CommandResult, DiagsSource
-from ibmon.sources.fabric import FabricPort, FabricView, StateSchedule
+from ibmon.sources.fabric import FabricPort, FabricView, NodeFilter, StateSchedule
 from ibmon.sources.parse import PortInfo
 from tests.unit.test_diags_runner import (
     answer_details,
@@ -69,6 +69,7 @@ def test_state_schedule_counts_discovery_and_skips_the_poll_right_after() -> Non
     assert not s.due(110.0)  # and the interval has not passed since
     assert s.due(131.0)
     assert not s.due(132.0)
+    assert s.due(161.0)  # exactly state_interval after the last refresh: due
 
 
 def test_state_schedule_every_poll_still_skips_the_first_after_discovery() -> None:
@@ -79,6 +80,20 @@ def test_state_schedule_every_poll_still_skips_the_first_after_discovery() -> No
     assert s.due(20.1)
     s.discovered(started=30.0, ended=31.5)
     assert s.due(31.6)  # the discovery began over a second ago: its state is not that fresh
+
+
+def test_node_filter_by_guid_or_case_sensitive_glob() -> None:
+    """``include``/``exclude`` take node GUIDs (any spelling ibmon normalizes) or shell globs
+    on descriptions, matched case-sensitively as the descriptions are; a bare hex word
+    (``abc``, ``cafe01``) is both a GUID and a plausible name, so it is tried as both."""
+    by_guid = NodeFilter(include=["0x00000000001000AB"])
+    assert by_guid.keep("0x00000000001000ab", "anything")
+    assert not by_guid.keep("0x00000000001000ac", "anything")
+    globs = NodeFilter(include=["leaf*", "cafe01"], exclude=["*-spare"])
+    assert globs.keep("0x1", "leaf07") and not globs.keep("0x2", "Leaf07")
+    assert globs.keep("0x3", "cafe01")  # the name, not only GUID 0xcafe01
+    assert not globs.keep("0x4", "leaf07-spare")
+    assert not NodeFilter().active and NodeFilter(exclude=["x"]).active
 
 
 def _port(guid: str, port: int, lid: int | None) -> FabricPort:

@@ -112,3 +112,25 @@ def test_kept_ports_are_the_known_objects() -> None:
     old: FabricPort = known.ports[(H2, "1")]
     merged = mem.merge(known, view(hosts=(H1,)), reached=2, now=1.0)
     assert merged.ports[(H2, "1")] is old
+
+
+def test_a_renamed_node_shows_its_new_name_after_a_lost_description() -> None:
+    """A node description changed by its administrator is the one a later lost MAD restores."""
+    mem = TopologyMemory()
+    known = mem.merge(None, view(), reached=3, now=0.0)
+    known = mem.merge(known, view(descs={H1: "host1-new"}), reached=3, now=1.0)
+    known = mem.merge(known, view(descs={H1: ""}), reached=3, now=2.0)
+    assert known.ports[(H1, "1")].identity.node_desc == "host1-new"
+
+
+def test_a_port_that_left_the_view_leaves_no_miss_count_behind() -> None:
+    """Otherwise it would come back with the misses it had and vanish at its next one."""
+    mem = TopologyMemory(misses_to_drop=2)
+    known = mem.merge(None, view(), reached=3, now=0.0)
+    known = mem.merge(known, view(hosts=(H1,)), reached=2, now=1.0)  # one miss of two
+    assert (H2, "1") in known.ports
+    known = mem.merge(FabricView(source="mad"), view(hosts=(H1,)), reached=2, now=2.0)
+    assert (H2, "1") not in known.ports  # no longer known at all: its count goes too
+    known = mem.merge(known, view(), reached=3, now=3.0)
+    known = mem.merge(known, view(hosts=(H1,)), reached=2, now=4.0)
+    assert (H2, "1") in known.ports and mem.unreachable == {H2}  # a fresh count: one of two
