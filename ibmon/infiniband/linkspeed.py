@@ -149,9 +149,8 @@ def active_speed(
         return EXT_SPEED_BITS.get(ext_speeds(0, speed_ext2_active), "")
     if speed_ext_active:
         return EXT_SPEED_BITS.get(speed_ext_active, "")
-    if speed_active == 4 and mlnx_speed_active & FDR10_BIT:
-        return "FDR10"
-    return SPEED_BITS.get(speed_active, "")
+    base = SPEED_BITS.get(speed_active, "")
+    return "FDR10" if base == "QDR" and mlnx_speed_active & FDR10_BIT else base
 
 
 def enabled_widths(p: LinkCaps) -> int:

@@ -60,7 +60,7 @@ from ibmon.infiniband.model import (
     normalize_guid,
 )
 from ibmon.infiniband.xmitwait import DEFAULT_UNIT, WaitUnit, family_of, unit_for
-from ibmon.sources.parse import PortCounterValues, PortInfo, load_node_name_map
+from ibmon.sources.parse import PortCounterValues, PortInfo, load_node_name_map, may_be_fdr10
 from ibmon.sources.shard import filter_topology, parse_shard
 from ibmon.track.totals import packed_counters
 
@@ -218,7 +218,7 @@ class FabricView:
         fp = self.ports[key]
         last = fp.info
         if (last is not None and last.mlnx_speed_supported and not info.mlnx_speed_supported
-                and (info.phys_state, info.speed_active) == (last.phys_state, last.speed_active)):
+                and may_be_fdr10(info)):
             # No ExtendedPortInfo this time (the diags cache never has it; a Get was lost):
             # FDR10 or not holds while the link stays up at QDR.
             info = info._replace(mlnx_speed_supported=last.mlnx_speed_supported,

@@ -11,6 +11,8 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
+from ibmon.infiniband.linkspeed import active_speed
+from ibmon.infiniband.model import PhysState
 from ibmon.sources.parse.errors import ParseError
 
 __all__ = [
@@ -191,9 +193,9 @@ def has_mlnx_ext_port_info(vendor_id: int, device_id: int) -> bool:
 
 def may_be_fdr10(info: PortInfo) -> bool:
     """Whether a port's PortInfo may hide FDR10, so its ExtendedPortInfo is worth a Get: link up
-    at QDR with no extended speed active (libibnetdisc asks exactly then)."""
-    return (info.phys_state == 5 and info.speed_active == 4 and not info.speed_ext_active
-            and not info.speed_ext2_active)
+    at QDR, no extended speed active (libibnetdisc asks exactly then)."""
+    return info.phys_state == PhysState.LINK_UP and active_speed(
+        info.speed_active, info.speed_ext_active, info.speed_ext2_active) == "QDR"
 
 
 def with_mlnx_speeds(info: PortInfo, data: bytes) -> PortInfo:
