@@ -984,9 +984,10 @@ class MadSource(FabricSource):
         cpi: Mapping[int, ClassPortInfo],
     ) -> tuple[dict[PortKey, PortCounterValues], dict[PortKey, str]]:
         """The answers to ``plan`` (as many as it has, taken from ``results``), decoded per port
-        under its LID's capability masks: values by port, and why by port for those that failed.
-        Answers to attributes the masks say the port does not have are ignored (the discovery
-        asks both before it knows); a port whose LID has no masks is in neither."""
+        under its LID's capability masks: values by port, and why by port for those that failed
+        (no answer, or an answer whose PortSelect is another port's: ``parse_error``). Answers
+        to attributes the masks say the port does not have are ignored (the discovery asks both
+        before it knows); a port whose LID has no masks is in neither."""
         out: dict[PortKey, PortCounterValues] = {}
         failed: dict[PortKey, str] = {}
 
@@ -1001,9 +1002,11 @@ class MadSource(FabricSource):
                     failed[key] = r.error or "timeout"
                     return
                 parts[kind] = r.data
-            out[key] = decode_counters(
-                parts.get("narrow"), parts.get("ext"), masks.cap_mask, masks.cap_mask2
-            )
+            try:
+                out[key] = decode_counters(parts.get("narrow"), parts.get("ext"),
+                                           masks.cap_mask, masks.cap_mask2, port=int(key[1]))
+            except ParseError:  # another port's reply (its PortSelect): this port's miss
+                failed[key] = "parse_error"
 
         # a port's counter Gets are adjacent in the plan: decode it once its last one is in
         key: PortKey | None = None

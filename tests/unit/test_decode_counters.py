@@ -40,11 +40,12 @@ CAP_MASKS2: list[int | None] = [None, 0, CPI_CAP2_ADDL_EXT, CPI_CAP2_ADDL_EXT | 
 
 
 def _reference(
-    narrow: bytes | None, ext: bytes | None, cap: int | None, cap2: int | None
+    narrow: bytes | None, ext: bytes | None, cap: int | None, cap2: int | None,
+    *, port: int | None = None,
 ) -> PortCounterValues:
     return merge_counters(
-        decode_port_counters(narrow, cap) if narrow is not None else None,
-        decode_port_counters_ext(ext, cap, cap2) if ext is not None else None,
+        decode_port_counters(narrow, cap, port=port) if narrow is not None else None,
+        decode_port_counters_ext(ext, cap, cap2, port=port) if ext is not None else None,
         cap,
     )
 
@@ -105,3 +106,27 @@ def test_short_payloads_are_refused_like_the_decoders_refuse_them(
         _reference(narrow, ext, CPI_CAP_EXT_WIDTH, cap2)
     with pytest.raises(ParseError, match=message):
         decode_counters(narrow, ext, CPI_CAP_EXT_WIDTH, cap2)
+
+
+@pytest.mark.parametrize(("narrow", "ext"), [(True, False), (False, True), (True, True)])
+def test_a_reply_for_another_port_is_refused_like_the_decoders_refuse_it(
+    narrow: bool, ext: bool
+) -> None:
+    """Each attribute echoes the PortSelect it answers (byte 1): a reply naming another port
+    is refused whole, by either way of decoding, and one naming the port asked is read."""
+    rng = random.Random(7)
+    own = bytearray(rng.randbytes(184))
+    own[1] = 3
+    other = bytearray(own)
+    other[1] = 4
+    for payload, ok in ((bytes(own), True), (bytes(other), False)):
+        args = (payload if narrow else None, payload if ext else None,
+                CPI_CAP_EXT_WIDTH, CPI_CAP2_ADDL_EXT)
+        if ok:
+            assert decode_counters(*args, port=3) == _reference(*args, port=3)
+        else:
+            with pytest.raises(ParseError, match="for port 4 where port 3 was asked"):
+                _reference(*args, port=3)
+            with pytest.raises(ParseError, match="for port 4 where port 3 was asked"):
+                decode_counters(*args, port=3)
+        assert decode_counters(*args) == _reference(*args)  # no port: nothing to compare

@@ -381,3 +381,32 @@ async def test_mad_reads_details_of_ports_without_extended_counters() -> None:
         assert src.detail_mads() == [(3, 0x15)]
     finally:
         await src.close()
+
+
+class MislabelledPma(PmaSource):
+    """lid 2's PMA answers PortCounters with another port's PortSelect (a reply that is not
+    this port's, whatever its values say)."""
+
+    def _answer(self, r: MadRequest) -> MadResult:
+        got = super()._answer(r)
+        if r.lid == 2 and r.attr_id == ATTR_PORT_COUNTERS and got.data is not None:
+            data = bytearray(got.data)
+            data[1] = 9
+            return MadResult(bytes(data))
+        return got
+
+
+async def test_mad_refuses_counters_answered_for_another_port_and_reads_the_rest() -> None:
+    """A reply is booked only on the port it answers: the port whose PMA named another port
+    has no counters this poll and a ``parse_error`` naming it, the other port is read."""
+    src = MislabelledPma()
+    h1, h2 = ("0x0000000000100001", "1"), ("0x0000000000100002", "1")
+    try:
+        src._adopt(two_hosts(), [], time.monotonic())
+        src.rcv_errors = {2: 4, 3: 5}
+        snap = await src.sample()
+        assert h1 not in snap.ports
+        assert snap.ports[h2].counters["receive_errors"] == 5
+        assert [(e.reason, e.key) for e in snap.errors] == [("parse_error", h1)]
+    finally:
+        await src.close()

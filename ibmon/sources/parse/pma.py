@@ -320,10 +320,16 @@ def _plan(cap_mask: int | None, cap_mask2: int | None, narrow: bool, ext: bool) 
 
 
 def decode_counters(
-    narrow: bytes | None, ext: bytes | None, cap_mask: int | None, cap_mask2: int | None
+    narrow: bytes | None,
+    ext: bytes | None,
+    cap_mask: int | None,
+    cap_mask2: int | None,
+    *,
+    port: int | None = None,
 ) -> PortCounterValues:
-    """``merge_counters(decode_port_counters(narrow, cap_mask), decode_port_counters_ext(ext,
-    cap_mask, cap_mask2), cap_mask)``: the same values in the same order, in a third of the time.
+    """``merge_counters(decode_port_counters(narrow, cap_mask, port=port),
+    decode_port_counters_ext(ext, cap_mask, cap_mask2, port=port), cap_mask)``: the same values
+    in the same order, and the same ParseErrors, in a third of the time.
 
     Why: the ``mad`` source decodes every port of a poll while its worker is still sending
     MADs, on the same CPUs (2,394 ports: 20 -> 7 ms; 118,400 ports: about 0.6 s of CPU a poll
@@ -341,11 +347,13 @@ def decode_counters(
     if narrow is not None:
         if len(narrow) < 44:
             raise ParseError("PortCounters payload shorter than 44 bytes")
+        _check_select(narrow, port, "PortCounters")
         vals = _PC_STRUCT.unpack_from(narrow)
         vals += (vals[9] >> 4, vals[9] & 0x0F)
     if ext is not None:
         if len(ext) < 72:
             raise ParseError("PortCountersExtended payload shorter than 72 bytes")
+        _check_select(ext, port, "PortCountersExtended")
         vals += _EXT_DATA_STRUCT.unpack_from(ext)
         if casts:
             vals += _EXT_CASTS_STRUCT.unpack_from(ext)
