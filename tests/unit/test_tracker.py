@@ -61,7 +61,7 @@ def sample(
 ) -> PortSample:
     return PortSample(
         identity=PortIdentity(guid=GUID, port=port, device="mlx5_0"),
-        state=4,
+        state=kw.pop("state", 4),
         phys_state=5,
         rate_bps=rate_bps,
         counters=dict(counters or {}),
@@ -355,6 +355,28 @@ def test_xmit_wait_ratio_is_unknown_while_the_narrow_counter_is_saturated() -> N
 # --------------------------------------------------------------------------- missing values
 
 
+@pytest.mark.parametrize(("state", "active"), [(4, True), (None, True), (1, False), (2, False)])
+def test_only_an_active_port_or_one_whose_state_is_unknown_has_rates(
+    state: int | None, active: bool
+) -> None:
+    """A port that is not Active moves no data: no link rate, rates or ratios (left over
+    from before it went down), though its totals count. A source that cannot tell the state
+    (None) is taken at its word that the port works."""
+    t = Tracker()
+    one(t, 0.0, sample({"transmit_data": 0, "transmit_wait": 0}, state=state))
+    v = one(t, 1.0, sample({"transmit_data": 1000, "transmit_wait": 10}, state=state))
+    assert v.totals == {"transmit_data": 4000, "transmit_wait": 10}
+    if active:
+        assert v.rates == {"transmit_data": 4000.0, "transmit_wait": 10.0}
+        assert v.rate_bytes_per_second == 100e9 / 8
+        assert v.utilization_tx == 4000.0 / (100e9 / 8)
+        assert v.xmit_wait_ratio is not None
+    else:
+        assert v.rates == {}
+        assert v.rate_bytes_per_second is None
+        assert (v.utilization_tx, v.xmit_wait_ratio) == (None, None)
+
+
 def test_missing_counter_keeps_its_total_and_counts_increments_once_when_back() -> None:
     t = Tracker()
     one(t, 0.0, sample({"transmit_data": 100, "symbol_errors": 1}))
@@ -367,6 +389,37 @@ def test_missing_counter_keeps_its_total_and_counts_increments_once_when_back() 
     assert "transmit_data" not in v.rates
     v = one(t, 3.0, sample({"transmit_data": 160, "symbol_errors": 1}))
     assert v.rates["transmit_data"] == 40.0
+
+
+def test_a_counter_back_unchanged_on_an_idle_port_has_its_rate_at_the_next_move() -> None:
+    """A port where nothing moved is the idle shortcut; a counter that was missing and is
+    back unchanged must still leave it: its last value is older than the port's last
+    sample, so no rate this poll, and, now read again, a rate at its next move."""
+    t = Tracker()
+    one(t, 0.0, sample({"symbol_errors": 1, "transmit_data": 100}))
+    one(t, 1.0, sample({"symbol_errors": 1}))  # transmit_data unread
+    v = one(t, 2.0, sample({"symbol_errors": 1, "transmit_data": 100}))  # back, unchanged
+    assert v.rates == {"symbol_errors": 0.0}
+    v = one(t, 3.0, sample({"symbol_errors": 1, "transmit_data": 110}))
+    assert v.rates == {"symbol_errors": 0.0, "transmit_data": 40.0}
+
+
+def test_a_rename_carries_the_totals_and_never_overwrites_another_port() -> None:
+    """A port whose device's GUID arrived continues under its new key; a rename onto a key
+    that is a port of its own is refused, and both keep their totals."""
+    t = Tracker()
+    other = "0x0002c90300ffffff"
+    one(t, 0.0, sample({"transmit_packets": 5}, port="2"))
+    t.update(snap(0.0, PortSample(identity=PortIdentity(guid=other, port="1"), state=4,
+                                  counters={"transmit_packets": 70})))
+    assert t.rename((GUID, "2"), (GUID, "1")) is True
+    assert t.rename((GUID, "1"), (other, "1")) is False
+    assert t.rename((GUID, "2"), (GUID, "3")) is False  # nothing left under the old key
+    v = one(t, 1.0, sample({"transmit_packets": 6}))
+    assert v.totals == {"transmit_packets": 6} and v.rates == {"transmit_packets": 1.0}
+    w = t.update(snap(1.0, PortSample(identity=PortIdentity(guid=other, port="1"), state=4,
+                                      counters={"transmit_packets": 71})))[(other, "1")]
+    assert w.totals == {"transmit_packets": 71} and w.rates == {"transmit_packets": 1.0}
 
 
 def test_missing_port_keeps_its_state_and_its_view_is_absent() -> None:
@@ -534,6 +587,19 @@ def test_after_a_reboot_the_old_monotonic_time_gives_no_rates_but_totals_count()
     assert v.rates == {"transmit_packets": 10.0}
 
 
+def test_only_the_first_poll_after_a_restart_compares_the_clocks() -> None:
+    """Within one run intervals are monotonic time alone: once the restart's first poll has
+    matched the saved times to this boot, a wall-clock step (NTP correcting an hour) costs
+    no rate."""
+    t = Tracker()
+    one(t, 100.0, sample({"transmit_packets": 500}))
+    restored = roundtrip(t)
+    v = one(restored, 110.0, sample({"transmit_packets": 600}), wall=WALL0 + 110.0)
+    assert v.rates == {"transmit_packets": 10.0}  # same boot: the interval since the save
+    v = one(restored, 111.0, sample({"transmit_packets": 610}), wall=WALL0 + 3711.0)
+    assert v.rates == {"transmit_packets": 10.0}
+
+
 def test_dump_keeps_resets_saturation_and_missing_counters() -> None:
     t = Tracker()
     one(t, 0.0, sample({"transmit_packets": 50, "link_downed": 255, "symbol_errors": 9}))
@@ -554,6 +620,19 @@ def test_dump_keeps_resets_saturation_and_missing_counters() -> None:
     assert v.saturated == frozenset({"link_downed"})
     assert v.rates == {"transmit_packets": 1.0}  # symbol_errors stale, link_downed pinned
     assert v.totals == {"transmit_packets": 56, "link_downed": 255, "symbol_errors": 10}
+
+
+def test_a_saved_reset_count_of_zero_is_no_reset() -> None:
+    """A state file may list a counter with 0 resets (written by hand, or by a tool): it
+    loads as no reset, so no ``ibmon_port_resets_total`` series appears for it."""
+    t = Tracker()
+    one(t, 0.0, sample({"transmit_packets": 5, "symbol_errors": 0}))
+    data = t.dump()
+    data["ports"][0]["resets"] = {"transmit_packets": 0, "symbol_errors": 2}
+    restored = Tracker()
+    restored.load(data)
+    v = one(restored, 1.0, sample({"transmit_packets": 6, "symbol_errors": 0}))
+    assert v.resets == {"symbol_errors": 2}
 
 
 def _valid_dump() -> dict[str, Any]:

@@ -504,3 +504,42 @@ def test_a_first_packed_sample_after_driver_counters_alone_reads_as_the_rules() 
         assert b.update(snap) == a.update(snap), t
         assert b.dump() == a.dump(), t
     assert b._ports[key].block is not None  # the store took it on its first PMA counters
+
+
+def test_a_published_view_keeps_its_driver_totals_through_later_polls() -> None:
+    """Views never change once published: the driver totals of a port the store took on its
+    first sample are the view's own, not the tracker's running dict."""
+    key = ("0x0000000000000001", "1")
+    index = {"transmit_data": 0, "symbol_errors": 1}
+    tracker = _Columns()
+    views = []
+    for t, (data, hw) in enumerate([(10, 5), (20, 9), (30, 12)]):
+        snap = Snapshot("x", float(t), 1e9 + t, {key: PortSample(
+            PortIdentity(*key), state=4, counters=Totals(index, array("Q", [data, 0])),
+            hw_counters={"rx_write_requests": hw})})
+        views.append(tracker.update(snap)[key])
+        assert tracker._ports[key].block is not None  # in the store from its first sample
+    assert [dict(v.hw_totals) for v in views] == [
+        {"rx_write_requests": n} for n in (5, 9, 12)]
+
+
+def test_ports_forgotten_give_their_rows_back() -> None:
+    """A fabric whose ports come and go (each one gone for good is forgotten) keeps a store
+    the size of the ports it has, not of every port it ever saw."""
+    tracker = _Columns()
+    index = {"transmit_data": 0, "symbol_errors": 1}
+
+    def poll(t: int, ports: range) -> None:
+        tracker.update(Snapshot("x", float(t), 1e9 + t, {
+            (f"0x{p + 1:016x}", "1"): PortSample(
+                PortIdentity(f"0x{p + 1:016x}", "1"), state=4,
+                counters=Totals(index, array("Q", [t, 0])))
+            for p in ports}))
+
+    for t in range(40):
+        ports = range(t * 8, t * 8 + 64)  # eight leave and eight new arrive each poll
+        poll(t, ports)
+        for p in range(t * 8, t * 8 + 8):
+            tracker.forget((f"0x{p + 1:016x}", "1"))
+    (block,) = tracker._blocks.values()
+    assert len(block.last) // block.width <= 2 * 64
