@@ -31,6 +31,7 @@ from exporters.ports import port_json
 from ibmon.cli.terminal import printable
 from ibmon.config import Settings, SourceConfig
 from ibmon.detect.engine import ActiveCondition
+from ibmon.infiniband.counters import CATALOGUE
 from ibmon.infiniband.model import PortKey, PortView, state_label
 from ibmon.runtime.pipeline import Pipeline, build_state
 from ibmon.runtime.selfmetrics import SelfMetrics
@@ -46,8 +47,10 @@ log = structlog.get_logger("ibmon.cli.scan")
 #: ``_total`` as ``Registry.render(only=...)`` takes it.
 POLL_ERRORS = "ibmon_source_poll_errors"
 
-#: Counters that are not errors (the table's ERRORS column sums the others).
-_NOT_ERRORS = frozenset({"transmit_data", "receive_data", "transmit_wait"})
+#: The counters the table's ERRORS column sums: every error and discard counter of the
+#: catalogue, not the detail counters, whose increments are already their aggregate's.
+_ERRORS = frozenset(c.name for c in CATALOGUE if not c.data and c.part_of is None
+                    and "packets" not in c.name and c.name != "transmit_wait")
 
 
 class ScanError(Exception):
@@ -161,9 +164,7 @@ def _fmt_ber(ber: float | None) -> str:
 
 def _row(v: PortView) -> tuple[str, ...]:
     ident = v.identity
-    errors = sum(
-        n for name, n in v.totals.items() if name not in _NOT_ERRORS and "packets" not in name
-    )
+    errors = sum(n for name, n in v.totals.items() if name in _ERRORS)
     return (
         ident.guid,
         ident.port,
