@@ -22,6 +22,7 @@ import pytest
 
 from ibmon.detect.columns import Fresh
 from ibmon.infiniband.model import PortIdentity, PortSample, PortState, Snapshot, replaced
+from ibmon.infiniband.xmitwait import WaitUnit
 from ibmon.sources.mock import MockSource
 from ibmon.track import columns as trackcolumns
 from ibmon.track.rates import Rates
@@ -543,3 +544,44 @@ def test_ports_forgotten_give_their_rows_back() -> None:
             tracker.forget((f"0x{p + 1:016x}", "1"))
     (block,) = tracker._blocks.values()
     assert len(block.last) // block.width <= 2 * 64
+
+
+def test_rows_of_one_shared_array_are_read_where_each_port_says() -> None:
+    """A source whose poll is one array (as the simulator's) may list its ports in another
+    order than their rows: each port is read from its own row, as the per-port rules read
+    it, even when the first and last rows are as far apart as rows in order would be."""
+    index = {"transmit_data": 0, "symbol_errors": 1}
+    width = len(index)
+    order = [0, 2, 1, 3, 5, 4, 6, 7]  # the snapshot's order of the array's rows
+    per_port, columns = _PerPort(), _Columns()
+    for t in range(3):
+        flat = array("Q")
+        for row in range(len(order)):
+            flat.extend([1000 * (row + 1) + t * (row + 1), row * t])
+        snap = Snapshot("x", float(t), 1e9 + t, {
+            (f"0x{row + 1:016x}", "1"): PortSample(
+                PortIdentity(f"0x{row + 1:016x}", "1"), state=4, rate_bps=8e9,
+                counters=Totals(index, flat, row * width))
+            for row in order})
+        assert columns.update(snap) == per_port.update(snap), t
+
+
+def test_ratios_after_a_refused_row_are_of_each_ports_own_link() -> None:
+    """A row the store refuses (a reset) leaves the chunk: the utilization and transmit-wait
+    ratio of the rows after it are still of their own link rates and units."""
+    index = {"transmit_data": 0, "transmit_wait": 1}
+    per_port, columns = _PerPort(), _Columns()
+    for t in range(3):
+        snap = Snapshot("x", float(t), 1e9 + t, {
+            (f"0x{p + 1:016x}", "1"): PortSample(
+                PortIdentity(f"0x{p + 1:016x}", "1", xmit_wait=WaitUnit(32, True, "lane")),
+                state=4, rate_bps=8e9 * (p + 1), active_width="4X" if p % 2 else "1X",
+                counters=Totals(index, array("Q", [
+                    3 if (t == 2 and p == 1) else 10_000_000 * t * (p + 1), 1000 * t])))
+            for p in range(6)})
+        got, want = columns.update(snap), per_port.update(snap)
+        assert got == want, t
+    assert got[("0x0000000000000002", "1")].resets == {"transmit_data": 1}
+    for ratio in ("utilization_tx", "xmit_wait_ratio"):
+        values = [getattr(v, ratio) for v in got.values()]
+        assert None not in values and len(set(values)) > 1, ratio
