@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from detect_views import view
+from detect_views import store_views, view
 
 from ibmon.detect.cause import (
     CAUSES,
@@ -28,9 +29,11 @@ from ibmon.detect.cause import (
     peer_note,
     peer_summary,
 )
+from ibmon.detect.columns import Fresh
 from ibmon.detect.engine import Engine
 from ibmon.detect.events import Event
-from ibmon.infiniband.model import LinkInfo, PortIdentity, PortView
+from ibmon.infiniband.model import LinkInfo, PortIdentity, PortView, replaced
+from ibmon.track.totals import Totals
 
 LEAF = "0x0002c90100000010"
 HOST = "0x0002c90a00000007"
@@ -484,3 +487,36 @@ def test_what_the_rest_of_the_link_shows_is_said_in_the_message_and_the_details(
     assert peer_note(view(), view("12", state=None)) == ""
     assert peer_summary(view("12", state=None))["state"] is None  # type: ignore[index]
     assert (peer_note(view(), None), peer_summary(None)) == ("", None)
+
+
+def test_a_port_whose_counters_grew_among_a_stores_rows_is_recorded() -> None:
+    """On a fabric-sized poll most ports are rows of the tracker's store and a few have their
+    own arrays (a reset, a counter set that changed). A port read with more counters than its
+    record (its details read for the first time) must be recorded, whether its totals are a
+    store row or its own."""
+    views = store_views()
+    names = [n for n in views[0].totals if n != "receive_local_physical_errors"]
+    w = DetailWindow("receive_errors", ("receive_local_physical_errors",), window=60)
+    for i, v in enumerate(views):  # recorded without the detail, as before its first read
+        fewer = {n: v.totals[n] for n in names}
+        views[i] = replaced(v, totals=Totals({n: j for j, n in enumerate(names)},
+                                             array("Q", fewer.values())))
+        w.observe(v.identity.key, 0.0, fewer)
+    grown = views[4].totals
+    assert isinstance(grown, Totals)
+    views[4] = replaced(views[4], totals=Totals(
+        {**grown.index, "receive_local_physical_errors": len(names)},
+        array("Q", [*grown.own(), 0])))
+    shared = array("Q", [x for v in views if v is not views[4] for x in v.totals.own()])
+    index = views[0].totals.index  # type: ignore[attr-defined]
+    at = 0
+    for i, v in enumerate(views):  # the others: rows of one array, as the store's
+        if i != 4:
+            views[i] = replaced(v, totals=Totals(index, shared, at))
+            at += len(index)
+    fresh = Fresh()
+    fresh.extend((v.identity.key, v) for v in views)
+    aggregates = [v.totals["receive_errors"] for v in views]
+    want = [i == 4 for i in range(len(views))]
+    assert list(map(bool, w.moves([(v.identity.key, v) for v in views], aggregates))) == want
+    assert list(map(bool, w.moves(fresh, aggregates))) == want

@@ -57,6 +57,19 @@ def _views() -> list[PortView]:
     return views
 
 
+def _column_array_reads_what_get_reads(fresh: Fresh, views: list[PortView], name: str,
+                                       *, whole: bool = False) -> None:
+    """``column_array`` is every port's value (``whole``: it must give one), or None."""
+    totals, rates = fresh.column_array(Totals, name), fresh.column_array(Rates, name)
+    if whole:
+        assert totals is not None and rates is not None, name
+    if totals is not None:
+        assert totals.tolist() == [v.totals.get(name) for v in views], name
+    if rates is not None:
+        assert [repr(x) for x in rates.tolist()] == [
+            repr(v.rates.get(name, NO_RATE)) for v in views], name
+
+
 @pytest.mark.parametrize("gathered", [True, False])
 def test_columns_read_what_get_reads(gathered: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Gathered from the store's rows, and port by port (a process whose column store
@@ -73,6 +86,7 @@ def test_columns_read_what_get_reads(gathered: bool, monkeypatch: pytest.MonkeyP
         got = rate_column(fresh, spec.name)
         want = [v.rates.get(spec.name, NO_RATE) for v in views]
         assert [repr(x) for x in got] == [repr(x) for x in want], spec.name
+        _column_array_reads_what_get_reads(fresh, views, spec.name)
     reader = fresh._readers[Totals]
     # the store's rows are gathered; only the ports read another way go one by one
     assert (reader._shared is not None) == gathered
@@ -107,6 +121,8 @@ def test_a_poll_of_one_store_is_gathered_whole(mixed: bool,
         got = rate_column(fresh, spec.name)
         want = [v.rates.get(spec.name, NO_RATE) for v in views]
         assert [repr(x) for x in got] == [repr(x) for x in want], spec.name
+        if spec.name in views[0].totals:
+            _column_array_reads_what_get_reads(fresh, views, spec.name, whole=not mixed)
     totals, rates = fresh._readers[Totals], fresh._readers[Rates]
     assert totals._shared is not None and rates._shared is not None
     assert (totals._odd, rates._odd) == (([4], [4]) if mixed else ([], []))

@@ -164,6 +164,17 @@ def test_an_order_finds_positions_one_by_one_or_in_one_pass(asked: int) -> None:
     assert len(order._found) == (0 if asked > 8 else asked + 1)
 
 
+def test_an_order_keeps_no_more_keys_than_it_has_however_many_absent_ones_are_asked() -> None:
+    """Conditions held on ports that left the poll are asked about poll after poll, and new
+    ones keep coming on a churning fabric: what the order remembers stays bounded by its
+    own keys, and its answers stay right."""
+    keys = [(f"0x{i:04x}", "1") for i in range(10)]
+    order = PortOrder(keys)
+    for n in range(200):
+        assert order.positions([(f"0xgone{n}", "1"), keys[n % 10]]) == [n % 10]
+        assert len(order._found) <= len(keys)
+
+
 @pytest.mark.parametrize("changed", [[], [0], [columns.DIFF_STRETCH - 1, columns.DIFF_STRETCH],
                                      [5, 700, 701, 1299], list(range(1300))])
 def test_differences_are_found_stretch_by_stretch_as_pair_by_pair(changed: list[int]) -> None:
