@@ -88,6 +88,17 @@ def test_one_engine_never_repeats_an_id() -> None:
     assert len({e.id for e in events}) == 40
 
 
+def test_a_condition_firing_again_after_its_port_was_forgotten_has_a_new_id() -> None:
+    """A port forgotten with a condition open (it left the fabric) and back with the same
+    condition fires again in the same episode: the repeat keeps the two ids apart."""
+    engine = Engine(fabric="main", source="fabric")
+    first = congestion(engine, [0.8] * 3)
+    engine.forget(first[0].summary()[1:3])  # type: ignore[arg-type]
+    again = [e for e in congestion(engine, [0.8] * 3) if e.type == "congestion"]
+    assert [(e.status, e.severity) for e in first + again] == [("firing", "critical")] * 2
+    assert first[0].id != again[0].id
+
+
 def test_episodes_survive_a_restart_through_the_saved_state() -> None:
     """A daemon restarted from its state file goes on counting, so its ids go on matching
     its twin's (which never stopped) and never repeat its own earlier ones."""
