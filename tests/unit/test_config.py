@@ -129,6 +129,27 @@ def test_setting_variables_are_accepted() -> None:
                        "IBMON_PROMETHEUS": "{}", "HOME": "/root", "IBMONX": "1"})
 
 
+@pytest.mark.parametrize("name", ["IBMON_PASSWORD", "IBMON_TOOL_SCOPE", "ibmon_password"])
+def test_variables_of_ibmons_commands_are_no_settings(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator who exported the API password for ``ibmon top`` (or a diags tool's scope
+    token, inherited) can still run, scan and check a config: neither is read as a setting."""
+    monkeypatch.setenv(name, "secret")
+    check_environment({name: "secret"})
+    cfg = tmp_path / "ibmon.toml"
+    cfg.write_text('fabric = "lab"\n')
+    assert load_settings(cfg).fabric == "lab"
+
+
+def test_json_nested_past_the_parser_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A variable's JSON nested deeper than Python's parser can go is a ConfigError naming
+    the variable, not a RecursionError's traceback."""
+    monkeypatch.setenv("IBMON_SOURCES", "[" * 200_000)
+    with pytest.raises(ConfigError, match=r"IBMON_SOURCES.*nested deeper than the JSON parser"):
+        load_settings(None)
+
+
 def test_errors_name_the_variable_that_set_the_value(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -8,18 +8,23 @@ leaf-span fallback, routes from forwarding tables, congestion roots, unknown job
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
-from types import MappingProxyType
+from types import MappingProxyType, SimpleNamespace
 
 import pytest
+import structlog
 
 from ibmon.detect.events import Event, PortRef
 from ibmon.infiniband.model import PortKey, PortView
+from ibmon.jobs import watch
 from ibmon.jobs.attribute import REINDEX_SECONDS, Attributor, host_name
 from ibmon.jobs.model import Job, JobTable
 from ibmon.jobs.routes import RouteIndex
 from ibmon.jobs.slurm import SlurmConfig
+from ibmon.jobs.watch import JobMetrics, JobWatcher
+from ibmon.runtime.metrics import Registry
 from ibmon.state import FabricState
 from mocks.topology import fat_tree
 from tests import job_outputs_state as small
@@ -320,3 +325,81 @@ def test_without_tables_the_jobs_on_an_uplink_come_most_hosts_under_its_leaf_fir
                                           Job("9", hosts=("host002", "host005"))],
                                          fetched=2.0), {})
     assert [link.job.id for link in attr.jobs_on(uplink)] == ["9", "10"]
+
+
+async def test_a_job_source_bug_is_logged_once_a_while_and_counted_every_time() -> None:
+    """A fetch that raises (a bug, not a scheduler problem) leaves jobs unknown with reason
+    ``bug`` on every query, and its traceback in the log once, not once a query."""
+    async def broken() -> JobTable:
+        raise RuntimeError("a bug")
+
+    registry = Registry()
+    watcher = JobWatcher(broken, 30.0, JobMetrics(registry))
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(3):
+            table = await watcher.refresh()
+            assert (table.known, table.error) == (False, "bug")
+    assert [x["event"] for x in logs] == ["jobs_query_bug"]
+    assert registry.get_sample_value("ibmon_jobs_query_errors_total", {"reason": "bug"}) == 3
+
+
+async def test_the_job_watcher_keeps_its_cadence_whatever_a_query_takes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Queries start every ``interval``: a query that took 5 s of a 30 s interval is
+    followed by 25 s of sleep, not 30."""
+    clock = [100.0]
+    slept: list[float] = []
+
+    async def slow() -> JobTable:
+        clock[0] += 5.0
+        return JobTable(known=True, fetched=clock[0])
+
+    async def sleep(delay: float) -> None:
+        slept.append(delay)
+        if len(slept) == 2:
+            raise asyncio.CancelledError
+
+    # the watcher's own clock and sleep, not the event loop's
+    monkeypatch.setattr(watch, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(watch, "asyncio", SimpleNamespace(
+        sleep=sleep, shield=asyncio.shield, CancelledError=asyncio.CancelledError))
+    with pytest.raises(asyncio.CancelledError):
+        await JobWatcher(slow, 30.0, JobMetrics(Registry())).run()
+    assert slept == [25.0, 25.0]
+
+
+async def test_the_job_watcher_reports_each_query_as_it_went() -> None:
+    """A query that worked sets the last-success time; one that failed counts its reason and
+    makes the jobs unknown (never the last good table, now stale); the watcher's end closes
+    the source."""
+    answers = [JobTable(known=True, fetched=1000.0), JobTable(known=False, error="timeout"),
+               JobTable(known=False, error=None)]
+    closed: list[bool] = []
+
+    async def fetch() -> JobTable:
+        return answers.pop(0)
+
+    async def close() -> None:
+        closed.append(True)
+
+    registry = Registry()
+    watcher = JobWatcher(fetch, 30.0, JobMetrics(registry), close=close)
+
+    def errors(reason: str) -> float | None:
+        return registry.get_sample_value("ibmon_jobs_query_errors_total", {"reason": reason})
+
+    assert (await watcher.refresh()).known and watcher.table.known
+    assert registry.get_sample_value("ibmon_jobs_last_success_timestamp_seconds") == 1000.0
+    assert (await watcher.refresh()).error == "timeout" and not watcher.table.known
+    assert (errors("timeout"), errors("failed")) == (1, 0)
+    await watcher.refresh()  # no reason given: counted as failed
+    assert (errors("timeout"), errors("failed")) == (1, 1)
+    assert registry.get_sample_value("ibmon_jobs_last_success_timestamp_seconds") == 1000.0
+    task = asyncio.create_task(JobWatcher(fetch, 30.0, JobMetrics(Registry()), close=close).run())
+    answers.append(JobTable(known=True, fetched=2000.0))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert closed == [True]
