@@ -32,7 +32,7 @@ from ibmon.sources.parse import (
     parse_topology_file,
 )
 from ibmon.sources.parse.sysfs_values import parse_counter, parse_lid_value
-from tests.ibnd_cache import cache_from_ports
+from tests.ibnd_cache import CacheNodeSpec, CachePortSpec, cache_bytes, cache_from_ports
 from tests.parse_properties import (
     JUNK_LINES,
     SETTINGS,
@@ -174,6 +174,31 @@ def test_cache_refuses_duplicates_and_strangers() -> None:
         parse_ibnd_cache(good + b"\0")
     with pytest.raises(ParseError, match="not recorded"):
         parse_ibnd_cache(good[:16] + struct.pack("<Q", 0xDEAD) + good[24:])
+
+
+def test_cache_refuses_a_port_past_its_nodes_count_and_a_record_written_twice() -> None:
+    """A port numbered past what its NodeInfo says the node has, a port's or a node's record
+    written twice, are a corrupt cache (each refused by its own check, not by the luck of a
+    later one); the node's last port is no such thing."""
+    def cache(last: int) -> bytes:
+        node = CacheNodeSpec(0x200000, "switch", 4, "sw", [
+            CachePortSpec(0x200000, n, 1) for n in (1, last)])
+        return cache_bytes([node])
+
+    assert set(parse_ibnd_cache(cache(4)).ports) == {("0x0000000000200000", n) for n in (1, 4)}
+    with pytest.raises(ParseError, match="port 5 of 0x0000000000200000, which has 4 ports"):
+        parse_ibnd_cache(cache(5))
+    good = cache(4)  # a port's record twice, its node listing it once: still refused
+    record = 13 + 64 + 18
+    first = good[-2 * record : -record]
+    again = good[:12] + struct.pack("<I", 3) + good[16:] + first
+    with pytest.raises(ParseError, match="recorded twice"):
+        parse_ibnd_cache(again)
+    header, node = 28, 2 + 1 + 1 + 64 + 10 + 64 + 64 + 1 + 2 * 9  # the node record twice
+    twice = (good[:8] + struct.pack("<I", 2) + good[12:header] + good[header : header + node]
+             + good[header:])
+    with pytest.raises(ParseError, match="node 0x0000000000200000 recorded twice"):
+        parse_ibnd_cache(twice)
 
 
 # --------------------------------------------------------------------------- node-name map
