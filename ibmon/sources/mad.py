@@ -230,7 +230,7 @@ class _FirstSweep:
     done: float = 0.0  # when its answers were all in
     asked: dict[PortKey, int] = field(default_factory=dict)  # port -> the LID it was read at
     values: dict[PortKey, PortCounterValues] = field(default_factory=dict)
-    failed: dict[PortKey, str] = field(default_factory=dict)
+    failed: dict[PortKey, SourceError] = field(default_factory=dict)
 
 
 #: ClassPortInfo masks by LID, and why by LID for the LIDs that did not answer.
@@ -853,7 +853,7 @@ class MadSource(FabricSource):
         results = self._results(reqs)  # decoded as they arrive, while later MADs are out
         mads += len(reqs)
         out: dict[PortKey, PortCounterValues] = {}
-        failed: dict[PortKey, str] = {}
+        failed: dict[PortKey, SourceError] = {}
         if first is not None:
             for k in had:
                 if k in first.values:
@@ -876,9 +876,7 @@ class MadSource(FabricSource):
                 errors.append(
                     SourceError(r.error or "timeout", f"{k[0]} port {k[1]}: PortInfo", k)
                 )
-        errors.extend(
-            SourceError(reason, f"{k[0]} port {k[1]}: PMA", k) for k, reason in failed.items()
-        )
+        errors.extend(failed.values())
         detail_mads = len(early)
         self._record_details(early, list(results), out, errors)
         if fdr10:
@@ -982,31 +980,32 @@ class MadSource(FabricSource):
         plan: Sequence[tuple[PortKey, str, MadRequest]],
         results: Iterator[MadResult],
         cpi: Mapping[int, ClassPortInfo],
-    ) -> tuple[dict[PortKey, PortCounterValues], dict[PortKey, str]]:
+    ) -> tuple[dict[PortKey, PortCounterValues], dict[PortKey, SourceError]]:
         """The answers to ``plan`` (as many as it has, taken from ``results``), decoded per port
-        under its LID's capability masks: values by port, and why by port for those that failed
+        under its LID's capability masks: values by port, and the error of each port that failed
         (no answer, or an answer whose PortSelect is another port's: ``parse_error``). Answers
         to attributes the masks say the port does not have are ignored (the discovery asks both
         before it knows); a port whose LID has no masks is in neither."""
         out: dict[PortKey, PortCounterValues] = {}
-        failed: dict[PortKey, str] = {}
+        failed: dict[PortKey, SourceError] = {}
 
         def finish(key: PortKey, lid: int, got: dict[str, MadResult]) -> None:
             masks = cpi.get(lid)
             if masks is None:
                 return
+            what = f"{key[0]} port {key[1]}"
             parts: dict[str, bytes] = {}
             for kind in _kinds(masks):
                 r = got[kind]
                 if r.data is None:
-                    failed[key] = r.error or "timeout"
+                    failed[key] = SourceError(r.error or "timeout", f"{what}: PMA", key)
                     return
                 parts[kind] = r.data
             try:
                 out[key] = decode_counters(parts.get("narrow"), parts.get("ext"),
                                            masks.cap_mask, masks.cap_mask2, port=int(key[1]))
-            except ParseError:  # another port's reply (its PortSelect): this port's miss
-                failed[key] = "parse_error"
+            except ParseError as exc:  # another port's reply (its PortSelect): this port's miss
+                failed[key] = SourceError("parse_error", f"{what}: PMA: {exc}", key)
 
         # a port's counter Gets are adjacent in the plan: decode it once its last one is in
         key: PortKey | None = None

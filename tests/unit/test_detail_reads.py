@@ -398,7 +398,8 @@ class MislabelledPma(PmaSource):
 
 async def test_mad_refuses_counters_answered_for_another_port_and_reads_the_rest() -> None:
     """A reply is booked only on the port it answers: the port whose PMA named another port
-    has no counters this poll and a ``parse_error`` naming it, the other port is read."""
+    has no counters this poll and a ``parse_error`` naming it and the port the reply named,
+    the other port is read."""
     src = MislabelledPma()
     h1, h2 = ("0x0000000000100001", "1"), ("0x0000000000100002", "1")
     try:
@@ -408,5 +409,8 @@ async def test_mad_refuses_counters_answered_for_another_port_and_reads_the_rest
         assert h1 not in snap.ports
         assert snap.ports[h2].counters["receive_errors"] == 5
         assert [(e.reason, e.key) for e in snap.errors] == [("parse_error", h1)]
+        # the log says what was wrong with the reply, not only that it was
+        assert snap.errors[0].detail == (f"{h1[0]} port 1: PMA: PortCounters reply for port 9 "
+                                         "where port 1 was asked")
     finally:
         await src.close()
