@@ -1,5 +1,5 @@
-"""``decode_counters`` (the ``mad`` source's one-pass decode) against the field-by-field way it
-replaces: ``merge_counters`` of ``decode_port_counters`` and ``decode_port_counters_ext``.
+"""``decode_counters`` (the ``mad`` source's one-pass decode) against the field-by-field way:
+``merge_counters`` of each attribute read at its offsets (``tests/pma_reference.py``).
 
 Both must agree on every value, the key order (rendering and the golden exposition follow it),
 which counters are 64-bit, and which payloads they refuse, for every combination of capability
@@ -13,20 +13,14 @@ import random
 
 import pytest
 
-from ibmon.sources.parse import (
-    ParseError,
-    PortCounterValues,
-    decode_counters,
-    decode_port_counters,
-    decode_port_counters_ext,
-    merge_counters,
-)
+from ibmon.sources.parse import ParseError, decode_counters
 from ibmon.sources.parse.pma import (
     CPI_CAP2_ADDL_EXT,
     CPI_CAP_EXT_WIDTH,
     CPI_CAP_EXT_WIDTH_NOIETF,
     CPI_CAP_XMIT_WAIT,
 )
+from tests.pma_reference import counters as _reference
 
 #: Every subset of the CapabilityMask bits the decoders read (plus an unrelated bit), and None.
 CAP_MASKS: list[int | None] = [None] + [
@@ -37,17 +31,6 @@ CAP_MASKS: list[int | None] = [None] + [
     )
 ]
 CAP_MASKS2: list[int | None] = [None, 0, CPI_CAP2_ADDL_EXT, CPI_CAP2_ADDL_EXT | 1]
-
-
-def _reference(
-    narrow: bytes | None, ext: bytes | None, cap: int | None, cap2: int | None,
-    *, port: int | None = None,
-) -> PortCounterValues:
-    return merge_counters(
-        decode_port_counters(narrow, cap, port=port) if narrow is not None else None,
-        decode_port_counters_ext(ext, cap, cap2, port=port) if ext is not None else None,
-        cap,
-    )
 
 
 def _payload(rng: random.Random, style: str) -> bytes:

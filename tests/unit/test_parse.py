@@ -20,8 +20,6 @@ from ibmon.sources.parse import (
     decode_class_port_info,
     decode_details,
     decode_node_info,
-    decode_port_counters,
-    decode_port_counters_ext,
     decode_port_info,
     has_mlnx_ext_port_info,
     may_be_fdr10,
@@ -38,6 +36,7 @@ from ibmon.sources.parse import (
 from ibmon.sources.shard import assign_nodes, filter_topology, parse_shard
 from mocks.topology import fat_tree
 from tests.fixtures import real_fixture, real_fixtures
+from tests.pma_reference import port_counters, port_counters_ext
 from tests.syspkg import require_library
 
 IBX = "infiniband_exporter/collectors/fixtures"
@@ -629,7 +628,7 @@ def test_counter_offsets_match_libibmad() -> None:
     rng = random.Random(11)
     for _ in range(30):
         data = bytes(rng.randrange(256) for _ in range(192))
-        pc = decode_port_counters(data, cap_mask=0x1000)
+        pc = port_counters(data, cap_mask=0x1000)
         for n in narrow:
             assert pc[n] == _decode(lib, data, ids[n]), n
         # IBA: QP1Dropped is bytes 20-21. libibmad 44 declares it {160, 16} without BITSOFFS,
@@ -637,7 +636,7 @@ def test_counter_offsets_match_libibmad() -> None:
         # twice); ibmon decodes the spec offset and the diags source drops perfquery's copy.
         assert pc["QP1Dropped"] == int.from_bytes(data[20:22], "big")
         assert _decode(lib, data, qp1) == pc["VL15Dropped"]
-        ext = decode_port_counters_ext(data, cap_mask=0x200, cap_mask2=0x2)
+        ext = port_counters_ext(data, cap_mask=0x200, cap_mask2=0x2)
         for n in ext_names:
             assert ext[n] == _decode(lib, data, ext_ids[n]), n
         for n in err_names:

@@ -23,8 +23,7 @@ from hypothesis import strategies as st
 from ibmon.sources.parse import (
     DiscoveredPort,
     ParseError,
-    decode_port_counters,
-    decode_port_counters_ext,
+    decode_counters,
     parse_ibnd_cache,
     parse_ibnetdiscover_ports,
     parse_node_name_map,
@@ -221,17 +220,14 @@ def test_node_name_map_refuses_any_unreadable_line(junk: str) -> None:
 @SETTINGS
 @given(st.binary(min_size=192, max_size=192), st.integers(0, 255))
 def test_a_counter_reply_for_another_port_is_refused(payload: bytes, port: int) -> None:
-    for decode in (
-        lambda d, p: decode_port_counters(d, 0x1000, port=p),
-        lambda d, p: decode_port_counters_ext(d, 0x200, 2, port=p),
-    ):
+    for narrow, ext in ((payload, None), (None, payload), (payload, payload)):
         if payload[1] == port:
-            assert decode(payload, port)
+            assert decode_counters(narrow, ext, 0x1200, 2, port=port).counters
         else:
             with pytest.raises(ParseError, match=f"for port {payload[1]} where port {port}"):
-                decode(payload, port)
+                decode_counters(narrow, ext, 0x1200, 2, port=port)
     with pytest.raises(ParseError, match="too short"):
-        decode_port_counters_ext(payload[:100], 0x200, 2)
+        decode_counters(None, payload[:100], 0x200, 2)
 
 
 # --------------------------------------------------------------------------- sysfs values

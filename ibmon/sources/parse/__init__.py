@@ -46,8 +46,6 @@ from ibmon.sources.parse.pma import (
     decode_class_port_info,
     decode_counters,
     decode_details,
-    decode_port_counters,
-    decode_port_counters_ext,
     decode_samples_control_tick,
     merge_counters,
 )
@@ -85,8 +83,6 @@ __all__ = [
     "decode_details",
     "decode_node_desc",
     "decode_node_info",
-    "decode_port_counters",
-    "decode_port_counters_ext",
     "decode_port_info",
     "decode_samples_control_tick",
     "expect_blocks",

@@ -36,8 +36,6 @@ __all__ = [
     "decode_class_port_info",
     "decode_counters",
     "decode_details",
-    "decode_port_counters",
-    "decode_port_counters_ext",
     "decode_samples_control_tick",
     "merge_counters",
 ]
@@ -138,51 +136,9 @@ assert _PC_STRUCT.size == 44
 assert len(_PC_NAMES) == 16
 
 
-def decode_port_counters(
-    data: bytes, cap_mask: int | None = None, *, port: int | None = None
-) -> dict[str, int]:
-    """PortCounters (0x12) payload -> PMA field name -> value.
-
-    PortXmitWait is left out when ``cap_mask`` says the port does not support it (perfquery
-    prints 0 then; a value we know to be meaningless is better absent than zero). With
-    ``port``, a reply whose PortSelect is another port raises ParseError.
-    """
-    if len(data) < 44:
-        raise ParseError("PortCounters payload shorter than 44 bytes")
-    _check_select(data, port, "PortCounters")
-    v = _PC_STRUCT.unpack_from(data)
-    # v[9] is byte 19 (LocalLinkIntegrityErrors << 4 | ExcessiveBufferOverrunErrors)
-    out = dict(zip(_PC_NAMES, v[:9] + v[10:], strict=True))
-    out["LocalLinkIntegrityErrors"] = v[9] >> 4
-    out["ExcessiveBufferOverrunErrors"] = v[9] & 0x0F
-    if cap_mask is not None and not cap_mask & CPI_CAP_XMIT_WAIT:
-        del out["PortXmitWait"]
-    return out
-
-
 _EXT_DATA_STRUCT = struct.Struct(">8x4Q")
 _EXT_CASTS_STRUCT = struct.Struct(">40x4Q")
 _EXT_ERRORS_STRUCT = struct.Struct(">72x14Q")
-
-
-def decode_port_counters_ext(
-    data: bytes, cap_mask: int | None, cap_mask2: int | None, *, port: int | None = None
-) -> dict[str, int]:
-    """PortCountersExtended (0x1D) payload -> the fields the capability masks say are valid.
-
-    With ``port``, a reply whose PortSelect is another port raises ParseError.
-    """
-    if len(data) < 72:
-        raise ParseError("PortCountersExtended payload shorter than 72 bytes")
-    _check_select(data, port, "PortCountersExtended")
-    out = dict(zip(EXT_DATA, _EXT_DATA_STRUCT.unpack_from(data), strict=True))
-    if cap_mask is None or cap_mask & CPI_CAP_EXT_WIDTH:
-        out.update(zip(EXT_CASTS, _EXT_CASTS_STRUCT.unpack_from(data), strict=True))
-    if cap_mask2 is not None and cap_mask2 & CPI_CAP2_ADDL_EXT:
-        if len(data) < 184:
-            raise ParseError("PortCountersExtended payload too short for its 64-bit error copies")
-        out.update(zip(EXT_ERRORS, _EXT_ERRORS_STRUCT.unpack_from(data), strict=True))
-    return out
 
 
 def decode_details(attribute: str, data: bytes, *, port: int | None = None) -> dict[str, int]:
@@ -289,8 +245,10 @@ _PC_ALL_NAMES = (*_PC_NAMES, "LocalLinkIntegrityErrors", "ExcessiveBufferOverrun
 
 
 def _plan(cap_mask: int | None, cap_mask2: int | None, narrow: bool, ext: bool) -> _Plan:
-    """What ``merge_counters`` makes of ``decode_port_counters`` and ``decode_port_counters_ext``
-    for one kind of port, worked out once by field name under the same mask rules."""
+    """What ``merge_counters`` would make of one kind of port's two attributes decoded field by
+    field (``tests/pma_reference.py``), worked out once by field name under the mask rules:
+    PortXmitWait only with CapabilityMask bit 12, unicast/multicast with bit 9, the 64-bit
+    error copies with CapabilityMask2 bit 1, the 64-bit data fields trusted with bit 9 or 10."""
     xmit_wait = cap_mask is None or bool(cap_mask & CPI_CAP_XMIT_WAIT)
     casts = cap_mask is None or bool(cap_mask & CPI_CAP_EXT_WIDTH)
     errors = cap_mask2 is not None and bool(cap_mask2 & CPI_CAP2_ADDL_EXT)
@@ -327,14 +285,15 @@ def decode_counters(
     *,
     port: int | None = None,
 ) -> PortCounterValues:
-    """``merge_counters(decode_port_counters(narrow, cap_mask, port=port),
-    decode_port_counters_ext(ext, cap_mask, cap_mask2, port=port), cap_mask)``: the same values
-    in the same order, and the same ParseErrors, in a third of the time.
+    """One port's PortCounters (``narrow``) and PortCountersExtended (``ext``) replies, either
+    absent, as catalogue counters: the 64-bit copy of a field wins, and the capability masks
+    say which fields are real (``_plan``). With ``port``, a reply whose PortSelect is another
+    port raises ParseError, as does a payload too short for what the masks say it holds.
 
-    Why: the ``mad`` source decodes every port of a poll while its worker is still sending
-    MADs, on the same CPUs (2,394 ports: 20 -> 7 ms; 118,400 ports: about 0.6 s of CPU a poll
-    less). The field-by-field merge is worked out once per kind of port (``_plan``); a port
-    costs its unpacks and one gather.
+    Why one pass: the ``mad`` source decodes every port of a poll while its worker is still
+    sending MADs, on the same CPUs. The field-by-field merge is worked out once per kind of
+    port; a port costs its unpacks and one gather, not a dict an attribute and a merge
+    (``tests/pma_reference.py`` decodes that way; the tests hold the two to the same answers).
     """
     key = (cap_mask, cap_mask2, narrow is not None, ext is not None)
     plan = _PLANS.get(key)
