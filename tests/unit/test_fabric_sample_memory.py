@@ -64,12 +64,18 @@ def test_ports_with_the_same_64_bit_counters_share_one_set() -> None:
 
 
 def test_a_value_that_does_not_fit_64_bits_keeps_the_dict() -> None:
-    """The tracker's per-port rules decide what such a value means (``test_tracker.py``)."""
-    for odd in ({"transmit_data": 2**64, "symbol_errors": 1}, {"symbol_errors": -1}):
+    """The tracker's per-port rules decide what such a value means (``test_tracker.py``); a
+    value that is no int at all is theirs too, not an exception that costs the poll."""
+    for odd in ({"transmit_data": 2**64, "symbol_errors": 1}, {"symbol_errors": -1},
+                {"transmit_data": 1.5, "symbol_errors": 1}):
         assert packed_counters(odd) is odd
     fitting = {"transmit_data": 2**64 - 1, "symbol_errors": 0}
     assert type(packed_counters(fitting)) is Totals
     assert dict(packed_counters(fitting).items()) == fitting
+    # every way of reading a Mapping gives the values, not their positions
+    packed = packed_counters(fitting)
+    assert list(packed.values()) == list(fitting.values()) and list(packed) == list(fitting)
+    assert packed == fitting
     assert make_sample(_port(0), None).counters == {}
 
 
