@@ -290,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     samples = sum(1 for line in body.splitlines() if not line.startswith(b"#"))
     del body
     ours = best_of(lambda: renderer.render(views), args.repeat)
-    chunks = renderer.render_chunks(views)
+    chunks = list(renderer.iter_chunks(views))
     c0 = cpu()
     deflate_chunks(chunks, GZIP_LEVEL)
     deflate_cpu = cpu() - c0

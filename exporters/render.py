@@ -524,9 +524,6 @@ class PortRenderer:
         yield from self.descriptive_chunks()
         yield from self.series_chunks(views)
 
-    def render_chunks(self, views: Iterable[PortView]) -> list[bytes]:
-        return list(self.iter_chunks(views))
-
     def render(self, views: Iterable[PortView]) -> bytes:
         return b"".join(self.iter_chunks(views))
 
