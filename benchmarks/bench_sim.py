@@ -23,8 +23,8 @@ import statistics
 import sys
 import time
 
-from ibmon.sources.mock import ManualClock, MockSource
-from mocks.scenario import ScenarioPlayer, load_scenario
+from ibmon.sources.mock import MockSource
+from mocks.scenario import ManualClock, ScenarioPlayer, load_scenario
 from mocks.topology import fabric_for_ports
 from mocks.traffic import FabricModel
 

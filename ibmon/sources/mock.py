@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, ClassVar, Literal, TypeVar
 
 from pydantic import Field
 
@@ -29,12 +29,12 @@ from ibmon.runtime.gcpause import paused_gc
 from ibmon.runtime.sizes import fabric_sized, run_bulk
 
 if TYPE_CHECKING:  # the simulator (and YAML) load only when a mock source is built
-    from mocks.scenario import ManualClock, ScenarioPlayer, SimClock
+    from mocks.scenario import ScenarioPlayer
     from mocks.traffic import FabricModel
 
 _T = TypeVar("_T")
 
-__all__ = ["Config", "ManualClock", "MockSource", "MockSourceConfig", "SimClock", "build"]
+__all__ = ["Config", "MockSource", "MockSourceConfig", "build"]
 
 
 class MockSourceConfig(SourceConfigBase):
@@ -59,15 +59,6 @@ def build(cfg: MockSourceConfig) -> MockSource:
         cfg.scenario, hosts=cfg.hosts, speed=cfg.speed, seed=cfg.seed, name=cfg.label,
         jobs=cfg.jobs,
     )
-
-
-def __getattr__(name: str) -> Any:
-    """The simulator's clocks, re-exported without importing the simulator up front."""
-    if name in ("ManualClock", "SimClock"):
-        import mocks.scenario
-
-        return getattr(mocks.scenario, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class MockSource:

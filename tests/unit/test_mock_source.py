@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from ibmon.sources import Source
-from ibmon.sources.mock import ManualClock, MockSource, SimClock
+from ibmon.sources.mock import MockSource
 from ibmon.sources.sysfs import SysfsSource
 from ibmon.track.tracker import Tracker
-from mocks.scenario import ScenarioError, resolve_port
+from mocks.scenario import ManualClock, ScenarioError, SimClock, resolve_port
 from mocks.sysfs import run_sysfs
 
 

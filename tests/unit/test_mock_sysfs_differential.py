@@ -22,10 +22,10 @@ import pytest
 
 from ibmon.infiniband.counters import CATALOGUE
 from ibmon.infiniband.model import PortView
-from ibmon.sources.mock import ManualClock, MockSource
+from ibmon.sources.mock import MockSource
 from ibmon.sources.sysfs import SysfsSource
 from ibmon.track.tracker import Tracker
-from mocks.scenario import Scenario, list_scenarios, load_scenario, resolve_port
+from mocks.scenario import ManualClock, Scenario, list_scenarios, load_scenario, resolve_port
 from mocks.sysfs import SysfsRenderer
 from mocks.topology import fat_tree
 from mocks.traffic import SM_LID, FabricModel

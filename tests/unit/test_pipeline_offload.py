@@ -18,7 +18,8 @@ from ibmon.infiniband.model import PortView
 from ibmon.runtime.pipeline import Pipeline
 from ibmon.runtime.selfmetrics import SelfMetrics
 from ibmon.runtime.sizes import fabric_sized
-from ibmon.sources.mock import ManualClock, MockSource, MockSourceConfig
+from ibmon.sources.mock import MockSource, MockSourceConfig
+from mocks.scenario import ManualClock
 
 T = TypeVar("T")
 

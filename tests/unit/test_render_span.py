@@ -18,9 +18,10 @@ from exporters.render import PortRenderer
 from ibmon.infiniband.model import PortView
 from ibmon.runtime.pipeline import Pipeline, build_state
 from ibmon.runtime.selfmetrics import SelfMetrics
-from ibmon.sources.mock import ManualClock, MockSource, MockSourceConfig
+from ibmon.sources.mock import MockSource, MockSourceConfig
 from ibmon.state import PortSorter
 from ibmon.track.rowview import Span, as_run
+from mocks.scenario import ManualClock
 
 
 def _body(renderer: PortRenderer, views: list[PortView], span: Span | None,

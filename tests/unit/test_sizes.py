@@ -20,10 +20,11 @@ from ibmon.infiniband.model import PortIdentity, PortSample, Snapshot
 from ibmon.runtime import looplag, sizes
 from ibmon.runtime.pipeline import Pipeline
 from ibmon.runtime.selfmetrics import SelfMetrics
-from ibmon.sources.mock import ManualClock, MockSource, MockSourceConfig
+from ibmon.sources.mock import MockSource, MockSourceConfig
 from ibmon.track.rowview import RowView
 from ibmon.track.totals import packed_counters
 from ibmon.track.tracker import Tracker
+from mocks.scenario import ManualClock
 
 REPO = Path(__file__).resolve().parents[2]
 
