@@ -417,8 +417,8 @@ class IbSim:
             return "(no log)"
 
     def _first_sweep(self) -> None:
-        # With sweeping disabled (-s 0) opensm 3.3 becomes master but waits for a trigger before
-        # its first heavy sweep: SIGHUP is that trigger. With sweeping on it sweeps by itself.
+        # opensm becomes master, then runs its first heavy sweep by itself, also with periodic
+        # sweeping off (-s 0); later sweeps are ``resweep``'s (SIGHUP).
         end = time.monotonic() + self.start_timeout
         while "Entering MASTER state" not in self._tail_log(full=True):
             if self._opensm is None or self._opensm.poll() is not None:
@@ -426,8 +426,6 @@ class IbSim:
             if time.monotonic() > end:
                 raise IbSimError(f"opensm did not become master; log: {self._tail_log()}")
             time.sleep(0.05)
-        if False:
-            self._opensm.send_signal(signal.SIGHUP)
         self.wait_subnet_up(count=1, timeout=max(1.0, end - time.monotonic()))
 
     def resweep(self, timeout: float = 60.0) -> None:
