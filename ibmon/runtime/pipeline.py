@@ -134,7 +134,6 @@ class Pipeline:
         #: Held while a poll's ``ingest`` runs (``_ingest_off_loop``); whoever reads or changes
         #: the tracker or engine from a worker thread, or across an await, holds it too.
         self.lock = asyncio.Lock()
-        self._ingesting = False
         #: The conditions firing on the views above, made together with them: what the
         #: exporters read, whichever thread is ingesting the next poll meanwhile.
         self._conditions: tuple[ActiveCondition, ...] = ()
@@ -239,21 +238,16 @@ class Pipeline:
         async with self.lock:
             if not fabric_sized(len(snap.ports)):
                 return self.ingest(snap, failure)
-            self._ingesting = True
             work = asyncio.ensure_future(run_bulk(self._ingest_and_free, snap, failure))
             cancelled = False
-            try:
-                while True:
-                    try:
-                        events = await asyncio.shield(work)
-                        break
-                    except asyncio.CancelledError:
-                        if work.done():  # the thread itself was cancelled: nothing ran
-                            raise
-                        cancelled = True
-            finally:
-                if work.done():
-                    self._ingesting = False
+            while True:
+                try:
+                    events = await asyncio.shield(work)
+                    break
+                except asyncio.CancelledError:
+                    if work.done():  # the thread itself was cancelled: nothing ran
+                        raise
+                    cancelled = True
         if cancelled:
             task = asyncio.current_task()
             assert task is not None
@@ -282,11 +276,6 @@ class Pipeline:
         """The switches' forwarding tables the routes use (``Topology.forwarding``, with a
         table this discovery could not read kept from the one before: ``ForwardingTables``)."""
         return self._tables.tables
-
-    @property
-    def ingesting(self) -> bool:
-        """True while a poll's tracking and detection run in a worker thread."""
-        return self._ingesting
 
     async def _discover_if_due(self, source: Source, now: float) -> None:
         if source is self._discovered and now < self._next_discover:

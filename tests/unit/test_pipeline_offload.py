@@ -1,6 +1,9 @@
 """A large sample is tracked and detected in a worker thread (scrapes never wait
 behind a poll), without changing what a poll means: the loop keeps running meanwhile, and a
-cancelled poll is still ingested and its events handed back before the cancellation lands."""
+cancelled poll is still ingested and its events handed back before the cancellation lands.
+
+``pipeline.lock`` is held exactly while a large poll is ingested: the worker thread runs
+inside it (and nothing else here takes it)."""
 
 from __future__ import annotations
 
@@ -40,9 +43,9 @@ def test_the_loop_runs_while_a_large_poll_is_ingested() -> None:
         clock.t = 1.0
         task = asyncio.create_task(pipeline.poll(source))
         turns = 0
-        while not pipeline.ingesting:  # noqa: ASYNC110 - counting the loop's turns is the point
+        while not pipeline.lock.locked():  # noqa: ASYNC110 - counting the loop's turns is the point
             await asyncio.sleep(0)
-        while pipeline.ingesting:  # the loop gets turns while the worker thread ingests
+        while pipeline.lock.locked():  # the loop gets turns while the worker thread ingests
             turns += 1
             await asyncio.sleep(0)
         await task
@@ -85,7 +88,7 @@ def test_a_cancelled_poll_is_ingested_and_emitted_before_it_ends() -> None:
 
     async def main() -> asyncio.Task[None]:
         task = asyncio.create_task(poll_loop())
-        while not pipeline.ingesting:  # noqa: ASYNC110 - cancel exactly while the thread runs
+        while not pipeline.lock.locked():  # noqa: ASYNC110 - cancel exactly while the thread runs
             await asyncio.sleep(0)
         task.cancel()
         await asyncio.wait({task})
@@ -94,7 +97,7 @@ def test_a_cancelled_poll_is_ingested_and_emitted_before_it_ends() -> None:
     task = asyncio.run(main())
     assert task.cancelled()
     assert len(emitted) == 1  # the poll came back (with its events) before the cancellation
-    assert not pipeline.ingesting
+    assert not pipeline.lock.locked()
     assert len(pipeline.views) == len(source.model.keys)
 
 
@@ -103,7 +106,7 @@ def test_a_large_poll_runs_without_collections_and_its_views_stay_out_of_later_o
     started: list[int] = []
 
     def seen(phase: str, info: dict[str, int]) -> None:
-        if phase == "start" and pipeline.ingesting:
+        if phase == "start" and pipeline.lock.locked():
             started.append(info["generation"])
 
     async def main() -> None:
