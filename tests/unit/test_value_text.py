@@ -116,6 +116,15 @@ def test_array_texts_spell_a_float64_array_as_repr_and_nan_as_no_value() -> None
     assert array_texts(np.full(MIN_VALUES - 1, 0.5)) is None
 
 
+def test_values_orjson_writes_positionally_are_respelled_without_a_smaller_one() -> None:
+    """From 1e-5 to 1e-4 orjson writes no exponent (``0.000025``): a column with no value
+    below that, so no ``e-`` in its text, still has them as ``repr`` spells them (``2.5e-05``)."""
+    np = pytest.importorskip("numpy", reason="numpy is a runtime dependency")
+    values = [0.5] * MIN_VALUES + [2.5e-5, 1e-5, 9.999999999999999e-05, -3e-5, 0.0]
+    want = [repr(x) for x in values]
+    assert array_texts(np.array(values, dtype=np.float64)) == want == float_texts(values)
+
+
 def test_small_positive_ratios_are_respelled_in_bulk(monkeypatch: pytest.MonkeyPatch) -> None:
     """Transmit-wait ratios below 1e-4 (half of a busy fabric's) are respelled by passes over
     their joined texts, not one ``_small`` call each: the texts are still ``repr``'s, for both
