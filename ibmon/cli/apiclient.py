@@ -96,6 +96,14 @@ def _url_problem(exc: ValueError) -> str:
     return "not a valid URL"
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is an error: the daemon's API never redirects, and urllib would send the
+    basic-auth header along to wherever one points (another host, plain http as well)."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
 class ApiClient:
     """GETs JSON from ``url`` (``http://`` or ``https://``), with basic auth and a CA file."""
 
@@ -119,6 +127,8 @@ class ApiClient:
                     cafile=str(ca_file) if ca_file is not None else None)
             except (OSError, ssl.SSLError) as exc:
                 raise ApiError(f"cannot use CA file {ca_file}: {exc}") from None
+        self._opener = urllib.request.build_opener(
+            _NoRedirects(), urllib.request.HTTPSHandler(context=self._context))
 
     def get(self, path: str, query: Mapping[str, str] | None = None) -> Any:
         """The JSON answer to ``GET path?query``; ApiError with a useful line otherwise."""
@@ -130,8 +140,7 @@ class ApiClient:
         if self._auth is not None:
             req.add_header("Authorization", self._auth)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout,  # noqa: S310 - http(s) only
-                                        context=self._context) as resp:
+            with self._opener.open(req, timeout=self.timeout) as resp:
                 body = resp.read()
         except urllib.error.HTTPError as exc:
             raise ApiError(self._http_error(exc)) from None
@@ -153,6 +162,9 @@ class ApiClient:
             hint = ("wrong user or password" if self._auth else
                     "the daemon wants basic auth: give --user and --password-file")
             return f"{self.url}: HTTP 401 unauthorized ({hint})"
+        if 300 <= exc.code < 400:
+            return (f"{self.url}: HTTP {exc.code}, redirected to {exc.headers.get('Location')!r};"
+                    " the daemon's API does not redirect: give --url the daemon's own address")
         try:
             detail = json.loads(exc.read()).get("error", "")
         except (ValueError, AttributeError, OSError):

@@ -1,0 +1,64 @@
+"""The API client of ``ibmon top --url``, ``explain``, ``jobs`` and ``topology`` against real
+HTTP servers on loopback: a redirect never carries the operator's credentials anywhere."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from ibmon.cli.apiclient import ApiClient, ApiError
+
+
+@contextmanager
+def _server(respond: type[BaseHTTPRequestHandler]) -> Iterator[ThreadingHTTPServer]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), respond)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_redirect_is_refused_and_the_password_goes_nowhere_else() -> None:
+    seen: list[str | None] = []
+
+    class Elsewhere(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization"))
+            body = json.dumps({"ports": [], "count": 0}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with _server(Elsewhere) as other:
+        target = f"http://127.0.0.1:{other.server_address[1]}/api/v1/ports"
+
+        class Redirecting(Elsewhere):
+            def do_GET(self) -> None:
+                self.send_response(302)
+                self.send_header("Location", target)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        with _server(Redirecting) as daemon:
+            client = ApiClient(f"http://127.0.0.1:{daemon.server_address[1]}",
+                               user="ops", password="s3cret")
+            with pytest.raises(ApiError, match=r"HTTP 302, redirected to .*does not redirect"):
+                client.get("/api/v1/ports")
+        assert seen == []  # nothing reached the other server, the credentials least of all
+        # the same client reads a server that answers itself, with its credentials
+        assert ApiClient(f"http://127.0.0.1:{other.server_address[1]}", user="ops",
+                         password="s3cret").get("/api/v1/ports") == {"ports": [], "count": 0}
+        assert seen == ["Basic b3BzOnMzY3JldA=="]
