@@ -5,6 +5,7 @@ client decompresses to the exact text, also when segments of the two are spliced
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import platform
 import zlib
 
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 from exporters import deflate
 from exporters.http import concat, deflate_chunks, gzip_parts, inflate
+from ibmon.runtime.selfmetrics import SelfMetrics
 
 BACKENDS = ("isal", "zlib")
 
@@ -31,6 +33,13 @@ def test_isal_is_what_a_linux_x86_64_or_arm64_install_uses() -> None:
     """The dependency is declared for these machines; the fast path must really be taken."""
     if platform.system() == "Linux" and platform.machine() in ("x86_64", "aarch64"):
         assert deflate.BACKEND == "isal"
+
+
+def test_build_info_names_the_compressor_and_numpy_in_use() -> None:
+    """``ibmon_build_info`` tells an operator which optional backends this install runs."""
+    labels = SelfMetrics().registry.render().decode()
+    numpy = "yes" if importlib.util.find_spec("numpy") is not None else "no"
+    assert f'deflate="{deflate.BACKEND}"' in labels and f'numpy="{numpy}"' in labels
 
 
 chunks = st.lists(st.binary(max_size=3000) | st.text(max_size=2000).map(str.encode),
