@@ -17,6 +17,7 @@ import typer
 from pydantic import ValidationError
 
 from ibmon import __version__
+from ibmon.cli.terminal import printable
 from ibmon.config import (
     ConfigError,
     Settings,
@@ -600,7 +601,8 @@ def main(argv: list[str] | None = None) -> None:
         code = getattr(exc, "exit_code", None)
         if callable(fmt) and isinstance(code, int):
             no_args = type(exc).__name__ == "NoArgsIsHelpError"
-            print(fmt() if no_args else f"ibmon: error: {fmt()}", file=sys.stderr)
+            # one line, whatever it quotes: a daemon's or a tool's words, a path, a value
+            print(fmt() if no_args else f"ibmon: error: {printable(fmt())}", file=sys.stderr)
             sys.exit(code)
         raise
     sys.exit(rc if isinstance(rc, int) else 0)

@@ -99,7 +99,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run_command(run.config, run.listen, run.log_level)
     except CliUsageError as exc:
-        print(f"ibmon: error: {exc.format_message()}", file=sys.stderr)
+        from ibmon.cli.terminal import printable
+
+        print(f"ibmon: error: {printable(exc.format_message())}", file=sys.stderr)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)

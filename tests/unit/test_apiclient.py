@@ -1,5 +1,6 @@
 """The API client of ``ibmon top --url``, ``explain``, ``jobs`` and ``topology`` against real
-HTTP servers on loopback: a redirect never carries the operator's credentials anywhere."""
+HTTP servers on loopback: a redirect never carries the operator's credentials anywhere, and
+what a server says in an error reaches the terminal as one line of visible text."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from ibmon.cli.apiclient import ApiClient, ApiError
+from ibmon.cli.app import main
 
 
 @contextmanager
@@ -62,3 +64,31 @@ def test_a_redirect_is_refused_and_the_password_goes_nowhere_else() -> None:
         assert ApiClient(f"http://127.0.0.1:{other.server_address[1]}", user="ops",
                          password="s3cret").get("/api/v1/ports") == {"ports": [], "count": 0}
         assert seen == ["Basic b3BzOnMzY3JldA=="]
+
+
+def test_a_servers_error_text_is_one_line_with_its_control_characters_shown(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A server (a proxy, something else on the port) may answer with escape sequences in its
+    status line or error: ``ibmon explain`` shows them, it does not play them on the
+    operator's terminal."""
+
+    class Hostile(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"error": "\x1b]0;title\x07\x1b[31mred\nsecond line"}).encode()
+            self.send_response(500, "Oops\x1b[2J")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with _server(Hostile) as server:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(SystemExit) as exited:
+            main(["explain", "0x1/1", "--url", url])
+    out, err = capsys.readouterr()
+    assert exited.value.code == 2 and out == ""
+    assert err == (f"ibmon: error: {url}: HTTP 500 Oops\\x1b[2J: \\x1b]0;title\\x07"
+                   "\\x1b[31mred\\x0asecond line\n")
