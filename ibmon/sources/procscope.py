@@ -294,8 +294,8 @@ class ToolScopes:
         return list(mine.values())
 
     def _sweep(self, token: str, mine: dict[int, ProcStat]) -> bool:
-        """Kill every adopted orphan of a finished scope (the ones of ``token``, or all with
-        an empty token, go into ``mine``); True when it killed anything not killed before."""
+        """Kill every adopted orphan of a finished scope (the ones of ``token`` go into
+        ``mine``); True when it killed anything not killed before."""
         me = os.getpid()
         prefix = self._prefix()
         killed_any = False
@@ -313,7 +313,7 @@ class ToolScopes:
                 found = killed_any = True
                 killed = [st, *kill_tree(child)]
                 self._adopted.update(k.pid for k in killed)
-                if owner == token or not token:
+                if owner == token:
                     mine.update((k.pid, k) for k in killed)
             if not found:
                 break
@@ -354,11 +354,9 @@ class ToolScopes:
             waited += delay
             delay = min(delay * 2, 0.1)
 
-    async def sweep(self) -> list[ProcStat]:
+    async def sweep(self) -> None:
         """Kill and reap orphans of every finished scope (a source's close does this last)."""
-        mine: dict[int, ProcStat] = {}
-        await self._settle("", mine)
-        return list(mine.values())
+        await self._settle("", {})
 
 
 #: The scopes of this process: one registry, because orphans come back to the process, not to

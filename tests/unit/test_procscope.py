@@ -181,3 +181,46 @@ async def test_a_tool_runs_in_a_session_and_process_group_of_its_own() -> None:
     probe = "import os; print(os.getsid(0) == os.getpid(), os.getpgid(0) == os.getpid())"
     res = await SubprocessRunner().run([sys.executable, "-c", probe], timeout=10)
     assert (res.rc, res.stdout.split()) == (0, ["True", "True"])
+
+
+def test_a_command_name_with_parentheses_is_read_whole(tmp_path: Path) -> None:
+    """``/proc/<pid>/stat`` puts the command name in parentheses, and a name may hold them
+    itself (a tool's helper is named by whoever wrote it): the fields after it are still found,
+    so its parent, group and session say where it belongs."""
+    odd = tmp_path / "a) S 1 (b"
+    odd.symlink_to(Path(sys.executable).resolve())
+    proc = subprocess.Popen([str(odd), "-c", "import time; time.sleep(30)"],
+                            start_new_session=True)
+    try:
+        st = read_stat(proc.pid)
+        assert st is not None
+        assert (st.comm, st.ppid, st.pgrp, st.session) == ("a) S 1 (b", os.getpid(), proc.pid,
+                                                          proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_without_the_children_files_children_are_found_by_their_parent_field(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A kernel built without ``/proc/<pid>/task/<tid>/children`` (CONFIG_PROC_CHILDREN) still
+    lets a scope find what a tool left behind: every process's parent field is read instead."""
+    import builtins
+
+    from ibmon.sources import procscope
+
+    def no_children_files(path: object, *args: object, **kwargs: object) -> object:
+        if str(path).endswith("/children"):
+            raise FileNotFoundError(path)
+        return builtins.open(path, *args, **kwargs)  # type: ignore[call-overload]
+
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+             for _ in range(2)]
+    try:
+        monkeypatch.setattr(procscope, "open", no_children_files, raising=False)
+        assert {p.pid for p in procs} <= set(children(os.getpid()))
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
