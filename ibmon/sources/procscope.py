@@ -55,9 +55,6 @@ __all__ = [
 #: The environment variable that carries a command's scope token to everything it starts.
 SCOPE_ENV = "IBMON_TOOL_SCOPE"
 _PR_SET_CHILD_SUBREAPER = 36
-#: Rounds of "find, kill" per close: a process forking while it is killed leaves a child that
-#: is re-parented to us and found by the next round.
-_ROUNDS = 8
 #: How long a close waits for the processes it killed to become zombies it can reap.
 _REAP_WAIT = 1.0
 #: Finished tools whose sessions still identify their zombies.
@@ -295,28 +292,24 @@ class ToolScopes:
 
     def _sweep(self, token: str, mine: dict[int, ProcStat]) -> bool:
         """Kill every adopted orphan of a finished scope (the ones of ``token`` go into
-        ``mine``); True when it killed anything not killed before."""
-        me = os.getpid()
+        ``mine``); True when it killed anything not killed before. A process that forks while
+        it is killed leaves a child re-parented here: ``_settle`` sweeps again for it."""
         prefix = self._prefix()
         killed_any = False
-        for _ in range(_ROUNDS):
-            found = False
-            for child in children(me):
-                if child in self._adopted:
-                    continue  # already killed, waiting to be reaped
-                st = read_stat(child)
-                if st is None or st.zombie:
-                    continue
-                owner = _scope_of(child)
-                if owner is None or not owner.startswith(prefix) or owner in self._running:
-                    continue
-                found = killed_any = True
-                killed = [st, *kill_tree(child)]
-                self._adopted.update(k.pid for k in killed)
-                if owner == token:
-                    mine.update((k.pid, k) for k in killed)
-            if not found:
-                break
+        for child in children(os.getpid()):
+            if child in self._adopted:
+                continue  # already killed, waiting to be reaped
+            st = read_stat(child)
+            if st is None or st.zombie:
+                continue
+            owner = _scope_of(child)
+            if owner is None or not owner.startswith(prefix) or owner in self._running:
+                continue
+            killed_any = True
+            killed = [st, *kill_tree(child)]
+            self._adopted.update(k.pid for k in killed)
+            if owner == token:
+                mine.update((k.pid, k) for k in killed)
         return killed_any
 
     def _reapable(self, st: ProcStat) -> bool:
