@@ -224,3 +224,19 @@ def test_without_the_children_files_children_are_found_by_their_parent_field(
         for p in procs:
             p.kill()
             p.wait()
+
+
+async def test_a_child_that_exits_before_its_tool_is_reaped_not_left_a_zombie() -> None:
+    """A tool that never waits for a child it started leaves it a zombie, re-parented to ibmon
+    (the subreaper) when the tool exits: it is reaped with the tool's scope, or every such
+    command would leave one more zombie, for as long as the daemon runs."""
+    assert become_subreaper()
+    tool = ("import os, time\n"
+            "if os.fork() == 0:\n"
+            "    os._exit(0)\n"
+            "time.sleep(0.2)\n"  # the child is a zombie now; the tool exits without reaping it
+            "print(os.getpid())\n")
+    res = await SubprocessRunner().run([sys.executable, "-c", tool], timeout=30)
+    assert res.rc == 0 and res.strays == 0  # nothing was left running
+    await _settle(lambda: not _zombie_children())
+    assert not _zombie_children()
