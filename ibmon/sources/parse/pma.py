@@ -248,7 +248,9 @@ def _plan(cap_mask: int | None, cap_mask2: int | None, narrow: bool, ext: bool) 
     """What ``merge_counters`` would make of one kind of port's two attributes decoded field by
     field (``tests/pma_reference.py``), worked out once by field name under the mask rules:
     PortXmitWait only with CapabilityMask bit 12, unicast/multicast with bit 9, the 64-bit
-    error copies with CapabilityMask2 bit 1, the 64-bit data fields trusted with bit 9 or 10."""
+    error copies with CapabilityMask2 bit 1, the 64-bit data fields trusted with bit 9 or 10.
+    A field the masks call invalid is absent, not 0 (perfquery prints 0 for it): a value known
+    to be meaningless is better missing than zero."""
     xmit_wait = cap_mask is None or bool(cap_mask & CPI_CAP_XMIT_WAIT)
     casts = cap_mask is None or bool(cap_mask & CPI_CAP_EXT_WIDTH)
     errors = cap_mask2 is not None and bool(cap_mask2 & CPI_CAP2_ADDL_EXT)
