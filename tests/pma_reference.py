@@ -2,15 +2,18 @@
 source's one-pass ``decode_counters`` is checked against (``tests/unit/test_decode_counters.py``),
 itself checked against libibmad's field tables (``tests/unit/test_parse.py``).
 
-Each field is read at its byte offset with ``int.from_bytes``, under the same capability-mask
-rules (ClassPortInfo CapabilityMask bit 12: PortXmitWait; bit 9: unicast/multicast;
-CapabilityMask2 bit 1: the 64-bit error copies), and merged by ``merge_counters``; nothing here
-shares ``decode_counters``' structs or plans, so a wrong offset or rule there shows.
+Each field is read with ``int.from_bytes`` at the offset of ``pma._PC_FIELDS`` (PortCounters,
+the table that documents ``decode_counters``' struct) or of its place in PortCountersExtended,
+under the same capability-mask rules (ClassPortInfo CapabilityMask bit 12: PortXmitWait; bit 9:
+unicast/multicast; CapabilityMask2 bit 1: the 64-bit error copies), and merged by
+``merge_counters``. Nothing here shares ``decode_counters``' structs or plans, so a wrong offset
+or rule there shows; and the table itself is held to libibmad's through this decoder.
 """
 
 from __future__ import annotations
 
 from ibmon.sources.parse import ParseError, PortCounterValues, merge_counters
+from ibmon.sources.parse.pma import _PC_FIELDS as PORT_COUNTERS
 from ibmon.sources.parse.pma import (
     CPI_CAP2_ADDL_EXT,
     CPI_CAP_EXT_WIDTH,
@@ -18,26 +21,6 @@ from ibmon.sources.parse.pma import (
     EXT_CASTS,
     EXT_DATA,
     EXT_ERRORS,
-)
-
-#: PortCounters: name, byte offset, byte length (byte 19 holds two 4-bit fields, read apart).
-PORT_COUNTERS = (
-    ("SymbolErrorCounter", 4, 2),
-    ("LinkErrorRecoveryCounter", 6, 1),
-    ("LinkDownedCounter", 7, 1),
-    ("PortRcvErrors", 8, 2),
-    ("PortRcvRemotePhysicalErrors", 10, 2),
-    ("PortRcvSwitchRelayErrors", 12, 2),
-    ("PortXmitDiscards", 14, 2),
-    ("PortXmitConstraintErrors", 16, 1),
-    ("PortRcvConstraintErrors", 17, 1),
-    ("QP1Dropped", 20, 2),
-    ("VL15Dropped", 22, 2),
-    ("PortXmitData", 24, 4),
-    ("PortRcvData", 28, 4),
-    ("PortXmitPkts", 32, 4),
-    ("PortRcvPkts", 36, 4),
-    ("PortXmitWait", 40, 4),
 )
 
 
