@@ -50,18 +50,19 @@ def read_password(path: Path | None) -> str | None:
 def redact_url(url: str) -> str:
     """``url`` with the password of any ``user:password@`` part replaced by ``***``.
 
-    Pure string work, so even a URL that does not parse is safe to print."""
+    Pure string work, so even a URL that does not parse is safe to print. The password is
+    everything from the first ``:`` to the last ``@``: a password typed as it is may hold
+    ``/``, ``?``, ``#`` or ``@``, which end the authority for a URL parser (a URL whose path
+    holds an ``@`` is shown redacted too: more hidden, never less)."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         scheme, rest = "", url
-    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
-    authority, tail = rest[:end], rest[end:]
-    if "@" not in authority:
+    userinfo, at, tail = rest.rpartition("@")
+    if not at:
         return url
-    userinfo, host = authority.rsplit("@", 1)
     user, colon, _ = userinfo.partition(":")
     shown = f"{user}:***" if colon else user
-    return f"{scheme}{sep}{shown}@{host}{tail}"
+    return f"{scheme}{sep}{shown}@{tail}"
 
 
 def check_url(url: str) -> None:
@@ -69,6 +70,8 @@ def check_url(url: str) -> None:
     shown = redact_url(url)
     if not url.startswith(("http://", "https://")):
         raise ApiError(f"--url must start with http:// or https://, got {shown!r}")
+    if shown != url:  # before parsing: a password's "/" or "?" would make it a port or a path
+        raise ApiError(f"--url {shown!r}: {_NOT_IN_URL}")
     if any(ch.isspace() or not ch.isprintable() for ch in url):
         raise ApiError(f"--url {shown!r}: a URL has no spaces or control characters")
     try:
@@ -77,14 +80,15 @@ def check_url(url: str) -> None:
     except ValueError as exc:
         raise ApiError(f"--url {shown!r}: {_url_problem(exc)}") from None
     if parts.username is not None or parts.password is not None or "@" in parts.netloc:
-        raise ApiError(
-            f"--url {shown!r}: give the user with --user and the password with --password-file"
-            f" or ${PASSWORD_ENV}, not in the URL"
-        )
+        raise ApiError(f"--url {shown!r}: {_NOT_IN_URL}")
     if not parts.hostname:
         raise ApiError(f"--url {shown!r}: no host (e.g. http://127.0.0.1:9683)")
     if port is not None and port == 0:
         raise ApiError(f"--url {shown!r}: port 0 is no daemon's port")
+
+
+_NOT_IN_URL = (f"give the user with --user and the password with --password-file or"
+               f" ${PASSWORD_ENV}, not in the URL")
 
 
 def _url_problem(exc: ValueError) -> str:

@@ -183,7 +183,7 @@ def test_client_password_variable_starts_every_command_and_reaches_the_daemon(
     ("http://127.0.0.1:port", "port must be a number"),
     ("http://127.0.0.1:99999", "port must be a number"),
     (f"http://ops:{SECRET}@127.0.0.1:9683", "--password-file"),
-    (f"http://ops:{SECRET}@[::1", "brackets"),
+    (f"http://ops:{SECRET}@[::1", "--password-file"),  # the password is named first
     (f"ftp://ops:{SECRET}@127.0.0.1", "http://"),
 ])
 @pytest.mark.parametrize("command", [("top", "--once"), ("explain", "aa/1"), ("topology",)])

@@ -1,6 +1,7 @@
 """The API client of ``ibmon top --url``, ``explain``, ``jobs`` and ``topology`` against real
 HTTP servers on loopback: a redirect never carries the operator's credentials anywhere, and
-what a server says in an error reaches the terminal as one line of visible text."""
+what a server says in an error reaches the terminal as one line of visible text, and a
+password typed into ``--url`` is refused without being printed, whatever it holds."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ibmon.cli.apiclient import ApiClient, ApiError
+from ibmon.cli.apiclient import ApiClient, ApiError, check_url, redact_url
 from ibmon.cli.app import main
 
 
@@ -92,3 +93,17 @@ def test_a_servers_error_text_is_one_line_with_its_control_characters_shown(
     assert exited.value.code == 2 and out == ""
     assert err == (f"ibmon: error: {url}: HTTP 500 Oops\\x1b[2J: \\x1b]0;title\\x07"
                    "\\x1b[31mred\\x0asecond line\n")
+
+
+@pytest.mark.parametrize("password", ["s3cr3t", "pa/ss", "pa?ss", "pa#ss", "p@ss", "p:ss", "a]b"])
+def test_a_password_in_the_url_is_refused_and_never_shown(password: str) -> None:
+    """A password may hold what ends a URL's authority (``/``, ``?``, ``#``, ``@``): it is
+    still the part hidden, and the URL is refused for being in it, not for a port or a host
+    the parser made of the password."""
+    url = f"http://ops:{password}@127.0.0.1:9683/api"
+    shown = redact_url(url)
+    assert shown == "http://ops:***@127.0.0.1:9683/api"
+    with pytest.raises(ApiError, match="--password-file") as refused:
+        check_url(url)
+    assert password not in str(refused.value) and shown in str(refused.value)
+    assert redact_url("http://127.0.0.1:9683/api") == "http://127.0.0.1:9683/api"
