@@ -29,31 +29,39 @@ def _server(respond: type[BaseHTTPRequestHandler]) -> Iterator[ThreadingHTTPServ
         server.server_close()
 
 
+class _Answer(BaseHTTPRequestHandler):
+    """Answers every GET with ``answer()``: status, reason, headers, body."""
+
+    def answer(self) -> tuple[int, str | None, dict[str, str], bytes]:
+        raise NotImplementedError
+
+    def do_GET(self) -> None:
+        status, reason, headers, body = self.answer()
+        self.send_response(status, reason)
+        for name, value in {**headers, "Content-Length": str(len(body))}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
 def test_a_redirect_is_refused_and_the_password_goes_nowhere_else() -> None:
     seen: list[str | None] = []
 
-    class Elsewhere(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
+    class Elsewhere(_Answer):
+        def answer(self) -> tuple[int, str | None, dict[str, str], bytes]:
             seen.append(self.headers.get("Authorization"))
-            body = json.dumps({"ports": [], "count": 0}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
+            return 200, None, {"Content-Type": "application/json"}, json.dumps(
+                {"ports": [], "count": 0}).encode()
 
     with _server(Elsewhere) as other:
         target = f"http://127.0.0.1:{other.server_address[1]}/api/v1/ports"
 
-        class Redirecting(Elsewhere):
-            def do_GET(self) -> None:
-                self.send_response(302)
-                self.send_header("Location", target)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
+        class Redirecting(_Answer):
+            def answer(self) -> tuple[int, str | None, dict[str, str], bytes]:
+                return 302, None, {"Location": target}, b""
 
         with _server(Redirecting) as daemon:
             client = ApiClient(f"http://127.0.0.1:{daemon.server_address[1]}",
@@ -74,16 +82,10 @@ def test_a_servers_error_text_is_one_line_with_its_control_characters_shown(
     status line or error: ``ibmon explain`` shows them, it does not play them on the
     operator's terminal."""
 
-    class Hostile(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = json.dumps({"error": "\x1b]0;title\x07\x1b[31mred\nsecond line"}).encode()
-            self.send_response(500, "Oops\x1b[2J")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
+    class Hostile(_Answer):
+        def answer(self) -> tuple[int, str | None, dict[str, str], bytes]:
+            return 500, "Oops\x1b[2J", {}, json.dumps(
+                {"error": "\x1b]0;title\x07\x1b[31mred\nsecond line"}).encode()
 
     with _server(Hostile) as server:
         url = f"http://127.0.0.1:{server.server_address[1]}"
