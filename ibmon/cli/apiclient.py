@@ -88,7 +88,7 @@ def check_url(url: str) -> None:
 
 
 _NOT_IN_URL = (f"give the user with --user and the password with --password-file or"
-               f" ${PASSWORD_ENV}, not in the URL")
+               f" ${PASSWORD_ENV}, not in the URL (an @ in a path is written %40)")
 
 
 def _url_problem(exc: ValueError) -> str:

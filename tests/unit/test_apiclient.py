@@ -107,3 +107,4 @@ def test_a_password_in_the_url_is_refused_and_never_shown(password: str) -> None
         check_url(url)
     assert password not in str(refused.value) and shown in str(refused.value)
     assert redact_url("http://127.0.0.1:9683/api") == "http://127.0.0.1:9683/api"
+    check_url("http://127.0.0.1:9683/proxy/ibmon%40dc1")  # the way to put an @ in a path
