@@ -13,23 +13,12 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from ibmon.cli.terminal import printable
+from ibmon.cli.terminal import printable, rate_text
 
 __all__ = ["job_link_lines", "render_job", "render_jobs", "unknown_line"]
 
 #: Longest name printed in the table (the detail prints it whole).
 NAME_WIDTH = 24
-
-
-def _rate(x: Any) -> str:
-    if x is None:
-        return "-"
-    value = float(x)
-    for unit in ("B/s", "kB/s", "MB/s", "GB/s"):
-        if abs(value) < 1000:
-            return f"{value:.3g} {unit}"
-        value /= 1000
-    return f"{value:.3g} TB/s"
 
 
 def _when(t: Any) -> str:
@@ -70,8 +59,8 @@ def render_jobs(doc: Mapping[str, Any]) -> str:
             printable(j.get("id")), printable(j.get("user", "")),
             _cut(printable(j.get("name", "")), NAME_WIDTH), printable(j.get("partition", "")),
             str(j.get("hosts", "")),
-            mark + _rate(j.get("transmit_bytes_per_second")),
-            mark + _rate(j.get("receive_bytes_per_second")),
+            mark + rate_text(j.get("transmit_bytes_per_second")),
+            mark + rate_text(j.get("receive_bytes_per_second")),
             printable(",".join(j.get("conditions") or []) or "-"),
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -92,8 +81,8 @@ def render_job(doc: Mapping[str, Any]) -> str:
              f"{printable(job.get('partition', ''))}, {printable(job.get('state', ''))} since "
              f"{_when(job.get('start'))}"]
     exact = doc.get("rates_exact", True)
-    rates = (f"  traffic: tx {_rate(doc.get('transmit_bytes_per_second'))}, "
-             f"rx {_rate(doc.get('receive_bytes_per_second'))}")
+    rates = (f"  traffic: tx {rate_text(doc.get('transmit_bytes_per_second'))}, "
+             f"rx {rate_text(doc.get('receive_bytes_per_second'))}")
     if not exact:
         rates += (f" (approximate: {doc.get('shared_hosts')} of its hosts run other jobs too, "
                   "whose traffic is included)")
@@ -114,8 +103,8 @@ def render_job(doc: Mapping[str, Any]) -> str:
             conds = ",".join(p.get("conditions") or []) or "ok"
             lines.append(f"    {printable(p.get('node_desc') or '')} {printable(p.get('guid'))}/"
                          f"{printable(p.get('port'))}: {printable(conds)}, tx "
-                         f"{_rate(p.get('transmit_bytes_per_second'))}, rx "
-                         f"{_rate(p.get('receive_bytes_per_second'))}")
+                         f"{rate_text(p.get('transmit_bytes_per_second'))}, rx "
+                         f"{rate_text(p.get('receive_bytes_per_second'))}")
     links: Sequence[Mapping[str, Any]] = doc.get("links") or []
     if links:
         lines.append("links with a condition it uses:")

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import structlog
 
 from exporters.ports import port_json
-from ibmon.cli.terminal import printable
+from ibmon.cli.terminal import printable, rate_text
 from ibmon.config import Settings, SourceConfig
 from ibmon.detect.engine import ActiveCondition
 from ibmon.infiniband.counters import CATALOGUE
@@ -148,15 +148,6 @@ def _result(pipeline: Pipeline) -> Scan:
                 pipeline.metrics)
 
 
-def _fmt_rate(bps: float | None) -> str:
-    if bps is None:
-        return "-"
-    for unit in ("B/s", "kB/s", "MB/s", "GB/s"):
-        if abs(bps) < 1000:
-            return f"{bps:.1f} {unit}"
-        bps /= 1000
-    return f"{bps:.1f} TB/s"
-
 
 def _fmt_ber(ber: float | None) -> str:
     return "-" if ber is None else ("0" if not ber else f"{ber:.1e}")
@@ -170,9 +161,9 @@ def _row(v: PortView) -> tuple[str, ...]:
         ident.port,
         (ident.node_desc or ident.device)[:32],
         state_label(v.state, v.phys_state),
-        _fmt_rate(v.rate_bytes_per_second),
-        _fmt_rate(v.rates.get("transmit_data")),
-        _fmt_rate(v.rates.get("receive_data")),
+        rate_text(v.rate_bytes_per_second),
+        rate_text(v.rates.get("transmit_data")),
+        rate_text(v.rates.get("receive_data")),
         str(errors),
         _fmt_ber(v.symbol_error_ber),
         ",".join(sorted(v.saturated)),

@@ -1,4 +1,4 @@
-"""Untrusted text made safe for a terminal: ``printable`` for every table ibmon prints.
+"""What ibmon's tables print: untrusted text made safe (``printable``) and rates (``rate_text``).
 
 Node descriptions are set by whoever administers a node (``/sys/class/infiniband/*/node_desc``
 on any host of the fabric) and reach ``ibmon top`` and ``ibmon scan --format table`` as they
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["printable"]
+__all__ = ["printable", "rate_text"]
 
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
 
@@ -33,3 +33,17 @@ def printable(text: object) -> str:
     """``text`` as a string with every terminal control character replaced by its escape."""
     s = str(text)
     return s if s.isprintable() else _UNSAFE.sub(_escape, s)
+
+
+def rate_text(bps: float | None) -> str:
+    """A rate in bytes per second with three significant digits and a decimal unit (``"-"`` for
+    none). The unit is chosen after rounding, so 999.96 B/s prints as ``1 kB/s``, never as
+    ``1e+03 B/s`` or ``1000.0 B/s``."""
+    if bps is None:
+        return "-"
+    value = float(bps)
+    for unit in ("B/s", "kB/s", "MB/s", "GB/s"):
+        if abs(float(f"{value:.3g}")) < 1000:
+            return f"{value:.3g} {unit}"
+        value /= 1000
+    return f"{value:.3g} TB/s"

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from ibmon.cli.scan import render_table
-from ibmon.cli.terminal import printable
+from ibmon.cli.terminal import printable, rate_text
 from ibmon.cli.top import render
 from ibmon.infiniband.model import PortIdentity, PortView
 from ibmon.state import FabricState
@@ -64,3 +64,22 @@ def test_top_screen_sends_no_control_character() -> None:
     screen = out.getvalue()
     assert _unsafe(screen) == []
     assert "\\x1b[2J" in screen and "\\u202e" in screen
+
+
+@pytest.mark.parametrize(
+    ("bps", "shown"),
+    [
+        (None, "-"),
+        (0, "0 B/s"),
+        (12.345, "12.3 B/s"),
+        (999.4, "999 B/s"),
+        (999.96, "1 kB/s"),  # rounds up into the next unit: never "1e+03 B/s" or "1000.0 B/s"
+        (999_500.0, "1 MB/s"),
+        (1.25e9, "1.25 GB/s"),
+        (12.5e9, "12.5 GB/s"),
+        (999.96e9, "1 TB/s"),
+        (50e12, "50 TB/s"),
+    ],
+)
+def test_a_rate_has_three_digits_and_the_unit_it_rounds_into(bps: float | None, shown: str) -> None:
+    assert rate_text(bps) == shown
