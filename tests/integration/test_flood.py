@@ -55,7 +55,7 @@ async def test_flood_of_congestion_is_bounded_and_never_blocks() -> None:
     growth = 0
     try:
         for poll in range(14):
-            if poll == 5:
+            if poll == 6:
                 gc.collect()
                 tracemalloc.start()  # counts only what is allocated from here on and kept
             ratio = 0.8 if poll < 10 else 0.0

@@ -50,7 +50,7 @@ from tests.ibsim_fixtures import require_ibsim
 pytestmark = pytest.mark.system
 
 EPOCH = 1_700_000_000.0
-FINE_BEFORE, FINE_AFTER, COARSE = 0.0, 2.0, 10.0
+FINE_BEFORE, FINE_AFTER, COARSE = 1.0, 2.0, 10.0
 
 
 def unreachable_ca_ports(sc: Scenario, fabric: Fabric) -> set[tuple[str, int]]:
@@ -122,18 +122,19 @@ def transitions(sc: Scenario, key: list[Expected]) -> list[float]:
 
 
 def poll_times(sc: Scenario, key: list[Expected]) -> list[float]:
-    """Every ``poll_interval`` near a transition or window edge (from FINE_BEFORE s before the
-    coarse step that would reach it, so no coarse step jumps over one, to FINE_AFTER s after
-    it), every COARSE s elsewhere: the counters are totals, so the quiet stretches lose nothing
-    to the coarse steps, and every window edge of the key is polled at ``poll_interval``."""
-    marks = transitions(sc, key)
-    step = sc.poll_interval
+    """Every ``poll_interval`` from FINE_BEFORE s before a transition or window edge to
+    FINE_AFTER s after it, every COARSE s elsewhere (never past the start of such a stretch):
+    the counters are totals, so the quiet stretches lose nothing to the coarse steps, and every
+    window edge of the key is polled at ``poll_interval``."""
+    fine = [(m - FINE_BEFORE, m + FINE_AFTER) for m in sorted(transitions(sc, key))]
     out: list[float] = []
     t = 0.0
     while t <= sc.duration + 1e-9:
         out.append(t)
-        near = any(m - FINE_BEFORE <= t + COARSE and t <= m + FINE_AFTER for m in marks)
-        t = round(t + (step if near else COARSE), 6)
+        if any(lo <= t < hi for lo, hi in fine):
+            t = round(t + sc.poll_interval, 6)
+        else:
+            t = round(min([t + COARSE] + [lo for lo, _ in fine if lo > t]), 6)
     return out
 
 
