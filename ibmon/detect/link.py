@@ -3,7 +3,8 @@
 docs/infiniband.md §3-4: a port that was Active and is not is down; three or more LinkDowned
 increments within 10 minutes is flapping; a link whose active width or speed is below the best
 both ends support and enable is degraded. sysfs knows only the active rate, so node-local ports
-compare against a configured expected rate or the majority rate of the host's other ports.
+compare against a configured expected rate or the majority rate of the host's other ports of
+the same link layer and adapter model.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ibmon.infiniband.linkspeed import SPEED_ORDER, WIDTH_LANES
 from ibmon.infiniband.model import (
     LinkInfo,
     PhysState,
+    PortIdentity,
     PortKey,
     PortState,
     PortView,
@@ -177,6 +179,12 @@ class LinkFlapping(PortDetector):
         )
 
 
+def _kind(identity: PortIdentity) -> tuple[str, str]:
+    """What a node-local port's rate is compared within: its link layer and its adapter's model
+    (the board id, else the HCA type; ``""`` where the source reads neither)."""
+    return identity.link_layer, identity.board_id or identity.hca_type
+
+
 class LinkDegradedSettings(DetectorSettings):
     severity: Severity = "warning"
     expected_rate_gbps: float | None = Field(
@@ -199,7 +207,7 @@ class LinkDegraded(PortDetector):
         super().__init__(settings)
         assert isinstance(settings, LinkDegradedSettings)
         self._s = settings
-        self._majority: dict[str, float] = {}
+        self._majority: dict[tuple[str, str], float] = {}
         #: (active width, active speed, max width, max speed) -> whether a link running so
         #: is fine (``_grade`` is True): a handful of combinations on any fabric.
         self._fine: dict[tuple[str, str, str, str], bool] = {}
@@ -207,25 +215,27 @@ class LinkDegraded(PortDetector):
 
     def begin(self, now: float, views: Mapping[PortKey, PortView]) -> None:
         super().begin(now, views)
-        # Per link layer: a 25G RoCE port is no degraded copy of the host's 100G IB ports.
+        # Per link layer and adapter model: a 25G RoCE port is no degraded copy of the host's
+        # 100G IB ports, nor is a storage adapter at HDR (or an iWARP NIC the kernel lists as
+        # InfiniBand) a degraded copy of the compute adapters at NDR beside it.
         self._majority = {}
         if self._s.expected_rate_gbps is not None:
             return
-        by_layer: dict[str, Counter[float]] = {}
+        by_kind: dict[tuple[str, str], Counter[float]] = {}
         for v in views.values():
             if (
                 v.state == _ACTIVE
                 and v.rate_bytes_per_second
                 and not _graded(v.link)
             ):
-                counts = by_layer.setdefault(v.identity.link_layer, Counter())
+                counts = by_kind.setdefault(_kind(v.identity), Counter())
                 counts[v.rate_bytes_per_second] += 1
-        for layer, rates in by_layer.items():
+        for kind, rates in by_kind.items():
             n = sum(rates.values())
             if n >= self._s.majority_min_ports:
                 rate, count = rates.most_common(1)[0]
                 if count * 2 > n:
-                    self._majority[layer] = rate
+                    self._majority[kind] = rate
 
     def needs(self, fresh: Pairs, now: float, active: Container[PortKey]) -> Pairs:
         # An Active port whose link names all four rates, in a combination already graded
@@ -273,9 +283,11 @@ class LinkDegraded(PortDetector):
         if self._s.expected_rate_gbps is not None:
             expected = self._s.expected_rate_gbps
             basis = "configured expected rate"
-        elif (majority := self._majority.get(view.identity.link_layer)) is not None:
+        elif (majority := self._majority.get(kind := _kind(view.identity))) is not None:
             expected = majority * 8 / 1e9
-            basis = f"rate of most of the host's {view.identity.link_layer} ports"
+            layer, model = kind
+            basis = f"rate of most of the host's {layer} ports" + (
+                f" on {model} adapters" if model else "")
         else:
             return KEEP
         if gbps >= expected * 0.999:

@@ -177,6 +177,27 @@ def test_node_local_majority_is_per_link_layer() -> None:
     assert "InfiniBand ports" in fired.message
 
 
+def test_node_local_majority_is_per_adapter_model() -> None:
+    """A host's storage adapter at HDR beside three compute adapters at NDR is not degraded
+    (nor an iWARP NIC its driver lists as InfiniBand); a compute adapter at HDR is. The model is
+    the board id, else the HCA type."""
+
+    def on(model: str, port: str, gbps: float, field: str = "board_id") -> PortView:
+        v = view(port, guid=f"0x{int(port):016x}", rate_bps=gbps * 1e9)
+        return dataclasses.replace(v, identity=dataclasses.replace(v.identity, **{field: model}))
+
+    compute = [on("MT_0000000838", str(p), 400) for p in range(1, 4)]
+    storage = on("MT_0000000970", "4", 200)
+    assert step(Engine(), [*compute, storage], 0) == []
+    slow = on("MT_0000000838", "5", 200)
+    (fired,) = step(Engine(), [*compute, storage, slow], 0)
+    assert (fired.type, fired.port.port if fired.port else None) == ("link_degraded", "5")
+    assert (fired.value, fired.threshold) == (200.0, 400.0)
+    assert "InfiniBand ports on MT_0000000838 adapters" in fired.message
+    by_type = [on("MT4129", str(p), 400, "hca_type") for p in range(1, 4)]
+    assert step(Engine(), [*by_type, on("I40IW", "4", 8, "hca_type")], 0) == []
+
+
 def test_counter_reset_is_one_info_event_per_reset() -> None:
     engine = Engine()
     assert step(engine, [view()], 0) == []

@@ -14,12 +14,15 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from ibmon.cli.scan import run_scan
+from ibmon.config import load_settings
 from ibmon.infiniband.model import GUID_RE, PortSample, Snapshot
 from ibmon.infiniband.xmitwait import parse_unit
 from ibmon.sources import Source
 from ibmon.sources import sysfs as sysfs_mod
 from ibmon.sources.sysfs import (
     SysfsSource,
+    SysfsSourceConfig,
     has_devices,
     parse_enum_prefix,
     parse_lid,
@@ -80,6 +83,26 @@ async def test_every_real_port_is_sampled(tree: str) -> None:
         assert p.state == 4
         assert p.rate_bps is not None
     assert {e.reason for e in snap.errors} <= KNOWN_REASONS
+
+
+@pytest.mark.parametrize(
+    ("tree", "firing"),
+    [("procfs", []),
+     # its PortXmitWait reads 2^32 - 1 (the legacy counters_ext test below): really pinned
+     ("node_exporter", [("counter_saturated", "mlx4_0", "1")])],
+)
+async def test_a_real_host_raises_only_what_its_counters_show(
+    tree: str, firing: list[tuple[str, str, str]]
+) -> None:
+    """What ``ibmon scan`` reports for a captured host. The node_exporter capture has an iWARP
+    NIC (i40iw, 10 Gb/s, listed as InfiniBand) beside a QDR mlx4: each adapter model is its
+    own majority, so the NIC is no degraded link."""
+    scan = await run_scan(SysfsSourceConfig(root=real_tree(tree)), load_settings(None),
+                          interval=0.0)
+    assert len(scan.state.ports) >= 3
+    views = scan.state.ports
+    assert sorted((c.type, views[c.key].identity.device, c.key[1])
+                  for c in scan.conditions) == firing
 
 
 async def test_real_mlx5_values_and_identity() -> None:
