@@ -131,8 +131,13 @@ class ApiClient:
                     cafile=str(ca_file) if ca_file is not None else None)
             except (OSError, ssl.SSLError) as exc:
                 raise ApiError(f"cannot use CA file {ca_file}: {exc}") from None
+        # No proxy from http_proxy/https_proxy: those are for the internet, and the daemon is
+        # on the cluster's own network (often loopback), which a site-wide proxy cannot reach;
+        # through one, every request failed as "connection refused" at the daemon's address
+        # and the basic-auth header went to the proxy. Prometheus scrapes without them too.
         self._opener = urllib.request.build_opener(
-            _NoRedirects(), urllib.request.HTTPSHandler(context=self._context))
+            urllib.request.ProxyHandler({}), _NoRedirects(),
+            urllib.request.HTTPSHandler(context=self._context))
 
     def get(self, path: str, query: Mapping[str, str] | None = None) -> Any:
         """The JSON answer to ``GET path?query``; ApiError with a useful line otherwise."""

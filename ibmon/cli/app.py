@@ -434,6 +434,7 @@ def top(
     log_level: LogLevelOption = None,
 ) -> None:
     """Live view of the worst ports, active conditions and recent events."""
+    from ibmon.cli.apiclient import ApiError
     from ibmon.cli.top import ApiReader, DirectSampler, run_top
 
     settings = _load(None)
@@ -454,6 +455,8 @@ def top(
         asyncio.run(run_top(reader, interval=interval, once=once, limit=limit))
     except KeyboardInterrupt:
         pass
+    except ApiError as exc:  # names the URL itself
+        _die(str(exc))
     except OSError as exc:
         _die(f"cannot read {where}: {getattr(exc, 'reason', None) or exc}")
 

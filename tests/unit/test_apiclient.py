@@ -76,6 +76,32 @@ def test_a_redirect_is_refused_and_the_password_goes_nowhere_else() -> None:
         assert seen == ["Basic b3BzOnMzY3JldA=="]
 
 
+def test_a_proxy_from_the_environment_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A site-wide ``http_proxy`` (common on cluster management nodes) is for the internet: the
+    daemon is asked directly, and the proxy never sees a request or the credentials. Through
+    it, every command failed with "connection refused" at the daemon's own address."""
+    seen: list[str | None] = []
+
+    class Proxy(_Answer):
+        def answer(self) -> tuple[int, str | None, dict[str, str], bytes]:
+            seen.append(self.headers.get("Authorization"))
+            return 502, "Bad Gateway", {}, b""
+
+    class Daemon(_Answer):
+        def answer(self) -> tuple[int, str | None, dict[str, str], bytes]:
+            return 200, None, {"Content-Type": "application/json"}, b'{"ports": []}'
+
+    with _server(Proxy) as proxy, _server(Daemon) as daemon:
+        for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY"):
+            monkeypatch.setenv(name, f"http://127.0.0.1:{proxy.server_address[1]}")
+        monkeypatch.delenv("no_proxy", raising=False)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        client = ApiClient(f"http://127.0.0.1:{daemon.server_address[1]}", user="ops",
+                           password="s3cret")
+        assert client.get("/api/v1/ports") == {"ports": []}
+    assert seen == []
+
+
 def test_a_servers_error_text_is_one_line_with_its_control_characters_shown() -> None:
     """A server (a proxy, something else on the port) may answer with escape sequences in its
     status line or error: ``ibmon explain`` shows them, it does not play them on the

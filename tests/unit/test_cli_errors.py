@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -77,3 +78,14 @@ def test_scan_without_devices(tmp_path: Path) -> None:
 
 def test_demo_unknown_scenario() -> None:
     assert_one_line_error(ibmon("demo", "--scenario", "nope"), "unknown scenario")
+
+
+@pytest.mark.parametrize("command", [["top", "--once"], ["explain", "0x1/1"], ["jobs"],
+                                     ["topology"]])
+def test_a_daemon_not_listening_is_named_once(command: list[str]) -> None:
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    proc = ibmon(*command, "--url", url)
+    assert_one_line_error(proc, f"cannot reach {url}: ")
+    assert proc.stderr.count(url) == 1, proc.stderr
