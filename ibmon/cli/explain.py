@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 from ibmon.cli.apiclient import ApiClient, ApiError
 from ibmon.cli.jobs import job_link_lines
-from ibmon.cli.terminal import printable
+from ibmon.cli.terminal import ber_text, printable, time_text
 from ibmon.detect.cause import DETAIL_LABELS, MEANINGS
 from ibmon.infiniband.model import PortState, normalize_guid
 
@@ -116,13 +115,6 @@ def _pct(x: Any) -> str:
     return "-" if x is None else f"{float(x) * 100:.1f} %"
 
 
-def _when(t: Any) -> str:
-    try:
-        return datetime.fromtimestamp(float(t), tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    except (TypeError, ValueError, OverflowError):
-        return "?"
-
-
 def _breakdown_lines(end: Mapping[str, Any]) -> list[str]:
     out: list[str] = []
     for aggregate, label in (("receive_errors", "receive errors"),
@@ -164,8 +156,8 @@ def render_report(detail: Mapping[str, Any]) -> str:
     util = port.get("utilization") or {}
     lines.append(f"  now: tx {_pct(util.get('transmit'))}, rx {_pct(util.get('receive'))}, "
                  f"transmit wait {_pct(port.get('transmit_wait_ratio'))}, "
-                 f"BER {_ber(port.get('symbol_error_ber'))}"
-                 + (f" (far end {_ber(peer.get('symbol_error_ber'))})"
+                 f"BER {ber_text(port.get('symbol_error_ber'))}"
+                 + (f" (far end {ber_text(peer.get('symbol_error_ber'))})"
                     if peer and peer.get("seen") is not False else ""))
     for end, who in ((port, "here"), (peer, "far end")):
         if end and end.get("seen") is not False:
@@ -179,7 +171,7 @@ def render_report(detail: Mapping[str, Any]) -> str:
         for c in conditions:
             where = "" if c.get("on") == "port" else " (carried by the far end)"
             lines.append(f"  {printable(c.get('type'))} {printable(c.get('severity'))} since "
-                         f"{_when(c.get('since'))}{where}: likely cause "
+                         f"{time_text(c.get('since'))}{where}: likely cause "
                          f"{printable(c.get('cause') or 'unknown')}")
             if c.get("message"):
                 lines.append(f"    {printable(c['message'])}")
@@ -202,6 +194,3 @@ def render_report(detail: Mapping[str, Any]) -> str:
                          f"{printable(e.get('type'))}: {printable(e.get('message'))}")
     return "\n".join(lines) + "\n"
 
-
-def _ber(x: Any) -> str:
-    return "-" if x is None else ("0" if not x else f"{float(x):.1e}")

@@ -10,22 +10,14 @@ are marked ``~`` when it shares a host with another job: they then include that 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
-from ibmon.cli.terminal import printable, rate_text
+from ibmon.cli.terminal import printable, rate_text, time_text
 
 __all__ = ["job_link_lines", "render_job", "render_jobs", "unknown_line"]
 
 #: Longest name printed in the table (the detail prints it whole).
 NAME_WIDTH = 24
-
-
-def _when(t: Any) -> str:
-    try:
-        return datetime.fromtimestamp(float(t), tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    except (TypeError, ValueError, OverflowError):
-        return "?"
 
 
 def _cut(text: str, width: int) -> str:
@@ -46,7 +38,7 @@ def render_jobs(doc: Mapping[str, Any]) -> str:
         return unknown_line(doc)
     jobs: Sequence[Mapping[str, Any]] = doc.get("jobs") or []
     head = (f"{doc.get('count', len(jobs))} running jobs (scheduler asked "
-            f"{_when(doc.get('fetched'))}; inter-switch links by "
+            f"{time_text(doc.get('fetched'))}; inter-switch links by "
             f"{'forwarding tables' if doc.get('routing') == 'tables' else 'leaf span'})")
     if doc.get("hosts_unmatched"):
         head += f"; {doc['hosts_unmatched']} job hosts match no port"
@@ -79,7 +71,7 @@ def render_job(doc: Mapping[str, Any]) -> str:
     lines = [f"job {printable(job.get('id'))}: {printable(job.get('name', ''))}",
              f"  user {printable(job.get('user', ''))}, partition "
              f"{printable(job.get('partition', ''))}, {printable(job.get('state', ''))} since "
-             f"{_when(job.get('start'))}"]
+             f"{time_text(job.get('start'))}"]
     exact = doc.get("rates_exact", True)
     rates = (f"  traffic: tx {rate_text(doc.get('transmit_bytes_per_second'))}, "
              f"rx {rate_text(doc.get('receive_bytes_per_second'))}")

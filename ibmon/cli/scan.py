@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import structlog
 
 from exporters.ports import port_json
-from ibmon.cli.terminal import printable, rate_text
+from ibmon.cli.terminal import ber_text, printable, rate_text
 from ibmon.config import Settings, SourceConfig
 from ibmon.detect.engine import ActiveCondition
 from ibmon.infiniband.counters import CATALOGUE
@@ -148,11 +148,6 @@ def _result(pipeline: Pipeline) -> Scan:
                 pipeline.metrics)
 
 
-
-def _fmt_ber(ber: float | None) -> str:
-    return "-" if ber is None else ("0" if not ber else f"{ber:.1e}")
-
-
 def _row(v: PortView) -> tuple[str, ...]:
     ident = v.identity
     errors = sum(n for name, n in v.totals.items() if name in _ERRORS)
@@ -165,7 +160,7 @@ def _row(v: PortView) -> tuple[str, ...]:
         rate_text(v.rates.get("transmit_data")),
         rate_text(v.rates.get("receive_data")),
         str(errors),
-        _fmt_ber(v.symbol_error_ber),
+        ber_text(v.symbol_error_ber),
         ",".join(sorted(v.saturated)),
         ",".join(sorted(v.conditions)),
     )

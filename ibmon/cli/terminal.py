@@ -1,4 +1,5 @@
-"""What ibmon's tables print: untrusted text made safe (``printable``) and rates (``rate_text``).
+"""What ibmon's tables print: untrusted text made safe (``printable``), and rates, bit error
+rates and times, each spelled one way in every table.
 
 Node descriptions are set by whoever administers a node (``/sys/class/infiniband/*/node_desc``
 on any host of the fabric) and reach ``ibmon top`` and ``ibmon scan --format table`` as they
@@ -18,8 +19,10 @@ text; the tables apply it again to whatever else they print.
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
+from typing import Any
 
-__all__ = ["printable", "rate_text"]
+__all__ = ["ber_text", "printable", "rate_text", "time_text"]
 
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
 
@@ -47,3 +50,16 @@ def rate_text(bps: float | None) -> str:
             return f"{value:.3g} {unit}"
         value /= 1000
     return f"{value:.3g} TB/s"
+
+
+def ber_text(ber: Any) -> str:
+    """A bit error rate: ``-`` before it is known, ``0`` for none, else ``1.2e-11``."""
+    return "-" if ber is None else ("0" if not ber else f"{float(ber):.1e}")
+
+
+def time_text(t: Any) -> str:
+    """A Unix time as ``2026-12-06 22:37:42 UTC`` (``?`` for one that is not a time)."""
+    try:
+        return datetime.fromtimestamp(float(t), tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (TypeError, ValueError, OverflowError):
+        return "?"

@@ -26,7 +26,7 @@ from rich.text import Text
 from exporters.api import worst_first
 from exporters.ports import port_json
 from ibmon.cli.apiclient import ApiClient
-from ibmon.cli.terminal import printable
+from ibmon.cli.terminal import ber_text, printable
 from ibmon.config import Settings, SourceConfig
 from ibmon.detect.events import Event, severity_rank
 from ibmon.infiniband.model import state_label
@@ -46,10 +46,6 @@ class SourceUnavailableError(OSError):
 
 def _pct(x: Any) -> str:
     return "-" if x is None else f"{float(x) * 100:.1f}%"
-
-
-def _ber(x: Any) -> str:
-    return "-" if x is None else ("0" if not x else f"{float(x):.1e}")
 
 
 def _cell(value: Any) -> str:
@@ -97,7 +93,7 @@ def render(ports: list[dict[str, Any]], events: list[dict[str, Any]], title: str
         table.add_row(
             name, _markup(f"stale: {state}" if p.get("stale") else state),
             _pct(util.get("transmit")), _pct(util.get("receive")),
-            _pct(p.get("transmit_wait_ratio")), _ber(p.get("symbol_error_ber")),
+            _pct(p.get("transmit_wait_ratio")), ber_text(p.get("symbol_error_ber")),
             Text(conds, style=_STYLE.get(worst or "", "")),
         )
     log = Table(title="recent events", expand=True, header_style="bold", box=box.SIMPLE_HEAD,

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from ibmon.cli.scan import render_table
-from ibmon.cli.terminal import printable, rate_text
+from ibmon.cli.terminal import ber_text, printable, rate_text, time_text
 from ibmon.cli.top import render
 from ibmon.infiniband.model import PortIdentity, PortView
 from ibmon.state import FabricState
@@ -83,3 +83,10 @@ def test_top_screen_sends_no_control_character() -> None:
 )
 def test_a_rate_has_three_digits_and_the_unit_it_rounds_into(bps: float | None, shown: str) -> None:
     assert rate_text(bps) == shown
+
+
+def test_a_ber_and_a_time_read_the_same_in_every_table() -> None:
+    assert [ber_text(x) for x in (None, 0, 0.0, 1.24e-11, "2e-10")] == [
+        "-", "0", "0", "1.2e-11", "2.0e-10"]
+    assert time_text(1_796_596_662) == "2026-12-06 22:37:42 UTC"
+    assert [time_text(x) for x in (None, "soon", 1e300)] == ["?", "?", "?"]
