@@ -313,7 +313,8 @@ def _client(url: str, user: str | None, password_file: Path | None,
 @app.command()
 def explain(
     port: Annotated[str, typer.Argument(
-        help='GUID/PORT, "node description"[port] or hostname/device (e.g. gpu031/mlx5_0).')],
+        help='GUID/PORT, "node description"[port], hostname/device (e.g. gpu031/mlx5_0), '
+             'or a CA by its GUID, description or host name (gpu031): its first active port.')],
     url: UrlOption = DEFAULT_URL,
     user: UserOption = None,
     password_file: PasswordFileOption = None,

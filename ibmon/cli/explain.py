@@ -27,11 +27,13 @@ __all__ = ["find_port", "parse_port_spec", "render_report", "resolve"]
 _GUID_PORT = re.compile(r"^(?P<guid>(?:0x)?[0-9a-fA-F:]{1,39})/(?P<port>\d{1,3})$")
 _DESC_PORT = re.compile(r'^"?(?P<desc>.+?)"?\s*\[(?P<port>\d{1,3})\]$')
 _HOST_DEV = re.compile(r"^(?P<host>[^/\s\[\]]+)/(?P<dev>[^/\s\[\]]+)$")
+_NAME = re.compile(r'^"?(?P<name>[^/\[\]"]+?)"?$')
 _ACTIVE = int(PortState.ACTIVE)
 
 
 def parse_port_spec(spec: str) -> tuple[str, str, str]:
-    """``("guid", guid, port)``, ``("desc", description, port)`` or ``("ca", host, device)``.
+    """``("guid", guid, port)``, ``("desc", description, port)``, ``("ca", host, device)`` or
+    ``("name", a node's GUID, description or host name, "")``.
 
     ValueError (a usage mistake) for anything else.
     """
@@ -48,30 +50,48 @@ def parse_port_spec(spec: str) -> tuple[str, str, str]:
     m = _HOST_DEV.match(text)
     if m:
         return "ca", m.group("host"), m.group("dev")
-    raise ValueError(f"PORT {spec!r} is not GUID/PORT, \"node description\"[port] or "
-                     "hostname/device")
+    m = _NAME.match(text)
+    if m:
+        return "name", m.group("name").strip(), ""
+    raise ValueError(f"PORT {spec!r} is not GUID/PORT, \"node description\"[port], "
+                     "hostname/device or a node's name")
 
 
 def find_port(kind: str, a: str, b: str,
               nodes: Iterable[Mapping[str, Any]]) -> tuple[str, str]:
-    """The ``(guid, port)`` a description or host/device names among topology nodes."""
+    """The ``(guid, port)`` a description, host/device or name names among topology nodes.
+
+    A name is a node's GUID or whole description, else the host name its CAs' descriptions
+    start with (``gpu031`` for ``gpu031 mlx5_0``); it picks a CA's first active port, and a
+    switch's port or one of a host's several CAs must be named."""
+    nodes = list(nodes)
+    guid = _as_guid(a) if kind == "name" else None
     hits: list[Mapping[str, Any]] = []
     for node in nodes:
         desc = str(node.get("node_desc", ""))
-        if kind == "desc":
-            match = desc == a
+        if kind in ("desc", "name"):
+            match = desc == a or (guid is not None and node.get("guid") == guid)
         else:  # host/device: "host dev" as node descriptions say it, or host + device
             match = desc == f"{a} {b}" or (
                 desc.split(" ", 1)[0] == a and str(node.get("device", "")) == b)
         if match:
             hits.append(node)
-    what = a if kind == "desc" else f"{a}/{b}"
+    if kind == "name" and not hits:  # a host name: its CAs
+        hits = [n for n in nodes if n.get("node_type", "ca") == "ca"
+                and str(n.get("node_desc", "")).split(" ", 1)[0] == a]
+        if len(hits) > 1:
+            names = ", ".join(f"{a}/{n.get('device') or n['guid']}" for n in hits[:5])
+            raise ApiError(f"{a!r} has {len(hits)} CAs: name one ({names})")
+    what = f"{a}/{b}" if kind == "ca" else a
     if not hits:
         raise ApiError(f"no node {what!r} in the daemon's fabric")
     if len(hits) > 1:
         guids = ", ".join(str(n["guid"]) for n in hits[:5])
         raise ApiError(f"{what!r} names {len(hits)} nodes ({guids}): give GUID/PORT")
     node = hits[0]
+    if kind == "name" and node.get("node_type", "ca") != "ca":
+        raise ApiError(f"{what!r} is a {node.get('node_type')}: name its port "
+                       f"(\"{what}\"[N], e.g. from ibmon top)")
     ports: Sequence[Mapping[str, Any]] = node.get("ports", [])
     numbers = [str(p["port"]) for p in ports]
     if kind == "desc":
@@ -82,6 +102,13 @@ def find_port(kind: str, a: str, b: str,
     if not active and not numbers:
         raise ApiError(f"{what!r} has no ports the daemon knows")
     return str(node["guid"]), (active or numbers)[0]
+
+
+def _as_guid(text: str) -> str | None:
+    try:
+        return normalize_guid(text)
+    except ValueError:
+        return None
 
 
 def resolve(client: ApiClient, spec: str) -> tuple[str, str]:

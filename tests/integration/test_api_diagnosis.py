@@ -200,8 +200,13 @@ async def test_explain_host_device_and_usage_errors(plain: tuple[Daemon, str]) -
     assert proc.returncode == 0, proc.stderr
     body = json.loads(proc.stdout)
     assert (body["port"]["guid"], body["port"]["port"]) == (HOST, "1")
+    proc = await asyncio.to_thread(ibmon, "explain", "gpu031", "--url", base, "--format", "json")
+    assert proc.returncode == 0, proc.stderr  # a host with one CA: the host name is enough
+    body = json.loads(proc.stdout)
+    assert (body["port"]["guid"], body["port"]["port"]) == (HOST, "1")
     for spec, message in (("nosuch[1]", "no node 'nosuch'"), ("leaf07[40]", "has no port 40"),
-                          ("what?", "is not GUID/PORT")):
+                          ("leaf07", "is a switch: name its port"), ("what?", "no node 'what?'"),
+                          ("a/b/c", "is not GUID/PORT")):
         proc = await asyncio.to_thread(ibmon, "explain", spec, "--url", base)
         assert proc.returncode == 2
         assert message in proc.stderr

@@ -29,8 +29,11 @@ def test_what_a_person_types_is_one_port_spec() -> None:
     assert parse_port_spec('"leaf07" [12]') == ("desc", "leaf07", "12")
     assert parse_port_spec("leaf07[012]") == ("desc", "leaf07", "12")
     assert parse_port_spec("gpu031/mlx5_1") == ("ca", "gpu031", "mlx5_1")
-    with pytest.raises(ValueError, match="is not GUID/PORT"):
-        parse_port_spec("leaf07 port 12")
+    assert parse_port_spec(" gpu031 ") == ("name", "gpu031", "")
+    assert parse_port_spec('"host042 mlx5_0"') == ("name", "host042 mlx5_0", "")
+    for junk in ("leaf07[port 12]", "a/b/c", '"', ""):
+        with pytest.raises(ValueError, match="is not GUID/PORT"):
+            parse_port_spec(junk)
 
 
 def test_a_host_and_device_name_one_ca_at_its_first_active_port() -> None:
@@ -47,6 +50,37 @@ def test_a_host_and_device_name_one_ca_at_its_first_active_port() -> None:
     assert find_port("ca", "gpu031", "mlx5_1", nodes) == ("0xb", "1")
     with pytest.raises(ApiError, match=r"names 2 nodes \(0xc, 0xd\): give GUID/PORT"):
         find_port("desc", "spine01", "1", nodes)
+
+
+def test_a_name_alone_is_a_cas_first_active_port_and_never_a_guess() -> None:
+    """What a paged person types first: ``ibmon explain gpu031``. A host with one CA, a CA's
+    description or GUID: that CA's first active port. A host with several CAs, or a switch,
+    is refused with what to type instead."""
+    nodes = [
+        {"guid": "0x000000000000000a", "node_desc": "gpu031 mlx5_0", "device": "mlx5_0",
+         "node_type": "ca", "ports": [{"port": "1", "state": 1}, {"port": "2", "state": 4}]},
+        {"guid": "0x000000000000000b", "node_desc": "gpu032 mlx5_0", "device": "mlx5_0",
+         "node_type": "ca", "ports": [{"port": "1", "state": 4}]},
+        {"guid": "0x000000000000000c", "node_desc": "gpu032 mlx5_1", "device": "mlx5_1",
+         "node_type": "ca", "ports": [{"port": "1", "state": 4}]},
+        {"guid": "0x000000000000000d", "node_desc": "leaf07", "node_type": "switch",
+         "ports": [{"port": "1", "state": 4}]},
+    ]
+
+    def named(text: str) -> tuple[str, str]:
+        return find_port(*parse_port_spec(text), nodes)
+
+    assert named("gpu031") == ("0x000000000000000a", "2")
+    assert named('"gpu031 mlx5_0"') == ("0x000000000000000a", "2")
+    assert named("0xA") == ("0x000000000000000a", "2")
+    assert named("gpu032 mlx5_1") == ("0x000000000000000c", "1")
+    with pytest.raises(ApiError, match=r"'gpu032' has 2 CAs: name one \(gpu032/mlx5_0, "
+                                       r"gpu032/mlx5_1\)"):
+        named("gpu032")
+    with pytest.raises(ApiError, match=r"'leaf07' is a switch: name its port \(\"leaf07\"\[N\]"):
+        named("leaf07")
+    with pytest.raises(ApiError, match="no node 'gpu099' in the daemon's fabric"):
+        named("gpu099")
 
 
 def _view(guid: str, port: str, desc: str, node_type: str, far: tuple[str, str, str],
