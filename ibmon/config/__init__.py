@@ -7,12 +7,13 @@ which the CLI prints before exiting 2.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import math
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -38,6 +39,7 @@ from ibmon.config.env import (
     deep_merge,
     environment_tree,
     is_setting_variable,
+    section_model,
 )
 from ibmon.detect.engine import parse_detect_tables
 from ibmon.jobs.slurm import SlurmConfig
@@ -58,6 +60,7 @@ __all__ = [
     "load_settings",
     "parse_duration",
     "parse_listen",
+    "unknown_setting",
 ]
 
 
@@ -444,17 +447,48 @@ def field_origin(loc: tuple[int | str, ...], path: Path | None) -> str:
     return f"{path}: " if path else ""
 
 
+def unknown_setting(key: str, names: Iterable[str]) -> str:
+    """What a key no model knows is called, with the closest real one: a typo (``listn``,
+    ``intervall``) is the usual cause, and pydantic's "Extra inputs are not permitted" names
+    neither the problem nor the fix."""
+    close = difflib.get_close_matches(key, list(names), n=1, cutoff=0.7)
+    return "unknown setting" + (f" (did you mean {close[0]!r}?)" if close else "")
+
+
+def _names_at(path: tuple[int | str, ...], data: Mapping[str, Any]) -> Iterable[str]:
+    """The keys the table at ``path`` of the settings takes (none when it cannot be told)."""
+    from ibmon.sources.registry import SOURCES
+
+    if len(path) == 2 and path[0] == "sources":  # a source: the keys its type takes
+        try:
+            kind = data["sources"][path[1]]["type"]
+            return SOURCES[kind].config.model_fields
+        except (KeyError, IndexError, TypeError):
+            return ()
+    model: type[BaseModel] | None = Settings
+    for part in path:
+        field = model.model_fields.get(str(part)) if model is not None else None
+        model = section_model(field.annotation) if field is not None else None
+    return model.model_fields if model is not None else ()
+
+
 def _format_validation_error(
-    exc: ValidationError, path: Path | None, environ: Mapping[str, str]
+    exc: ValidationError, path: Path | None, environ: Mapping[str, str],
+    data: Mapping[str, Any],
 ) -> str:
-    err = exc.errors()[0]
+    errors = exc.errors()
+    err = errors[0]
     loc = ".".join(str(p) for p in err["loc"]) or "config"
     msg = err["msg"].removeprefix("Value error, ")
     bad = err.get("input")
     if isinstance(bad, float) and not math.isfinite(bad):
         # nan fails every bound, so the bound's words ("should be <= 10000") would mislead
         msg = f"must be a finite number, got {bad}"
-    more = f" (and {len(exc.errors()) - 1} more problem(s))" if len(exc.errors()) > 1 else ""
+    if err["type"] == "extra_forbidden" and err["loc"]:
+        msg = unknown_setting(str(err["loc"][-1]), _names_at(err["loc"][:-1], data))
+    others = [".".join(str(p) for p in e["loc"]) or "config" for e in errors[1:]]
+    more = (f" (and {len(others)} more: {', '.join(others[:3])}"
+            f"{', ...' if len(others) > 3 else ''})") if others else ""
     origin = _env_origin(err["loc"], environ)
     if origin is not None:
         where = f"environment variable {origin}: "
@@ -505,7 +539,7 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
         data = deep_merge(data, {k: v for k, v in overrides.items() if v is not None})
         return Settings.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc, path, environ)) from None
+        raise ConfigError(_format_validation_error(exc, path, environ, data)) from None
     except EnvJsonError as exc:
         if isinstance(exc.cause, str):
             raise ConfigError(f"environment variable {exc.name}: {exc.cause}") from None

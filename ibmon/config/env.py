@@ -33,6 +33,7 @@ __all__ = [
     "deep_merge",
     "environment_tree",
     "is_setting_variable",
+    "section_model",
 ]
 
 ENV_PREFIX = "IBMON_"
@@ -72,7 +73,7 @@ def _members(annotation: Any) -> tuple[Any, ...]:
     return (annotation,)
 
 
-def _model(annotation: Any) -> type[BaseModel] | None:
+def section_model(annotation: Any) -> type[BaseModel] | None:
     """The settings section a field holds, when it holds one (possibly optional)."""
     for member in _members(annotation):
         if isinstance(member, type) and issubclass(member, BaseModel):
@@ -99,7 +100,7 @@ def _leaf_is_json(model: type[BaseModel] | None, path: list[str]) -> bool:
             return False
         if depth == len(path) - 1:
             return _is_complex(field.annotation)
-        model = _model(field.annotation)
+        model = section_model(field.annotation)
     return False
 
 

@@ -108,6 +108,10 @@ def parse_detect_tables(tables: Mapping[str, Any]) -> dict[str, BaseModel]:
             err = exc.errors()[0]
             loc = ".".join(str(p) for p in err["loc"])
             msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden" and err["loc"]:
+                from ibmon.config import unknown_setting  # imports this module: not at the top
+
+                msg = unknown_setting(str(err["loc"][-1]), model.model_fields)
             raise ValueError(f"{name}{'.' + loc if loc else ''}: {msg}") from None
     return out
 

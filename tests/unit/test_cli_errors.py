@@ -54,6 +54,14 @@ def test_bad_format_choice() -> None:
         ('[[sources]]\ntype = "sysfs"\ninterval = "soon"\n', "sources.0.interval"),
         ("[prometheus\n", "TOML syntax error"),
         ('[prometheus]\nlisten = "nowhere"\n', "prometheus.listen"),
+        # a mistyped key: named, with the key it most likely meant, wherever it is
+        ('[[sources]]\ntype = "mad"\nintervall = "5s"\n',
+         "sources.0.intervall: unknown setting (did you mean 'interval'?)"),
+        ('[detect.high_ber]\nwarnng = 1e-12\n',
+         "high_ber.warnng: unknown setting (did you mean 'warning'?)"),
+        ('fabrc = "x"\n[mqtt.tls]\nca_fil = "ca.pem"\n',
+         "mqtt.tls.ca_fil: unknown setting (did you mean 'ca_file'?) (and 1 more: fabrc)"),
+        ('[[sources]]\ntype = "sysfs"\nca = "mlx5_0"\n', "sources.0.ca: unknown setting"),
     ],
 )
 @pytest.mark.parametrize("command", ["check-config", "run"])

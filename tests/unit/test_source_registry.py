@@ -71,7 +71,7 @@ def test_fabric_port_is_optional(tmp_path: Path) -> None:
          "sources.0: unknown source type 'magic' (one of sysfs, mad, diags, mock)"),
         ('[[sources]]\ninterval = "1s"\n', "sources.0: a source needs a type"),
         ('[[sources]]\ntype = "mad"\nport = 300\n', "sources.0.port: Input should be less"),
-        ('[[sources]]\ntype = "sysfs"\nca = "mlx5_0"\n', "sources.0.ca: Extra inputs"),
+        ('[[sources]]\ntype = "sysfs"\nca = "mlx5_0"\n', "sources.0.ca: unknown setting"),
         ('[[sources]]\ntype = "sysfs"\n[[sources]]\ntype = "mock"\nspeed = 0\n',
          "sources.1.speed: Input should be greater than 0"),
     ],
