@@ -70,8 +70,9 @@ Decisions a user can rely on:
 - A file that was never there (``hca_type`` on hfi1, ``node_desc`` in a capture, ``rate``...) is
   not an error: its value is empty / None. ``no_pma`` is logged at info level (a property of
   the hardware), every other reason at warning.
-- No device at all (or no ``class/infiniband``) gives an empty ``Snapshot``, not an exception;
-  the CLI asks ``has_devices(root)`` to decide whether sysfs is the default source.
+- No device at all (or no ``class/infiniband``) gives an empty ``Snapshot``, not an exception,
+  and one ``sysfs_no_devices`` warning until a device has been seen again; the CLI asks
+  ``has_devices(root)`` to decide whether sysfs is the default source.
 """
 
 from __future__ import annotations
@@ -518,6 +519,7 @@ class SysfsSource:
         self._lock = threading.Lock()
         self._keep_open = keep_open
         self._kept: _KeptFiles | None = None
+        self._had_devices: bool | None = None  # at the last discovery (None: none yet)
 
     # -- Source protocol -------------------------------------------------------------------
 
@@ -572,6 +574,16 @@ class SysfsSource:
         if keep:
             self._kept = _KeptFiles(_keep_open_budget())
         names = self._device_names()
+        if not names and self._had_devices is not False:
+            # Not a failure (a filter may match nothing on purpose), but on a host that
+            # should have an HCA it is the one clue why there are no ports: say it once.
+            present = sorted(_listdir(self._class_dir))
+            log.warning(
+                "sysfs_no_devices", path=self._class_dir,
+                reason=(f"include/exclude keep none of {', '.join(present)}" if present
+                        else "no InfiniBand device (is its driver loaded?)"),
+                consequence="no ports to poll until a device appears")
+        self._had_devices = bool(names)
         devices: list[_Device] = []
         used: set[str] = set()
         for name in sorted(names):

@@ -779,3 +779,33 @@ async def test_a_discovery_reports_only_its_own_problems(tmp_path: Path) -> None
     snap = await src.sample()
     assert [(e.reason, Path(e.detail).name) for e in snap.errors] == [("garbage", "node_type")]
     await src.close()
+
+
+async def test_no_device_is_said_once_with_why(tmp_path: Path) -> None:
+    """A host whose driver did not load has no ``class/infiniband`` entries: not a failure (a
+    filter may match nothing on purpose), but the one clue why there are no ports, logged once
+    until a device has been seen again; a filter that keeps nothing names what it left out."""
+    src = SysfsSource(root=tmp_path)
+
+    def said(logs: list[dict[str, Any]]) -> list[str]:
+        return [e["reason"] for e in logs if e["event"] == "sysfs_no_devices"]
+
+    with capture_logs() as logs:
+        await src.discover()
+        await src.discover()
+    assert said(logs) == ["no InfiniBand device (is its driver loaded?)"]
+    write_device(tmp_path, "mlx5_0")
+    write_port(tmp_path, "mlx5_0", 1)
+    with capture_logs() as logs:
+        assert len((await src.discover()).ports) == 1
+    assert said(logs) == []
+    shutil.rmtree(class_dir(tmp_path) / "mlx5_0")
+    with capture_logs() as logs:
+        assert (await src.sample()).ports == {}  # the poll notices, and discovers again
+        await src.sample()
+    assert said(logs) == ["no InfiniBand device (is its driver loaded?)"]
+    write_device(tmp_path, "mlx5_0")
+    write_port(tmp_path, "mlx5_0", 1)
+    with capture_logs() as logs:
+        await SysfsSource(root=tmp_path, include=["mlx4_*"]).discover()
+    assert said(logs) == ["include/exclude keep none of mlx5_0"]
