@@ -216,7 +216,7 @@ def render_report(detail: Mapping[str, Any]) -> str:
     if events:
         lines.append("recent events (both ends):")
         for e in events[-10:]:
-            lines.append(f"  {printable(str(e.get('time', ''))[:19])} "
+            lines.append(f"  {time_text(e.get('time'))} "
                          f"{printable(e.get('status'))} {printable(e.get('severity'))} "
                          f"{printable(e.get('type'))}: {printable(e.get('message'))}")
     return "\n".join(lines) + "\n"

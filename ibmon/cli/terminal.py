@@ -58,8 +58,13 @@ def ber_text(ber: Any) -> str:
 
 
 def time_text(t: Any) -> str:
-    """A Unix time as ``2026-12-06 22:37:42 UTC`` (``?`` for one that is not a time)."""
+    """A Unix time or an RFC 3339 one (an event's ``time``) as ``2026-12-06 22:37:42 UTC``
+    (``?`` for one that is not a time)."""
     try:
-        return datetime.fromtimestamp(float(t), tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    except (TypeError, ValueError, OverflowError):
+        when = (datetime.fromisoformat(t) if isinstance(t, str) and "T" in t
+                else datetime.fromtimestamp(float(t), tz=UTC))
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (TypeError, ValueError, OverflowError, OSError):
         return "?"

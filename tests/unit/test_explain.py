@@ -125,3 +125,5 @@ def test_the_report_ends_with_the_newest_ten_events() -> None:
     assert detail is not None
     shown = [ln for ln in render_report(detail).splitlines() if "reset number" in ln]
     assert [ln.rsplit(" ", 1)[1] for ln in shown] == [str(i) for i in range(3, 13)]
+    # the time as every other time in the report: UTC, said so
+    assert shown[0].startswith("  2023-11-14 22:13:23 UTC firing info counter_reset: ")

@@ -89,4 +89,6 @@ def test_a_ber_and_a_time_read_the_same_in_every_table() -> None:
     assert [ber_text(x) for x in (None, 0, 0.0, 1.24e-11, "2e-10")] == [
         "-", "0", "0", "1.2e-11", "2.0e-10"]
     assert time_text(1_796_596_662) == "2026-12-06 22:37:42 UTC"
-    assert [time_text(x) for x in (None, "soon", 1e300)] == ["?", "?", "?"]
+    assert time_text("2026-12-06T22:37:42.556Z") == "2026-12-06 22:37:42 UTC"  # an event's
+    assert time_text("2026-12-06T23:37:42+01:00") == "2026-12-06 22:37:42 UTC"
+    assert [time_text(x) for x in (None, "soon", "T", 1e300)] == ["?", "?", "?", "?"]
