@@ -197,8 +197,8 @@ def render_report(detail: Mapping[str, Any]) -> str:
         lines.append("firing:")
         for c in conditions:
             where = "" if c.get("on") == "port" else " (carried by the far end)"
-            lines.append(f"  {printable(c.get('type'))} {printable(c.get('severity'))} since "
-                         f"{time_text(c.get('since'))}{where}: likely cause "
+            lines.append(f"  {printable(c.get('type'))} {printable(c.get('severity'))}, "
+                         f"firing since {time_text(c.get('since'))}{where}: likely cause "
                          f"{printable(c.get('cause') or 'unknown')}")
             if c.get("message"):
                 lines.append(f"    {printable(c['message'])}")

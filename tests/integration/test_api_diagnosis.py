@@ -186,7 +186,7 @@ async def test_explain_names_the_cause_and_both_ends(plain: tuple[Daemon, str],
     out = proc.stdout
     assert out.startswith(f"leaf07 port 12 ({LEAF}/12, switch, LID 3)")
     assert "linked to gpu031 mlx5_0 port 1" in out
-    assert "receive_errors warning since" in out
+    assert "receive_errors warning, firing since" in out
     assert "likely cause physical" in out
     assert "first: Check the cable and transceivers between leaf07 port 12 and gpu031" in out
     if DETAILS:

@@ -108,7 +108,7 @@ def test_the_report_says_what_only_an_odd_link_shows() -> None:
     report = render_report(detail)
     assert "state: ACTIVE; far end: ACTIVE (stale: did not answer the last poll)" in report
     assert "link: 1X HDR (best both ends support: 4X HDR) DEGRADED" in report
-    assert "link_degraded warning since" in report and "(carried by the far end)" in report
+    assert "link_degraded warning, firing since" in report and "(carried by the far end)" in report
     assert "here: receive errors 40 (no detail counters on this port)" in report
     assert "BER 0 " in report and "tx 50.0 %" in report and "rx -" in report
 
