@@ -295,7 +295,7 @@ def test_every_commented_example_setting_is_valid(tmp_path: Path) -> None:
     tables = settings.detect.model_dump()
     detectors = parse_detect_tables(tables)
     assert set(detectors) == {"congestion", "high_ber", "link_flapping", "link_integrity",
-                              "receive_errors", "discards", "link_degraded"}
+                              "receive_errors", "discards", "link_degraded", "topology_changed"}
     # the example documents the defaults, so switching it all on changes no threshold; the one
     # exception is a value with no default (the rate expected of node-local ports)
     for name, model in detectors.items():
