@@ -39,11 +39,8 @@ def parse_port_spec(spec: str) -> tuple[str, str, str]:
     """
     text = spec.strip()
     m = _GUID_PORT.match(text)
-    if m:
-        try:
-            return "guid", normalize_guid(m.group("guid")), str(int(m.group("port")))
-        except ValueError:
-            pass
+    if m and (guid := _as_guid(m.group("guid"))) is not None:
+        return "guid", guid, str(int(m.group("port")))
     m = _DESC_PORT.match(text)
     if m:
         return "desc", m.group("desc"), str(int(m.group("port")))

@@ -519,7 +519,7 @@ class SysfsSource:
         self._lock = threading.Lock()
         self._keep_open = keep_open
         self._kept: _KeptFiles | None = None
-        self._had_devices: bool | None = None  # at the last discovery (None: none yet)
+        self._said_no_devices = False  # since a discovery last found a device
 
     # -- Source protocol -------------------------------------------------------------------
 
@@ -574,7 +574,7 @@ class SysfsSource:
         if keep:
             self._kept = _KeptFiles(_keep_open_budget())
         names = self._device_names()
-        if not names and self._had_devices is not False:
+        if not names and not self._said_no_devices:
             # Not a failure (a filter may match nothing on purpose), but on a host that
             # should have an HCA it is the one clue why there are no ports: say it once.
             present = sorted(_listdir(self._class_dir))
@@ -583,7 +583,7 @@ class SysfsSource:
                 reason=(f"include/exclude keep none of {', '.join(present)}" if present
                         else "no InfiniBand device (is its driver loaded?)"),
                 consequence="no ports to poll until a device appears")
-        self._had_devices = bool(names)
+        self._said_no_devices = not names
         devices: list[_Device] = []
         used: set[str] = set()
         for name in sorted(names):
